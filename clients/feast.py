@@ -1,0 +1,105 @@
+"""FEAST client: train the local-max, the min and a random in-between subnet in one step (sandwich + in-place KD)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fl_app.augment import crop_flip, mix_batch, normalize, rand_augment, soft_cross_entropy
+from fl_app.data import ImageData
+from fl_app.models.elastic_resnet import ElasticResNet
+from fl_app.subnets import SubnetCache
+from fl_app.supernet import Subnet
+
+GRAD_CLIP_NORM = 10.0
+
+
+@dataclass
+class LocalSettings:
+    epochs: int
+    max_steps: int  # 0 = no cap
+    batch_size: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    kd_ratio: float
+    crop_flip: bool
+    randaugment: bool
+    mixup_alpha: float
+    cutmix_alpha: float
+    seed: int
+
+    @staticmethod
+    def from_run(run, lr: float, seed: int) -> "LocalSettings":
+        return LocalSettings(run["local-epochs"], run["max-local-steps"], run["batch-size"], lr, run["momentum"], run["weight-decay"],
+                             run["kd-ratio"], run["crop-flip"], run["randaugment"], run["mixup-alpha"],
+                             run["cutmix-alpha"], seed)
+
+
+@dataclass
+class SubnetPlan:
+    """The subnets a client trains: ``largest`` is the teacher; ``smallest`` and ``between`` are its students."""
+
+    largest: Subnet
+    smallest: Subnet | None
+    between: list[Subnet]  # one is drawn per step
+
+
+def plan_subnets(cache: SubnetCache, budget: float, bounds: Subnet, wanted: tuple[str, ...]) -> SubnetPlan:
+    """Local max = the largest cached subnet under ``budget``; min = the smallest; random = any cached subnet
+    strictly between them. All must lie inside the routed ``bounds``. Degenerate cases collapse: with a single
+    affordable subnet only the max is trained."""
+    fitting = [c for c in cache.under(budget) if c.arch.within(bounds)]
+    if not fitting:
+        raise ValueError(f"no cached subnet fits budget {budget:.0f} MACs inside the routed bounds")
+    largest, smallest = fitting[-1], fitting[0]
+    min_arch = smallest.arch if "min" in wanted and smallest.arch != largest.arch else None
+    between = [c.arch for c in fitting if smallest.macs < c.macs < largest.macs and c.arch != largest.arch]
+    return SubnetPlan(largest.arch, min_arch, between if "random" in wanted else [])
+
+
+def train_subnets(model: ElasticResNet, plan: SubnetPlan, data: ImageData, settings: LocalSettings) -> dict:
+    """Local training; returns metrics. One Mixup/CutMix draw per step is shared by all subnets of that step."""
+    generator = torch.Generator().manual_seed(settings.seed)
+    rng = np.random.default_rng(settings.seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
+                                weight_decay=settings.weight_decay)
+    num_classes = model.cfg.n_classes
+    model.train()
+    steps, loss_sum = 0, 0.0
+    for _ in range(settings.epochs):
+        order = torch.randperm(len(data), generator=generator)
+        for start in range(0, len(data), settings.batch_size):
+            idx = order[start: start + settings.batch_size]
+            if len(idx) < 2:  # BatchNorm needs more than one sample
+                continue
+            if settings.max_steps and steps >= settings.max_steps:
+                break
+            images, labels = data.images[idx], data.labels[idx]
+            if settings.crop_flip:
+                images = crop_flip(images, generator)
+            if settings.randaugment:
+                images = rand_augment(images, int(rng.integers(2**31)))
+            images, targets = mix_batch(normalize(images), labels, num_classes, settings.mixup_alpha,
+                                        settings.cutmix_alpha, rng)
+
+            logits = model(images, plan.largest)
+            loss = soft_cross_entropy(logits, targets)
+            loss.backward()
+            teacher = torch.softmax(logits.detach(), dim=1)
+            students = [plan.smallest] if plan.smallest is not None else []
+            if plan.between:
+                students.append(plan.between[rng.integers(len(plan.between))])
+            for arch in students:
+                out = model(images, arch)
+                student_loss = ((1 - settings.kd_ratio) * soft_cross_entropy(out, targets)
+                                + settings.kd_ratio * soft_cross_entropy(out, teacher))
+                student_loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP_NORM)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            steps += 1
+            loss_sum += loss.item()
+    return {"train-loss": loss_sum / max(steps, 1), "local-steps": steps}

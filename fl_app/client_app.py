@@ -1,0 +1,74 @@
+"""ClientApp: answers the partition query and runs the method's local training on the node's partition."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from clients.feast import LocalSettings, plan_subnets, train_subnets
+from fl_app.config import RunConfig, validate_run_config
+from fl_app.federation import Federation, client_data
+from fl_app.models.elastic_resnet import ElasticResNet
+from fl_app.payload import record_to_state, state_to_record
+from fl_app.supernet import Subnet
+
+app = ClientApp()
+
+
+@lru_cache(maxsize=2)
+def _federation(run_items: tuple, num_partitions: int) -> Federation:
+    return Federation.build(RunConfig(dict(run_items)), num_partitions)
+
+
+def node_partition(context: Context) -> tuple[int, int]:
+    return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Tell the server which partition this node holds (and its budget, when the node config sets one)."""
+    pid, num = node_partition(context)
+    info = {"partition-id": pid, "num-partitions": num}
+    if "budget-macs" in context.node_config:
+        info["budget-macs"] = float(context.node_config["budget-macs"])
+    return Message(RecordDict({"config": ConfigRecord(info)}), reply_to=msg)
+
+
+def local_seed(seed: int, server_round: int, partition_id: int) -> int:
+    return int(np.random.SeedSequence([seed, server_round, partition_id]).generate_state(1)[0])
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    # one intra-op thread per simulated client unless told otherwise: several clients share the CPU cores and
+    # oversubscribed OpenMP threads slow small convolutions down by an order of magnitude
+    torch.set_num_threads(int(context.node_config.get("num-threads", os.environ.get("OMP_NUM_THREADS", 1))))
+    run = validate_run_config(dict(context.run_config))
+    pid, num = node_partition(context)
+    if pid in run.faulty_partitions:
+        raise RuntimeError(f"fault injection: partition {pid} is listed in faulty-partitions")
+    fed = _federation(tuple(sorted(run.values.items())), num)
+    config = msg.content.config_records["config"]
+    dtype = str(config["payload-dtype"])
+    bounds = Subnet(config["bounds-d"], config["bounds-e"], config["bounds-w"])
+
+    model = ElasticResNet(fed.cfg, bounds)
+    state = {k: torch.from_numpy(v) for k, v in record_to_state(msg.content.array_records["arrays"], dtype).items()}
+    model.load_state_dict(state, strict=False)  # num_batches_tracked stays local
+    plan = plan_subnets(fed.cache, float(config["budget-macs"]), bounds, run.train_subnets)
+    data = client_data(run, pid, num)
+    settings = LocalSettings.from_run(run, float(config["lr"]), local_seed(run["seed"], int(config["server-round"]),
+                                                                            pid))
+    metrics = train_subnets(model, plan, data, settings)
+
+    trained = {k: v for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
+    reply = RecordDict({
+        "arrays": state_to_record(trained, dtype),
+        "metrics": MetricRecord({"num-examples": len(data), "partition-id": pid, **metrics}),
+    })
+    return Message(reply, reply_to=msg)

@@ -1,0 +1,105 @@
+"""Subnet extraction, BatchNorm recalibration and accuracy."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from fl_app.augment import normalize
+from fl_app.data import ImageData
+from fl_app.models.elastic_resnet import DynamicBatchNorm2d, ElasticResNet
+from fl_app.slicing import slice_subnet
+from fl_app.supernet import Subnet, SupernetConfig
+
+
+def extract_subnet(cfg: SupernetConfig, supernet_state: Mapping, arch: Subnet) -> ElasticResNet:
+    """A standalone model of ``arch`` whose tensors are the prefix slices of the supernet's."""
+    model = ElasticResNet(cfg, bounds=arch)
+    sliced = {k: torch.as_tensor(np.asarray(v)) for k, v in slice_subnet(cfg, supernet_state, arch).items()}
+    model.load_state_dict(sliced, strict=False)  # num_batches_tracked is not part of the state on the wire
+    return model
+
+
+@torch.no_grad()
+def recalibrate_bn(model: ElasticResNet, images: torch.Tensor, arch: Subnet | None = None,
+                   batch_size: int = 256) -> None:
+    """Re-estimate every BatchNorm's running statistics for ``arch`` as an exact average over ``images``."""
+    bns = [m for m in model.modules() if isinstance(m, DynamicBatchNorm2d)]
+    saved = [bn.momentum for bn in bns]
+    for bn in bns:
+        bn.reset_running_stats()
+        bn.momentum = None
+    model.train()
+    for start in range(0, len(images), batch_size):
+        model(normalize(images[start: start + batch_size]), arch)
+    for bn, momentum in zip(bns, saved):
+        bn.momentum = momentum
+    model.eval()
+
+
+@torch.no_grad()
+def accuracy(model: ElasticResNet, data: ImageData, arch: Subnet | None = None, batch_size: int = 500) -> float:
+    model.eval()
+    correct = 0
+    for start in range(0, len(data), batch_size):
+        logits = model(normalize(data.images[start: start + batch_size]), arch)
+        correct += int((logits.argmax(1) == data.labels[start: start + batch_size]).sum())
+    return correct / max(len(data), 1)
+
+
+def evaluate_subnet(cfg: SupernetConfig, supernet_state: Mapping, arch: Subnet, calibration: ImageData,
+                    *splits: ImageData) -> list[float]:
+    """Extract ``arch``, recalibrate its BN on ``calibration``, return its accuracy on each split."""
+    model = extract_subnet(cfg, supernet_state, arch)
+    recalibrate_bn(model, calibration.images)
+    return [accuracy(model, split) for split in splits]
+
+
+def population_weighted_accuracy(budgets, tier_macs: list[int], tier_accuracy: list[float]) -> float:
+    """Mean over clients of the accuracy of the best tier each client can afford (0 when it can afford none)."""
+    scores = []
+    for budget in budgets:
+        affordable = [acc for macs, acc in zip(tier_macs, tier_accuracy) if macs <= budget]
+        scores.append(max(affordable) if affordable else 0.0)
+    return float(np.mean(scores)) if scores else 0.0
+
+
+class TierEvaluator:
+    """Central evaluation of the reporting tiers, usable as a Flower ``evaluate_fn``; keeps every row it measured."""
+
+    def __init__(self, cfg: SupernetConfig, tiers, budgets, calibration: ImageData, validation: ImageData,
+                 test: ImageData, eval_every: int, num_rounds: int, decode_state):
+        self.cfg, self.tiers, self.budgets = cfg, tiers, list(budgets)
+        self.calibration, self.validation, self.test = calibration, validation, test
+        self.eval_every, self.num_rounds, self.decode_state = eval_every, num_rounds, decode_state
+        self.rows: list[dict] = []
+        self.last: dict = {}
+
+    def due(self, server_round: int) -> bool:
+        return server_round > 0 and (server_round % self.eval_every == 0 or server_round == self.num_rounds)
+
+    def __call__(self, server_round: int, arrays):
+        if not self.due(server_round):
+            return None
+        from flwr.app import MetricRecord
+
+        state = self.decode_state(arrays)
+        tier_results = []
+        for tier in self.tiers:
+            splits = [self.validation, self.test] if len(self.validation) else [self.test]
+            accs = evaluate_subnet(self.cfg, state, tier.arch, self.calibration, *splits)
+            val_acc, test_acc = (accs if len(accs) == 2 else [float("nan"), accs[0]])
+            tier_results.append({"macs": tier.macs, "params": tier.params, "val_accuracy": val_acc,
+                                 "accuracy": test_acc})
+        pwa = population_weighted_accuracy(self.budgets, [t["macs"] for t in tier_results],
+                                           [t["accuracy"] for t in tier_results])
+        for t in tier_results:
+            self.rows.append({"round": server_round, "tier_macs": t["macs"], "tier_params": t["params"],
+                              "val_accuracy": t["val_accuracy"], "test_accuracy": t["accuracy"],
+                              "population_weighted_accuracy": pwa})
+        self.last = {"round": server_round, "tiers": tier_results, "population_weighted_accuracy": pwa}
+        metrics = {f"acc@{t['macs'] / 1e6:.2f}M": t["accuracy"] for t in tier_results}
+        metrics["population-weighted-accuracy"] = pwa
+        return MetricRecord(metrics)

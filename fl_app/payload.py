@@ -1,0 +1,58 @@
+"""Model state on the wire: ArrayRecords in float32 or bfloat16, and the bytes they occupy in a message."""
+
+from __future__ import annotations
+
+import io
+from typing import Mapping
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord
+
+PAYLOAD_DTYPES = ("float32", "bfloat16")
+
+
+def state_to_record(state: Mapping[str, np.ndarray | torch.Tensor], dtype: str = "float32") -> ArrayRecord:
+    """Encode a name -> tensor mapping. bfloat16 travels as its raw 16-bit pattern (numpy has no bfloat16)."""
+    if dtype not in PAYLOAD_DTYPES:
+        raise ValueError(f"payload-dtype='{dtype}': allowed values are {list(PAYLOAD_DTYPES)}")
+    arrays = {}
+    for name, value in state.items():
+        tensor = torch.as_tensor(value).detach().cpu()
+        if dtype == "bfloat16" and tensor.is_floating_point():
+            arrays[name] = Array(tensor.to(torch.bfloat16).view(torch.int16).contiguous().numpy())
+        else:
+            arrays[name] = Array(tensor.float().contiguous().numpy() if tensor.is_floating_point()
+                                 else tensor.contiguous().numpy())
+    return ArrayRecord(arrays)
+
+
+def record_to_state(record: ArrayRecord, dtype: str = "float32") -> dict[str, np.ndarray]:
+    """Decode to float32 numpy arrays."""
+    state = {}
+    for name, array in record.items():
+        value = array.numpy()
+        if dtype == "bfloat16" and value.dtype == np.int16:
+            value = torch.from_numpy(value.copy()).view(torch.bfloat16).float().numpy()
+        state[name] = value.astype(np.float32, copy=False)
+    return state
+
+
+def record_bytes(record: ArrayRecord) -> int:
+    """Bytes the arrays occupy in a message (serialised data plus keys)."""
+    return record.count_bytes()
+
+
+def payload_bytes(shapes: Mapping[str, tuple], dtype: str = "float32") -> int:
+    """Bytes ``state_to_record`` would place in a message for tensors of these shapes, without building it.
+
+    Each array travels as an .npy blob (header + data) plus its key, as ``ArrayRecord.count_bytes`` counts.
+    """
+    np_dtype = np.dtype(np.int16 if dtype == "bfloat16" else np.float32)
+    total = 0
+    for name, shape in shapes.items():
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(
+            header, {"descr": np.lib.format.dtype_to_descr(np_dtype), "fortran_order": False, "shape": tuple(shape)})
+        total += header.tell() + int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize + len(name)
+    return total

@@ -1,0 +1,124 @@
+"""ServerApp: validates the run config, maps nodes to partitions, wires the method's strategy, writes results."""
+
+from __future__ import annotations
+
+import math
+import time
+from logging import INFO
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+
+from fl_app.config import RunConfig, validate_run_config
+from fl_app.evaluation import TierEvaluator
+from fl_app.federation import Federation, dataset_for, server_splits
+from fl_app.models.elastic_resnet import ElasticResNet
+from fl_app.outputs import plot_accuracy_vs_macs, prepare_output_dir, save_checkpoint, write_csv, write_json
+from fl_app.payload import record_to_state, state_to_record
+from strategies.feast import FeastStrategy
+
+app = ServerApp()
+
+
+def discover_nodes(grid: Grid, timeout: float = 60.0) -> dict[int, dict]:
+    """Ask every connected node for its partition id (and optional budget); returns partition id -> info."""
+    deadline = time.time() + timeout
+    node_ids: list[int] = []
+    while time.time() < deadline:  # in a deployment SuperNodes may still be connecting
+        node_ids = sorted(grid.get_node_ids())
+        time.sleep(1.0)
+        if node_ids and sorted(grid.get_node_ids()) == node_ids:
+            break
+    if not node_ids:
+        raise RuntimeError("no SuperNode connected")
+    queries = [Message(RecordDict({"config": ConfigRecord({})}), message_type=MessageType.QUERY, dst_node_id=n)
+               for n in node_ids]
+    nodes = {}
+    for reply in grid.send_and_receive(queries, timeout=timeout):
+        if reply.has_error():
+            raise RuntimeError(f"node {reply.metadata.src_node_id} did not answer the partition query: "
+                               f"{reply.error.reason}")
+        info = dict(reply.content.config_records["config"])
+        pid = int(info["partition-id"])
+        if pid in nodes:
+            raise ValueError(f"two SuperNodes claim partition-id={pid} (node-config)")
+        nodes[pid] = {"node_id": reply.metadata.src_node_id, **info}
+    return nodes
+
+
+def cosine_lr(run: RunConfig):
+    base, rounds = run["lr"], run["num-server-rounds"]
+    if run["lr-schedule"] == "constant":
+        return lambda r: base
+    return lambda r: base * 0.5 * (1 + math.cos(math.pi * (r - 1) / rounds))
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    run = validate_run_config(dict(context.run_config))
+    nodes = discover_nodes(grid)
+    num_clients = len(nodes)
+    if sorted(nodes) != list(range(num_clients)):
+        raise ValueError(f"partition-id values {sorted(nodes)} must be 0..{num_clients - 1} (node-config)")
+    fed = Federation.build(run, num_clients)
+    budgets = fed.client_budgets(run, {pid: info["budget-macs"] for pid, info in nodes.items()
+                                       if "budget-macs" in info})
+    tiers = fed.tiers(run)
+    out_dir = prepare_output_dir(run["output-dir"], run["method"], run["dataset"], run["seed"])
+
+    train, test = dataset_for(run, fed.cfg)
+    splits = server_splits(run, train)
+    torch.manual_seed(run["seed"])
+    initial = ElasticResNet(fed.cfg).state_dict()
+    initial = {k: v for k, v in initial.items() if not k.endswith("num_batches_tracked")}
+    log(INFO, "%s on %s: %d clients, budgets %s MMACs, tiers %s MMACs, output %s", run["method"], run["dataset"],
+        num_clients, [round(b / 1e6, 2) for b in budgets.values()], [round(t.macs / 1e6, 2) for t in tiers],
+        out_dir)
+
+    strategy = FeastStrategy(
+        fed.cfg, fed.cache, budgets, {pid: info["node_id"] for pid, info in nodes.items()},
+        clients_per_round=run["clients-per-round"], seed=run["seed"], routing=run["routing"],
+        payload_dtype=run["payload-dtype"], weighting=run["aggregation-weights"],
+        min_reply_fraction=run["min-reply-fraction"], lr_of_round=cosine_lr(run))
+    evaluator = TierEvaluator(fed.cfg, tiers, budgets.values(), train.subset(splits.calibration),
+                              train.subset(splits.validation), test, run["eval-every"], run["num-server-rounds"],
+                              record_to_state)
+    started = time.time()
+    result = strategy.start(grid, state_to_record(initial), num_rounds=run["num-server-rounds"],
+                            timeout=run["round-timeout"], evaluate_fn=evaluator)
+    elapsed = time.time() - started
+
+    final_state = strategy.global_state or record_to_state(result.arrays)
+    rounds = strategy.rounds
+    train_loss = {r: m.get("train-loss", np.nan) for r, m in result.train_metrics_clientapp.items()}
+    for row in evaluator.rows:
+        log_ = rounds.get(row["round"])
+        row.update({"train_loss": train_loss.get(row["round"], np.nan),
+                    "bytes_down": log_.bytes_down if log_ else 0, "bytes_up": log_.bytes_up if log_ else 0})
+    summary = {
+        "method": run["method"], "dataset": run["dataset"], "rounds": run["num-server-rounds"], "seed": run["seed"],
+        "supernet": fed.cfg.name, "num_clients": num_clients, "clients_per_round": run["clients-per-round"],
+        "tiers": evaluator.last.get("tiers", []),
+        "population_weighted_accuracy": evaluator.last.get("population_weighted_accuracy"),
+        "bytes_down": sum(r.bytes_down for r in rounds.values()), "bytes_up": sum(r.bytes_up for r in rounds.values()),
+        "failed_replies": sum(len(r.failed) for r in rounds.values()),
+        "rejected_replies": sum(len(r.rejected) for r in rounds.values()),
+        "budgets": [budgets[p] for p in sorted(budgets)], "wall_seconds": round(elapsed, 1),
+        "run_config": run.to_dict(),
+    }
+    write_csv(out_dir / "metrics.csv", evaluator.rows)
+    save_checkpoint(out_dir / "supernet.pt", {
+        "supernet": fed.cfg.to_dict(), "state_dict": {k: torch.from_numpy(v) for k, v in final_state.items()},
+        "run_config": run.to_dict(), "num_clients": num_clients, "budgets": summary["budgets"],
+    })
+    plot_accuracy_vs_macs(out_dir / "accuracy_vs_macs.png",
+                          {run["method"]: [(t["macs"], t["accuracy"]) for t in summary["tiers"]]},
+                          f"{run['method']} on {run['dataset']} ({run['num-server-rounds']} rounds)")
+    write_json(out_dir / "summary.json", summary)
+    tiers_text = ", ".join(f"{t['macs'] / 1e6:.2f}M: {100 * t['accuracy']:.1f}%" for t in summary["tiers"])
+    log(INFO, "Done in %.0fs. Tier accuracy: %s; population-weighted %.1f%%", elapsed, tiers_text,
+        100 * (summary["population_weighted_accuracy"] or 0))
+    log(INFO, "Results written to %s", out_dir)

@@ -1,0 +1,124 @@
+"""Subnet caches, client budgets and routing bounds.
+
+A subnet cache is a CSV of searched subnets (columns ``macs, params, d, e, w_indices``). Costs are recomputed
+analytically for the supernet in use (the reference cache counts a 10-class classifier), sorted by MACs.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fl_app.resources import bundled_file
+from fl_app.supernet import NAMED_CACHES, Subnet, SupernetConfig, count_costs
+
+
+@dataclass(frozen=True)
+class CachedSubnet:
+    arch: Subnet
+    macs: int
+    params: int
+
+
+class SubnetCache:
+    def __init__(self, cfg: SupernetConfig, subnets: list[Subnet]):
+        if not subnets:
+            raise ValueError("subnet cache is empty")
+        entries = []
+        for arch in subnets:
+            cfg.check_subnet(arch)
+            macs, params = count_costs(cfg, arch)
+            entries.append(CachedSubnet(arch, macs, params))
+        self.cfg = cfg
+        self.entries = sorted(entries, key=lambda c: (c.macs, c.params))
+
+    @staticmethod
+    def load(cfg: SupernetConfig, spec: str) -> "SubnetCache":
+        """``spec`` is ``cpu``, ``paper`` or a CSV path."""
+        path = bundled_file(NAMED_CACHES[spec]) if spec in NAMED_CACHES else Path(spec).expanduser()
+        if not path.is_file():
+            raise ValueError(f"subnet-cache: '{spec}' is neither one of {sorted(NAMED_CACHES)} nor an existing CSV")
+        return SubnetCache(cfg, read_cache_rows(path)[0])
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def min_macs(self) -> int:
+        return self.entries[0].macs
+
+    @property
+    def max_macs(self) -> int:
+        return self.entries[-1].macs
+
+    def under(self, budget: float) -> list[CachedSubnet]:
+        """Cached subnets whose MACs fit ``budget``, cheapest first."""
+        return [c for c in self.entries if c.macs <= budget]
+
+    def local_max(self, budget: float) -> CachedSubnet:
+        """The largest cached subnet a client with ``budget`` can run."""
+        fitting = self.under(budget)
+        if not fitting:
+            raise ValueError(f"budget {budget:.0f} MACs is below the smallest cached subnet ({self.min_macs} MACs)")
+        return fitting[-1]
+
+    def route_bounds(self, budget: float) -> Subnet:
+        """The sub-supernet a client with ``budget`` receives: per-dimension max over the cached subnets it can run."""
+        fitting = self.under(budget)
+        if not fitting:
+            raise ValueError(f"budget {budget:.0f} MACs is below the smallest cached subnet ({self.min_macs} MACs)")
+        return Subnet.envelope([c.arch for c in fitting])
+
+    def nearest(self, macs: float) -> CachedSubnet:
+        return min(self.entries, key=lambda c: abs(c.macs - macs))
+
+    def tiers(self, targets: list[float] | None, count: int = 4) -> list[CachedSubnet]:
+        """Reporting tiers: the cached subnets nearest to ``targets``, or ``count`` spread evenly in log-MACs."""
+        if not targets:
+            lo, hi = np.log(self.min_macs), np.log(self.max_macs)
+            targets = list(np.exp(np.linspace(lo, hi, count)))
+        chosen = {self.nearest(t).macs: self.nearest(t) for t in targets}
+        return [chosen[k] for k in sorted(chosen)]
+
+
+def read_cache_rows(path: Path) -> tuple[list[Subnet], list[dict]]:
+    """Subnets and raw rows of a cache CSV."""
+    subnets, rows = [], []
+    with open(path, newline="") as handle:
+        for row in csv.DictReader(handle):
+            subnets.append(Subnet(ast.literal_eval(row["d"]), ast.literal_eval(row["e"]),
+                                  ast.literal_eval(row["w_indices"])))
+            rows.append(row)
+    return subnets, rows
+
+
+def write_cache(path: Path, cache_entries: list[CachedSubnet]) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["macs", "params", "d", "e", "w_indices"])
+        for c in cache_entries:
+            writer.writerow([c.macs, c.params, str(list(c.arch.d)), str(list(c.arch.e)), str(list(c.arch.w))])
+
+
+def draw_budgets(num_clients: int, min_macs: float, max_macs: float, zipf_a: float, seed: int,
+                 levels: int = 0) -> np.ndarray:
+    """Client inference budgets: Zipf(``zipf_a``) over ``levels`` ranks spread evenly from ``min_macs`` to
+    ``max_macs`` (rank 1, the most common, is the smallest budget), jittered by up to half a step, clipped.
+
+    ``levels`` defaults to the number of clients. Deterministic in ``seed``.
+    """
+    levels = levels or num_clients
+    rng = np.random.default_rng([seed, 7919])
+    if levels == 1 or max_macs <= min_macs:
+        return np.full(num_clients, float(max(min_macs, max_macs)))
+    ranks = np.arange(1, levels + 1)
+    probs = ranks.astype(float) ** -zipf_a
+    probs /= probs.sum()
+    drawn = rng.choice(ranks, size=num_clients, p=probs)
+    step = (max_macs - min_macs) / (levels - 1)
+    budgets = min_macs + (drawn - 1) * step + rng.uniform(-step / 2, step / 2, size=num_clients)
+    return np.clip(budgets, min_macs, max_macs)

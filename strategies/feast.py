@@ -1,0 +1,132 @@
+"""FEAST server: per-client routing of budget-tailored sub-supernets and sparse aggregation of what comes back."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Iterable
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from fl_app.payload import record_bytes, record_to_state, state_to_record
+from fl_app.slicing import slice_state, state_numel, subnet_shapes
+from fl_app.subnets import SubnetCache
+from fl_app.supernet import Subnet, SupernetConfig
+from strategies.sparse import sparse_average, update_problem
+
+
+def sample_partitions(partition_ids: Iterable[int], k: int, seed: int, server_round: int) -> list[int]:
+    """Seeded client sampling over partition ids (node ids are random per run)."""
+    ids = sorted(partition_ids)
+    rng = np.random.default_rng([seed, server_round])
+    return sorted(int(p) for p in rng.choice(ids, size=min(k, len(ids)), replace=False))
+
+
+@dataclass
+class RoundLog:
+    sampled: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+    rejected: list[int] = field(default_factory=list)
+    bytes_down: int = 0
+    bytes_up: int = 0
+
+
+class FeastStrategy(Strategy):
+    def __init__(self, cfg: SupernetConfig, cache: SubnetCache, budgets: dict[int, float],
+                 node_of_partition: dict[int, int], *, clients_per_round: int, seed: int, routing: bool = True,
+                 payload_dtype: str = "float32", weighting: str = "num-examples", min_reply_fraction: float = 1.0,
+                 lr_of_round=None):
+        self.cfg, self.cache, self.budgets = cfg, cache, budgets
+        self.node_of_partition = node_of_partition
+        self.clients_per_round, self.seed, self.routing = clients_per_round, seed, routing
+        self.payload_dtype, self.weighting, self.min_reply_fraction = payload_dtype, weighting, min_reply_fraction
+        self.lr_of_round = lr_of_round or (lambda r: 0.0)
+        self.global_state: dict[str, np.ndarray] = {}
+        self.routed: dict[int, Subnet] = {}  # partition id -> bounds sent this round
+        self.rounds: dict[int, RoundLog] = {}
+
+    # -- routing --------------------------------------------------------------------------------------------------
+    def bounds_for(self, partition_id: int) -> Subnet:
+        return self.cache.route_bounds(self.budgets[partition_id]) if self.routing else self.cfg.max_subnet()
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        self.global_state = record_to_state(arrays)
+        log_ = self.rounds.setdefault(server_round, RoundLog())
+        log_.sampled = sample_partitions(self.node_of_partition, self.clients_per_round, self.seed, server_round)
+        self.routed = {}
+        messages = []
+        for pid in log_.sampled:
+            bounds = self.bounds_for(pid)
+            self.routed[pid] = bounds
+            payload = state_to_record(slice_state(self.global_state, subnet_shapes(self.cfg, bounds)),
+                                      self.payload_dtype)
+            log_.bytes_down += record_bytes(payload)
+            train_config = ConfigRecord({
+                **dict(config), "server-round": server_round, "lr": float(self.lr_of_round(server_round)),
+                "budget-macs": float(self.budgets[pid]), "bounds-d": list(bounds.d), "bounds-e": list(bounds.e),
+                "bounds-w": list(bounds.w), "payload-dtype": self.payload_dtype,
+            })
+            content = RecordDict({"arrays": payload, "config": train_config})
+            messages.append(Message(content, message_type=MessageType.TRAIN, dst_node_id=self.node_of_partition[pid]))
+        return messages
+
+    # -- aggregation ----------------------------------------------------------------------------------------------
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        log_ = self.rounds.setdefault(server_round, RoundLog())
+        partition_of_node = {n: p for p, n in self.node_of_partition.items()}
+        updates, losses, answered = [], [], set()
+        for reply in sorted(replies, key=lambda m: partition_of_node.get(m.metadata.src_node_id, -1)):
+            pid = partition_of_node.get(reply.metadata.src_node_id, -1)
+            answered.add(pid)
+            if reply.has_error():
+                log(WARNING, "round %d: client %d failed: %s", server_round, pid, reply.error.reason)
+                log_.failed.append(pid)
+                continue
+            record = reply.content.array_records.get("arrays")
+            metrics = reply.content.metric_records.get("metrics", MetricRecord())
+            if record is None or pid not in self.routed:
+                log(WARNING, "round %d: reply from client %d rejected: no arrays or not sampled", server_round, pid)
+                log_.rejected.append(pid)
+                continue
+            log_.bytes_up += record_bytes(record)
+            state = record_to_state(record, self.payload_dtype)
+            weight = float(metrics.get("num-examples", 0)) if self.weighting == "num-examples" else 1.0
+            problem = update_problem(self.global_state, state, weight, subnet_shapes(self.cfg, self.routed[pid]))
+            if problem:
+                log(WARNING, "round %d: reply from client %d rejected: %s", server_round, pid, problem)
+                log_.rejected.append(pid)
+                continue
+            updates.append((state, weight))
+            losses.append(float(metrics.get("train-loss", math.nan)))
+        log_.failed += [pid for pid in log_.sampled if pid not in answered]
+        needed = math.ceil(self.min_reply_fraction * len(log_.sampled))
+        if len(updates) < needed:
+            raise RuntimeError(f"round {server_round}: {len(updates)} valid replies of {len(log_.sampled)} sampled "
+                               f"(min-reply-fraction={self.min_reply_fraction} needs {needed}); "
+                               f"failed: {log_.failed}, rejected: {log_.rejected}")
+        self.global_state = sparse_average(self.global_state, updates)
+        metrics = MetricRecord({
+            "train-loss": float(np.nanmean(losses)) if losses else math.nan, "replies": len(updates),
+            "failed": len(log_.failed), "rejected": len(log_.rejected),
+            "bytes-down": log_.bytes_down, "bytes-up": log_.bytes_up,
+        })
+        return state_to_record(self.global_state), metrics
+
+    # -- evaluation is central (tiers on the server); no client-side evaluation rounds ------------------------
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        return []
+
+    def aggregate_evaluate(self, server_round, replies):
+        return None
+
+    def summary(self) -> None:
+        full = state_numel(subnet_shapes(self.cfg, self.cfg.max_subnet()))
+        log(INFO, "FEAST: %d clients, %d per round, routing=%s, payload=%s, weights=%s, supernet %.2fM params",
+            len(self.node_of_partition), self.clients_per_round, self.routing, self.payload_dtype, self.weighting,
+            full / 1e6)

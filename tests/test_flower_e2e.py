@@ -1,0 +1,139 @@
+"""End to end through `flwr run`: a real local SuperLink, Ray simulation, run status, outputs, extraction.
+
+One SuperLink (own FLWR_HOME, free ports) serves the whole module and is stopped by PID at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fl_app.models.elastic_resnet import ElasticResNet
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ("num-server-rounds=2 clients-per-round=2 max-local-steps=3 batch-size=16 eval-every=1 val-size=200 "
+        "calib-size=200 tiers='0.5e6,2e6,13.6e6'")
+FEDERATION = "num-supernodes=4 client-resources-num-cpus=1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def flwr_env(tmp_path_factory):
+    home = tmp_path_factory.mktemp("flwr_home")
+    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
+           "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port())}
+    yield env
+    # the local SuperLink runs detached in its own session: stop it (and what it started) by PID
+    for pid_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "flower-superlink" in cmdline and str(home) in cmdline:
+            pid = int(pid_dir.name)
+            try:
+                os.killpg(os.getpgid(pid), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def flwr_run(env, run_config: str, timeout: int = 600) -> tuple[str, str]:
+    """Run the app, wait for it (--stream) and return (run id, final status from `flwr ls`)."""
+    proc = subprocess.run(
+        ["flwr", "run", str(ROOT), "--stream", "--run-config", run_config, "--federation-config", FEDERATION],
+        env=env, capture_output=True, text=True, timeout=timeout)
+    found = re.search(r"Successfully started run (\d+)", proc.stdout + proc.stderr)
+    assert found, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_id = found.group(1)
+    for _ in range(30):  # the status settles right after the stream ends
+        listing = subprocess.run(["flwr", "ls", "--run-id", run_id, "--format", "json"], env=env,
+                                 capture_output=True, text=True, timeout=60)
+        status = json.loads(listing.stdout)["runs"][0]["status"]
+        if status.startswith("finished"):
+            return run_id, status
+        time.sleep(1)
+    return run_id, status
+
+
+@pytest.fixture(scope="module")
+def feast_run(flwr_env, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "feast"
+    run_id, status = flwr_run(flwr_env, f"{TINY} output-dir='{out}'")
+    return out, status
+
+
+def test_feast_run_succeeds_and_writes_results(feast_run):
+    out, status = feast_run
+    assert status == "finished:completed"
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("method", "dataset", "rounds", "seed", "tiers", "population_weighted_accuracy", "bytes_down",
+                "bytes_up"):
+        assert key in summary
+    assert summary["method"] == "feast" and summary["rounds"] == 2
+    assert len(summary["tiers"]) == 3
+    macs = [t["macs"] for t in summary["tiers"]]
+    assert macs == sorted(macs)
+    assert all(0 <= t["accuracy"] <= 1 for t in summary["tiers"])
+    assert summary["bytes_down"] > 0 and summary["bytes_up"] > 0
+    rows = (out / "metrics.csv").read_text().strip().splitlines()
+    assert len(rows) == 1 + 2 * 3  # header + rounds x tiers
+    assert (out / "accuracy_vs_macs.png").read_bytes()[:4] == b"\x89PNG"
+    state = torch.load(out / "supernet.pt", weights_only=True)["state_dict"]
+    assert "classifier.weight" in state
+
+
+def test_same_seed_gives_identical_metrics(flwr_env, feast_run, tmp_path):
+    out, _ = feast_run
+    _, status = flwr_run(flwr_env, f"{TINY} output-dir='{tmp_path / 'again'}'")
+    assert status == "finished:completed"
+    first = json.loads((out / "summary.json").read_text())
+    second = json.loads((tmp_path / "again" / "summary.json").read_text())
+    assert first["tiers"] == second["tiers"]
+    assert first["bytes_down"] == second["bytes_down"]
+    assert (out / "metrics.csv").read_text().split("\n")[1:] == \
+        (tmp_path / "again" / "metrics.csv").read_text().split("\n")[1:]
+
+
+def test_extraction_cli_matches_the_tier_and_loads_standalone(feast_run, tmp_path):
+    out, _ = feast_run
+    summary = json.loads((out / "summary.json").read_text())
+    tier = summary["tiers"][1]
+    target = tmp_path / "subnet.pt"
+    proc = subprocess.run([sys.executable, "-m", "fl_app.extract", "--checkpoint", str(out / "supernet.pt"),
+                           "--macs", str(tier["macs"]), "--out", str(target)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["macs"] == tier["macs"] and result["params"] == tier["params"]
+    # same slices, same calibration split, same test set: the same accuracy the run reported
+    assert result["accuracy"] == pytest.approx(tier["accuracy"])
+    model = ElasticResNet.load_standalone(target)
+    assert sum(p.numel() for p in model.parameters()) == tier["params"]
+
+
+def test_failing_clients_make_a_failed_run(flwr_env, tmp_path):
+    _, status = flwr_run(flwr_env, f"{TINY} faulty-partitions='0,1,2,3' output-dir='{tmp_path / 'fail'}'")
+    assert status == "finished:failed"
+    assert not (tmp_path / "fail" / "summary.json").exists()
+
+
+def test_bad_run_config_fails_before_training(flwr_env, tmp_path):
+    _, status = flwr_run(flwr_env, f"{TINY} gamma=-1.0 output-dir='{tmp_path / 'bad'}'")
+    assert status == "finished:failed"
+    assert not (tmp_path / "bad").exists()

@@ -1,0 +1,80 @@
+"""γ-allocation: shares, sizes following budgets, γ = 0 as plain Dirichlet, reproducibility."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fl_app.partition import GammaPartitioner, gamma_shares, make_partitioner, partition_indices
+
+
+def test_gamma_shares_formula_with_cap():
+    budgets = np.array([1.0, 2.0, 4.0, 8.0])
+    np.testing.assert_allclose(gamma_shares(budgets, 1.0), budgets / 15)
+    np.testing.assert_allclose(gamma_shares(budgets, 0.0), [0.25] * 4)
+    np.testing.assert_allclose(gamma_shares(budgets, 2.0), budgets**2 / 85)
+    capped = np.array([1.0, 2.0, 4.0, 4.0])  # max-training-macs = 4
+    np.testing.assert_allclose(gamma_shares(budgets, 1.0, max_training_macs=4.0), capped / capped.sum())
+
+
+def _labels(n=6000, classes=10, seed=0):
+    return np.random.default_rng(seed).integers(0, classes, n)
+
+
+def test_partition_sizes_follow_budgets():
+    budgets = np.array([1, 1, 2, 4, 8, 16], dtype=float)
+    labels = _labels()
+    parts = partition_indices(labels, GammaPartitioner(budgets, gamma=1.0, alpha=0.5, seed=1))
+    sizes = np.array([len(p) for p in parts])
+    assert sizes.min() >= 10
+    assert np.corrcoef(sizes, budgets)[0, 1] > 0.9
+    # every sample lands in exactly one partition
+    joined = np.concatenate(parts)
+    assert len(joined) == len(labels) == len(np.unique(joined))
+
+
+def test_gamma_zero_gives_no_size_coupling():
+    budgets = np.array([1, 1, 2, 4, 8, 16], dtype=float)
+    sizes = []
+    for seed in range(8):
+        parts = partition_indices(_labels(seed=seed), GammaPartitioner(budgets, gamma=0.0, alpha=1.0, seed=seed))
+        sizes.append([len(p) for p in parts])
+    mean_sizes = np.mean(sizes, axis=0)
+    assert mean_sizes[-1] / mean_sizes[0] < 1.6  # γ = 1 would give 16x
+
+
+def test_label_skew_grows_as_alpha_shrinks():
+    budgets = np.ones(8)
+
+    def skew(alpha):
+        parts = partition_indices(_labels(), GammaPartitioner(budgets, gamma=1.0, alpha=alpha, seed=0))
+        labels = _labels()
+        return np.mean([np.bincount(labels[p], minlength=10).max() / len(p) for p in parts])
+
+    assert skew(0.1) > skew(100.0) + 0.2
+
+
+def test_same_seed_same_partitions_and_other_seed_differs():
+    budgets = np.array([1, 2, 3, 4], dtype=float)
+    a = partition_indices(_labels(), GammaPartitioner(budgets, 1.0, 0.5, seed=5))
+    b = partition_indices(_labels(), GammaPartitioner(budgets, 1.0, 0.5, seed=5))
+    c = partition_indices(_labels(), GammaPartitioner(budgets, 1.0, 0.5, seed=6))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+
+
+def test_bad_parameters_are_named():
+    with pytest.raises(ValueError, match="gamma"):
+        GammaPartitioner([1, 2], gamma=-1, alpha=0.5)
+    with pytest.raises(ValueError, match="partitioner='x'"):
+        make_partitioner("x", 2, 0, 0.5)
+    with pytest.raises(ValueError, match=">= 10 samples"):
+        partition_indices(_labels(n=50), GammaPartitioner(np.ones(10), 1.0, 0.5, max_attempts=3))
+
+
+def test_flwr_partitioners_are_available_by_name():
+    labels = _labels()
+    iid = partition_indices(labels, make_partitioner("iid", 4, 0, 0.5))
+    assert [len(p) for p in iid] == [1500] * 4
+    dirichlet = partition_indices(labels, make_partitioner("dirichlet", 4, 0, 0.5))
+    assert sum(len(p) for p in dirichlet) == len(labels)
