@@ -60,8 +60,16 @@ def plan_subnets(cache: SubnetCache, budget: float, bounds: Subnet, wanted: tupl
     return SubnetPlan(largest.arch, min_arch, between if "random" in wanted else [])
 
 
-def train_subnets(model: ElasticResNet, plan: SubnetPlan, data: ImageData, settings: LocalSettings) -> dict:
-    """Local training; returns metrics. One Mixup/CutMix draw per step is shared by all subnets of that step."""
+def masked(logits: torch.Tensor, logit_mask: torch.Tensor | None) -> torch.Tensor:
+    # a large finite negative (not -inf) keeps 0 * log-prob finite in the soft cross-entropy
+    return logits if logit_mask is None else logits.masked_fill(~logit_mask, -1e9)
+
+
+def train_subnets(model: ElasticResNet, plan: SubnetPlan, data: ImageData, settings: LocalSettings,
+                  logit_mask: torch.Tensor | None = None) -> dict:
+    """Local training; returns metrics. One Mixup/CutMix draw per step is shared by all subnets of that step.
+
+    ``logit_mask`` (bool per class), when given, keeps only those classes' logits (HeteroFL's label masking)."""
     generator = torch.Generator().manual_seed(settings.seed)
     rng = np.random.default_rng(settings.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
@@ -85,7 +93,7 @@ def train_subnets(model: ElasticResNet, plan: SubnetPlan, data: ImageData, setti
             images, targets = mix_batch(normalize(images), labels, num_classes, settings.mixup_alpha,
                                         settings.cutmix_alpha, rng)
 
-            logits = model(images, plan.largest)
+            logits = masked(model(images, plan.largest), logit_mask)
             loss = soft_cross_entropy(logits, targets)
             loss.backward()
             teacher = torch.softmax(logits.detach(), dim=1)
@@ -93,7 +101,7 @@ def train_subnets(model: ElasticResNet, plan: SubnetPlan, data: ImageData, setti
             if plan.between:
                 students.append(plan.between[rng.integers(len(plan.between))])
             for arch in students:
-                out = model(images, arch)
+                out = masked(model(images, arch), logit_mask)
                 student_loss = ((1 - settings.kd_ratio) * soft_cross_entropy(out, targets)
                                 + settings.kd_ratio * soft_cross_entropy(out, teacher))
                 student_loss.backward()

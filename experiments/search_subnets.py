@@ -16,16 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_app.subnets import CachedSubnet, write_cache
+from fl_app.subnets import CachedSubnet, random_subnet, write_cache
 from fl_app.supernet import Subnet, SupernetConfig, count_costs, load_supernet_config
-
-
-def random_subnet(cfg: SupernetConfig, rng: np.random.Generator) -> Subnet:
-    return Subnet(
-        d=rng.integers(0, cfg.max_extra_blocks_per_stage + 1, cfg.num_stages),
-        e=rng.choice(cfg.expansion_ratio_choices, cfg.num_stages),
-        w=rng.integers(0, len(cfg.width_multiplier_choices), cfg.num_stages + 1),
-    )
 
 
 def mutate(cfg: SupernetConfig, arch: Subnet, rng: np.random.Generator) -> Subnet:

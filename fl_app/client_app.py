@@ -10,12 +10,13 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients.feast import LocalSettings, plan_subnets, train_subnets
-from fl_app.config import RunConfig, validate_run_config
+from clients.feast import LocalSettings, SubnetPlan, plan_subnets, train_subnets
+from fl_app.config import SUPERNET_METHODS, RunConfig, validate_run_config
 from fl_app.federation import Federation, client_data
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.payload import record_to_state, state_to_record
-from fl_app.supernet import Subnet
+from fl_app.slicing import slice_state, subnet_shapes
+from fl_app.supernet import Subnet, width_sliced_config
 
 app = ClientApp()
 
@@ -52,23 +53,48 @@ def train(msg: Message, context: Context) -> Message:
     pid, num = node_partition(context)
     if pid in run.faulty_partitions:
         raise RuntimeError(f"fault injection: partition {pid} is listed in faulty-partitions")
+    return CLIENT_TRAINING[run["method"]](msg, run, pid, num)
+
+
+def train_feast(msg: Message, run: RunConfig, pid: int, num: int) -> Message:
+    """FEAST and the supernet / width-sliced baselines: the server says what is routed and, for the baselines,
+    which single subnet to train; FEAST clients plan their max/min/random step themselves."""
     fed = _federation(tuple(sorted(run.values.items())), num)
     config = msg.content.config_records["config"]
     dtype = str(config["payload-dtype"])
+    cfg = width_sliced_config(fed.cfg) if config.get("model", "supernet") == "width-sliced" else fed.cfg
     bounds = Subnet(config["bounds-d"], config["bounds-e"], config["bounds-w"])
 
-    model = ElasticResNet(fed.cfg, bounds)
-    state = {k: torch.from_numpy(v) for k, v in record_to_state(msg.content.array_records["arrays"], dtype).items()}
-    model.load_state_dict(state, strict=False)  # num_batches_tracked stays local
-    plan = plan_subnets(fed.cache, float(config["budget-macs"]), bounds, run.train_subnets)
+    model = ElasticResNet(cfg, bounds)
+    received = record_to_state(msg.content.array_records["arrays"], dtype)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in received.items()}, strict=False)
+    model.set_width_scaler(float(config.get("width-rate", 1.0)))
+    if "arch-d" in config:
+        arch = Subnet(config["arch-d"], config["arch-e"], config["arch-w"])
+        plan, returned = SubnetPlan(arch, None, []), subnet_shapes(cfg, arch)
+    else:
+        plan = plan_subnets(fed.cache, float(config["budget-macs"]), bounds, run.train_subnets)
+        returned = {k: v.shape for k, v in received.items()}
     data = client_data(run, pid, num)
+    labels = sorted(int(c) for c in torch.unique(data.labels))
+    logit_mask = None
+    if config.get("mask-labels", False):  # HeteroFL: only the classifier rows of labels held here are trained
+        logit_mask = torch.zeros(cfg.n_classes, dtype=torch.bool)
+        logit_mask[labels] = True
     settings = LocalSettings.from_run(run, float(config["lr"]), local_seed(run["seed"], int(config["server-round"]),
                                                                             pid))
-    metrics = train_subnets(model, plan, data, settings)
+    metrics = train_subnets(model, plan, data, settings, logit_mask)
 
-    trained = {k: v for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
+    # send back exactly what was received, cut to the trained subnet when one was assigned
+    trained = slice_state(model.state_dict(), {k: v for k, v in returned.items() if k in received})
     reply = RecordDict({
         "arrays": state_to_record(trained, dtype),
-        "metrics": MetricRecord({"num-examples": len(data), "partition-id": pid, **metrics}),
+        "metrics": MetricRecord({"num-examples": len(data), "partition-id": pid, "labels": labels, **metrics}),
     })
     return Message(reply, reply_to=msg)
+
+
+# method -> client training; every method in fl_app.config.METHODS has an entry
+from fl_app.fedtopo_app import HETERO_METHODS, train_hetero  # noqa: E402  (model-heterogeneous methods)
+
+CLIENT_TRAINING = {**dict.fromkeys(SUPERNET_METHODS, train_feast), **dict.fromkeys(HETERO_METHODS, train_hetero)}

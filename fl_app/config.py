@@ -16,7 +16,9 @@ from fl_app.data import DATA_SOURCES, DATASETS
 from fl_app.partition import PARTITIONERS
 from fl_app.payload import PAYLOAD_DTYPES
 
-METHODS = ("feast",)
+# methods built on the elastic supernet (FEAST and its baselines) share the FEAST client and server run
+SUPERNET_METHODS = ("feast", "superfednas", "deepfednas", "heterofl", "fedrolex", "fedavg-min")
+METHODS = SUPERNET_METHODS + ("fedtopo", "local", "lg-fedavg", "fd", "fedproto", "fedtgp")
 TRAIN_SUBNETS = ("max", "min", "random")
 
 
@@ -48,18 +50,18 @@ KEYS: dict[str, Key] = {
                        DATA_SOURCES),
     "data-path": Key("", "folder with train/test parquet files or image folders (data-source='local')"),
     "partitioner": Key("gamma", "how the training pool is split among clients", PARTITIONERS),
-    "dirichlet-alpha": Key(0.5, "Dirichlet concentration of the label skew", None, _positive, "> 0"),
+    "dirichlet-alpha": Key(1.0, "Dirichlet concentration of the label skew", None, _positive, "> 0"),
     "gamma": Key(1.0, "γ: client data share ∝ min(budget, max-training-macs)^γ (0 = plain Dirichlet)", None,
                  _non_negative, ">= 0"),
     "supernet": Key("cpu", "'cpu', 'paper' or a supernet JSON path"),
     "subnet-cache": Key("", "'cpu', 'paper' or a CSV path; empty = the cache named like the supernet"),
-    "num-server-rounds": Key(20, "federated rounds", None, _positive, "> 0"),
+    "num-server-rounds": Key(25, "federated rounds", None, _positive, "> 0"),
     "clients-per-round": Key(4, "clients sampled per round (<= number of clients)", None, _positive, "> 0"),
     "min-reply-fraction": Key(1.0, "fraction of sampled clients whose valid replies a round needs", None, _fraction,
                               "in (0, 1]"),
     "round-timeout": Key(3600.0, "seconds to wait for a round's replies", None, _positive, "> 0"),
     "local-epochs": Key(1, "local epochs per round", None, _positive, "> 0"),
-    "max-local-steps": Key(30, "cap on local optimizer steps per round (0 = no cap: full epochs)", None,
+    "max-local-steps": Key(40, "cap on local optimizer steps per round (0 = no cap: full epochs)", None,
                            _non_negative, ">= 0"),
     "batch-size": Key(32, "local mini-batch size", None, _positive, "> 0"),
     "lr": Key(0.05, "local SGD learning rate", None, _positive, "> 0"),
@@ -88,6 +90,37 @@ KEYS: dict[str, Key] = {
     "seed": Key(0, "seed of budgets, partitions, sampling, init and data order", None, _non_negative, ">= 0"),
     "output-dir": Key("", "absolute output folder (empty = ~/fl_app_runs/<method>-<dataset>-s<seed>-<time>)"),
     "faulty-partitions": Key("", "fault injection: comma list of partition ids whose training raises"),
+    "budget-constrained": Key(True, "superfednas/deepfednas: subnets limited to what each client can afford"),
+    "maxnet-beta0": Key(0.9, "superfednas/deepfednas: MaxNet weight β₀ of the max-subnet client", None, _fraction,
+                        "in (0, 1]"),
+    "maxnet-final": Key(0.125, "superfednas/deepfednas: a, the final fraction of β₀ after the cosine decay", None,
+                        lambda x: 0 <= x <= 1, "in [0, 1]"),
+    "maxnet-decay-fraction": Key(0.8, "superfednas/deepfednas: T as a fraction of the rounds", None, _fraction,
+                                 "in (0, 1]"),
+    # FedTopo and the model-heterogeneous baselines (they partition with plain Dirichlet(dirichlet-alpha))
+    "model-family": Key("cpu", "backbones of client i = family[i % 8]: 'cpu' small nets or 'paper' (CNN-4, "
+                        "GoogLeNet, MobileNetV2, ResNet-18/34/50/101/152)", ("cpu", "paper")),
+    "feature-dim": Key(64, "common feature dimension every backbone projects to before its head", None, _positive,
+                       "> 0"),
+    "test-fraction": Key(0.2, "share of each client's partition held out as its local test split", None,
+                         lambda x: 0 < x < 1, "in (0, 1)"),
+    "topo-tau": Key(0.1, "τ: temperature of the relation softmax over prototype cosines", None, _positive, "> 0"),
+    "topo-kappa": Key(20.0, "κ: shrinkage of the merged topology toward uniform at low support W (W/(W+κ))", None,
+                      _non_negative, ">= 0"),
+    "topo-beta": Key(0.5, "β: strength of topology-weighted negatives in the client loss (0 = plain CE ablation)",
+                     None, _non_negative, ">= 0"),
+    "topo-weighting": Key("support", "merge weights: 'support' = sqrt(n_j·n_k) + κ shrinkage, 'mean' = plain mean "
+                          "(ablation)", ("support", "mean")),
+    "topo-source": Key("prototypes", "topology from feature 'prototypes' or per-class mean 'logits' (ablation)",
+                       ("prototypes", "logits")),
+    "distill-lambda": Key(1.0, "λ of the FD distillation and FedProto/FedTGP prototype terms", None, _non_negative,
+                          ">= 0"),
+    "proto-max-samples": Key(0, "cap on local training images used for prototypes/class statistics (0 = all)",
+                             None, _non_negative, ">= 0"),
+    "tgp-server-epochs": Key(100, "FedTGP: server epochs of prototype-generator training per round", None, _positive,
+                             "> 0"),
+    "tgp-margin-cap": Key(100.0, "FedTGP: τ, cap of the adaptive margin min(max class-centre gap, τ)", None,
+                          _positive, "> 0"),
 }
 
 

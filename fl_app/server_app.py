@@ -12,13 +12,16 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from fl_app.config import RunConfig, validate_run_config
+from fl_app.config import SUPERNET_METHODS, RunConfig, validate_run_config
 from fl_app.evaluation import TierEvaluator
 from fl_app.federation import Federation, dataset_for, server_splits
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.outputs import plot_accuracy_vs_macs, prepare_output_dir, save_checkpoint, write_csv, write_json
 from fl_app.payload import record_to_state, state_to_record
+from strategies.fedavg_min import FedAvgMinStrategy
 from strategies.feast import FeastStrategy
+from strategies.heterofl import FedRolexStrategy, HeteroFLStrategy
+from strategies.superfednas import SuperFedNASStrategy
 
 app = ServerApp()
 
@@ -60,30 +63,58 @@ def cosine_lr(run: RunConfig):
 def main(grid: Grid, context: Context) -> None:
     run = validate_run_config(dict(context.run_config))
     nodes = discover_nodes(grid)
+    if sorted(nodes) != list(range(len(nodes))):
+        raise ValueError(f"partition-id values {sorted(nodes)} must be 0..{len(nodes) - 1} (node-config)")
+    SERVER_RUNS[run["method"]](grid, run, nodes)
+
+
+def make_supernet_strategy(run: RunConfig, fed: Federation, budgets: dict[int, float],
+                           node_of_partition: dict[int, int]) -> FeastStrategy:
+    common = dict(clients_per_round=run["clients-per-round"], seed=run["seed"], routing=run["routing"],
+                  payload_dtype=run["payload-dtype"], weighting=run["aggregation-weights"],
+                  min_reply_fraction=run["min-reply-fraction"], lr_of_round=cosine_lr(run))
+    args = (fed.cfg, fed.cache, budgets, node_of_partition)
+    method = run["method"]
+    if method in ("superfednas", "deepfednas"):
+        return SuperFedNASStrategy(
+            *args, num_rounds=run["num-server-rounds"], budget_constrained=run["budget-constrained"],
+            subnet_source="space" if method == "superfednas" else "cache", beta0=run["maxnet-beta0"],
+            beta_final=run["maxnet-final"], decay_fraction=run["maxnet-decay-fraction"],
+            **{**common, "routing": False})
+    strategy_class = {"feast": FeastStrategy, "heterofl": HeteroFLStrategy, "fedrolex": FedRolexStrategy,
+                      "fedavg-min": FedAvgMinStrategy}[method]
+    return strategy_class(*args, **common)
+
+
+def strategy_tiers(run: RunConfig, fed: Federation, strategy: FeastStrategy):
+    """Reporting tiers: the width rates for width-sliced methods, the single fixed model for fedavg-min,
+    cached subnets otherwise."""
+    if isinstance(strategy, HeteroFLStrategy):
+        return strategy.tiers
+    if isinstance(strategy, FedAvgMinStrategy):
+        return fed.cache.entries[:1]
+    return fed.tiers(run)
+
+
+def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
+    """FEAST and the methods built on the supernet: route, train, aggregate, evaluate tiers, write results."""
     num_clients = len(nodes)
-    if sorted(nodes) != list(range(num_clients)):
-        raise ValueError(f"partition-id values {sorted(nodes)} must be 0..{num_clients - 1} (node-config)")
     fed = Federation.build(run, num_clients)
     budgets = fed.client_budgets(run, {pid: info["budget-macs"] for pid, info in nodes.items()
                                        if "budget-macs" in info})
-    tiers = fed.tiers(run)
+    strategy = make_supernet_strategy(run, fed, budgets, {pid: info["node_id"] for pid, info in nodes.items()})
+    tiers = strategy_tiers(run, fed, strategy)
     out_dir = prepare_output_dir(run["output-dir"], run["method"], run["dataset"], run["seed"])
 
     train, test = dataset_for(run, fed.cfg)
     splits = server_splits(run, train)
     torch.manual_seed(run["seed"])
-    initial = ElasticResNet(fed.cfg).state_dict()
+    initial = ElasticResNet(strategy.model_cfg).state_dict()
     initial = {k: v for k, v in initial.items() if not k.endswith("num_batches_tracked")}
     log(INFO, "%s on %s: %d clients, budgets %s MMACs, tiers %s MMACs, output %s", run["method"], run["dataset"],
         num_clients, [round(b / 1e6, 2) for b in budgets.values()], [round(t.macs / 1e6, 2) for t in tiers],
         out_dir)
-
-    strategy = FeastStrategy(
-        fed.cfg, fed.cache, budgets, {pid: info["node_id"] for pid, info in nodes.items()},
-        clients_per_round=run["clients-per-round"], seed=run["seed"], routing=run["routing"],
-        payload_dtype=run["payload-dtype"], weighting=run["aggregation-weights"],
-        min_reply_fraction=run["min-reply-fraction"], lr_of_round=cosine_lr(run))
-    evaluator = TierEvaluator(fed.cfg, tiers, budgets.values(), train.subset(splits.calibration),
+    evaluator = TierEvaluator(strategy.model_cfg, tiers, budgets.values(), train.subset(splits.calibration),
                               train.subset(splits.validation), test, run["eval-every"], run["num-server-rounds"],
                               record_to_state)
     started = time.time()
@@ -111,7 +142,7 @@ def main(grid: Grid, context: Context) -> None:
     }
     write_csv(out_dir / "metrics.csv", evaluator.rows)
     save_checkpoint(out_dir / "supernet.pt", {
-        "supernet": fed.cfg.to_dict(), "state_dict": {k: torch.from_numpy(v) for k, v in final_state.items()},
+        "supernet": strategy.model_cfg.to_dict(), "state_dict": {k: torch.from_numpy(v) for k, v in final_state.items()},
         "run_config": run.to_dict(), "num_clients": num_clients, "budgets": summary["budgets"],
     })
     plot_accuracy_vs_macs(out_dir / "accuracy_vs_macs.png",
@@ -122,3 +153,9 @@ def main(grid: Grid, context: Context) -> None:
     log(INFO, "Done in %.0fs. Tier accuracy: %s; population-weighted %.1f%%", elapsed, tiers_text,
         100 * (summary["population_weighted_accuracy"] or 0))
     log(INFO, "Results written to %s", out_dir)
+
+
+# method -> server run; every method in fl_app.config.METHODS has an entry
+from fl_app.fedtopo_app import HETERO_METHODS, run_hetero  # noqa: E402  (model-heterogeneous methods)
+
+SERVER_RUNS = {**dict.fromkeys(SUPERNET_METHODS, run_feast), **dict.fromkeys(HETERO_METHODS, run_hetero)}

@@ -122,3 +122,12 @@ def draw_budgets(num_clients: int, min_macs: float, max_macs: float, zipf_a: flo
     step = (max_macs - min_macs) / (levels - 1)
     budgets = min_macs + (drawn - 1) * step + rng.uniform(-step / 2, step / 2, size=num_clients)
     return np.clip(budgets, min_macs, max_macs)
+
+
+def random_subnet(cfg: SupernetConfig, rng: np.random.Generator) -> Subnet:
+    """A subnet drawn uniformly per dimension from the search space."""
+    return Subnet(
+        d=rng.integers(0, cfg.max_extra_blocks_per_stage + 1, cfg.num_stages),
+        e=rng.choice(cfg.expansion_ratio_choices, cfg.num_stages),
+        w=rng.integers(0, len(cfg.width_multiplier_choices), cfg.num_stages + 1),
+    )

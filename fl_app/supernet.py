@@ -196,3 +196,25 @@ def count_macs(cfg: SupernetConfig, arch: Subnet, n_classes: int | None = None) 
 
 def count_params(cfg: SupernetConfig, arch: Subnet, n_classes: int | None = None) -> int:
     return count_costs(cfg, arch, n_classes)[1]
+
+
+# -- width-sliced variants (HeteroFL / FedRolex) ---------------------------------------------------------------------
+WIDTH_RATES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
+
+
+def width_sliced_config(cfg: SupernetConfig, rates: tuple[float, ...] = WIDTH_RATES) -> SupernetConfig:
+    """The supernet at full depth and expansion whose only elastic dimension is one global width rate.
+
+    Channels are ``round(C * r)`` (divisor 1), so MACs scale with about r^2 as in HeteroFL; a rate-r model is
+    ``width_tier(cfg, i)``, a prefix slice of the full-width model like every other subnet.
+    """
+    data = cfg.to_dict()
+    data.update(width_multiplier_choices=list(rates), expansion_ratio_choices=[max(cfg.expansion_ratio_choices)],
+                channel_divisible_by=1, name=f"{cfg.name}-width-sliced")
+    return SupernetConfig.from_dict(data)
+
+
+def width_tier(cfg: SupernetConfig, index: int) -> Subnet:
+    """Subnet of a width-sliced config at rate ``width_multiplier_choices[index]`` on every position."""
+    return Subnet(d=(cfg.max_extra_blocks_per_stage,) * cfg.num_stages,
+                  e=(max(cfg.expansion_ratio_choices),) * cfg.num_stages, w=(index,) * (cfg.num_stages + 1))

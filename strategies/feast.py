@@ -47,40 +47,72 @@ class FeastStrategy(Strategy):
         self.payload_dtype, self.weighting, self.min_reply_fraction = payload_dtype, weighting, min_reply_fraction
         self.lr_of_round = lr_of_round or (lambda r: 0.0)
         self.global_state: dict[str, np.ndarray] = {}
-        self.routed: dict[int, Subnet] = {}  # partition id -> bounds sent this round
+        self.routed: dict[int, tuple[Subnet, Subnet | None]] = {}  # partition id -> (bounds, arch) this round
         self.rounds: dict[int, RoundLog] = {}
 
-    # -- routing --------------------------------------------------------------------------------------------------
-    def bounds_for(self, partition_id: int) -> Subnet:
-        return self.cache.route_bounds(self.budgets[partition_id]) if self.routing else self.cfg.max_subnet()
+    # -- what each client gets ------------------------------------------------------------------------------------
+    @property
+    def model_cfg(self) -> SupernetConfig:
+        """The config of the global model (baselines on width-sliced models override it)."""
+        return self.cfg
 
+    def assign(self, partition_id: int, server_round: int) -> tuple[Subnet, Subnet | None]:
+        """(bounds routed to the client, the single subnet it must train or None to let it plan FEAST's step)."""
+        bounds = self.cache.route_bounds(self.budgets[partition_id]) if self.routing else self.cfg.max_subnet()
+        return bounds, None
+
+    def routed_shapes(self, arch: Subnet) -> dict[str, tuple]:
+        return subnet_shapes(self.model_cfg, arch)
+
+    def client_config(self, partition_id: int, bounds: Subnet) -> dict:
+        return {}
+
+    def to_wire_view(self, state: dict, server_round: int) -> dict:
+        """The global state in the coordinates clients slice from (FedRolex rolls it); identity here."""
+        return state
+
+    def from_wire_view(self, state: dict, server_round: int) -> dict:
+        return state
+
+    def reply_weights(self, server_round: int, entries: list[tuple[int, MetricRecord]]) -> list[float]:
+        if self.weighting == "uniform":
+            return [1.0] * len(entries)
+        return [float(metrics.get("num-examples", 0)) for _, metrics in entries]
+
+    def reply_mask(self, partition_id: int, metrics: MetricRecord) -> dict | None:
+        return None
+
+    # -- rounds -------------------------------------------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         self.global_state = record_to_state(arrays)
+        view = self.to_wire_view(self.global_state, server_round)
         log_ = self.rounds.setdefault(server_round, RoundLog())
         log_.sampled = sample_partitions(self.node_of_partition, self.clients_per_round, self.seed, server_round)
         self.routed = {}
         messages = []
         for pid in log_.sampled:
-            bounds = self.bounds_for(pid)
-            self.routed[pid] = bounds
-            payload = state_to_record(slice_state(self.global_state, subnet_shapes(self.cfg, bounds)),
-                                      self.payload_dtype)
+            bounds, arch = self.assign(pid, server_round)
+            self.routed[pid] = (bounds, arch)
+            payload = state_to_record(slice_state(view, self.routed_shapes(bounds)), self.payload_dtype)
             log_.bytes_down += record_bytes(payload)
-            train_config = ConfigRecord({
-                **dict(config), "server-round": server_round, "lr": float(self.lr_of_round(server_round)),
-                "budget-macs": float(self.budgets[pid]), "bounds-d": list(bounds.d), "bounds-e": list(bounds.e),
-                "bounds-w": list(bounds.w), "payload-dtype": self.payload_dtype,
-            })
-            content = RecordDict({"arrays": payload, "config": train_config})
+            train_config = {
+                **dict(config), **self.client_config(pid, bounds), "server-round": server_round,
+                "lr": float(self.lr_of_round(server_round)), "budget-macs": float(self.budgets[pid]),
+                "bounds-d": list(bounds.d), "bounds-e": list(bounds.e), "bounds-w": list(bounds.w),
+                "payload-dtype": self.payload_dtype,
+            }
+            if arch is not None:
+                train_config.update({"arch-d": list(arch.d), "arch-e": list(arch.e), "arch-w": list(arch.w)})
+            content = RecordDict({"arrays": payload, "config": ConfigRecord(train_config)})
             messages.append(Message(content, message_type=MessageType.TRAIN, dst_node_id=self.node_of_partition[pid]))
         return messages
 
-    # -- aggregation ----------------------------------------------------------------------------------------------
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         log_ = self.rounds.setdefault(server_round, RoundLog())
         partition_of_node = {n: p for p, n in self.node_of_partition.items()}
-        updates, losses, answered = [], [], set()
+        view = self.to_wire_view(self.global_state, server_round)
+        accepted, losses, answered = [], [], set()
         for reply in sorted(replies, key=lambda m: partition_of_node.get(m.metadata.src_node_id, -1)):
             pid = partition_of_node.get(reply.metadata.src_node_id, -1)
             answered.add(pid)
@@ -96,23 +128,29 @@ class FeastStrategy(Strategy):
                 continue
             log_.bytes_up += record_bytes(record)
             state = record_to_state(record, self.payload_dtype)
-            weight = float(metrics.get("num-examples", 0)) if self.weighting == "num-examples" else 1.0
-            problem = update_problem(self.global_state, state, weight, subnet_shapes(self.cfg, self.routed[pid]))
+            bounds, arch = self.routed[pid]
+            expected = self.routed_shapes(bounds)
+            if arch is not None:  # a single trained subnet comes back: its slice of what was routed
+                expected = {k: v for k, v in self.routed_shapes(arch).items() if k in expected}
+            problem = update_problem(view, state, 1.0, expected)
             if problem:
                 log(WARNING, "round %d: reply from client %d rejected: %s", server_round, pid, problem)
                 log_.rejected.append(pid)
                 continue
-            updates.append((state, weight))
+            accepted.append((pid, state, metrics))
             losses.append(float(metrics.get("train-loss", math.nan)))
         log_.failed += [pid for pid in log_.sampled if pid not in answered]
         needed = math.ceil(self.min_reply_fraction * len(log_.sampled))
-        if len(updates) < needed:
-            raise RuntimeError(f"round {server_round}: {len(updates)} valid replies of {len(log_.sampled)} sampled "
+        if len(accepted) < needed:
+            raise RuntimeError(f"round {server_round}: {len(accepted)} valid replies of {len(log_.sampled)} sampled "
                                f"(min-reply-fraction={self.min_reply_fraction} needs {needed}); "
                                f"failed: {log_.failed}, rejected: {log_.rejected}")
-        self.global_state = sparse_average(self.global_state, updates)
+        weights = self.reply_weights(server_round, [(pid, metrics) for pid, _, metrics in accepted])
+        updates = [(state, w) for (_, state, _), w in zip(accepted, weights)]
+        masks = [self.reply_mask(pid, metrics) for pid, _, metrics in accepted]
+        self.global_state = self.from_wire_view(sparse_average(view, updates, masks), server_round)
         metrics = MetricRecord({
-            "train-loss": float(np.nanmean(losses)) if losses else math.nan, "replies": len(updates),
+            "train-loss": float(np.nanmean(losses)) if losses else math.nan, "replies": len(accepted),
             "failed": len(log_.failed), "rejected": len(log_.rejected),
             "bytes-down": log_.bytes_down, "bytes-up": log_.bytes_up,
         })
@@ -126,7 +164,7 @@ class FeastStrategy(Strategy):
         return None
 
     def summary(self) -> None:
-        full = state_numel(subnet_shapes(self.cfg, self.cfg.max_subnet()))
-        log(INFO, "FEAST: %d clients, %d per round, routing=%s, payload=%s, weights=%s, supernet %.2fM params",
-            len(self.node_of_partition), self.clients_per_round, self.routing, self.payload_dtype, self.weighting,
+        full = state_numel(subnet_shapes(self.model_cfg, self.model_cfg.max_subnet()))
+        log(INFO, "%s: %d clients, %d per round, routing=%s, payload=%s, weights=%s, global model %.2fM params",
+            type(self).__name__, len(self.node_of_partition), self.clients_per_round, self.routing, self.payload_dtype, self.weighting,
             full / 1e6)

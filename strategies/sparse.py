@@ -38,19 +38,26 @@ def update_problem(global_state: State, state: State, weight: float,
     return None
 
 
-def sparse_average(global_state: State, updates: Sequence[tuple[State, float]]) -> dict[str, np.ndarray]:
+def sparse_average(global_state: State, updates: Sequence[tuple[State, float]],
+                   masks: Sequence[Mapping[str, np.ndarray] | None] | None = None) -> dict[str, np.ndarray]:
     """Every element becomes the weighted average of the updates whose slice covers it; uncovered elements keep
-    the global value. Updates that fail ``update_problem`` are logged and left out."""
+    the global value. Updates that fail ``update_problem`` are logged and left out.
+
+    ``masks[i]``, optional, narrows what update i covers inside its slice: name -> boolean array broadcastable to
+    the slice (HeteroFL counts a classifier row only for clients holding that label).
+    """
+    masks = list(masks) if masks is not None else [None] * len(updates)
     valid = []
-    for i, (state, weight) in enumerate(updates):
+    for i, ((state, weight), mask) in enumerate(zip(updates, masks)):
         problem = update_problem(global_state, state, weight)
         if problem:
             log(WARNING, "sparse_average: update %d rejected: %s", i, problem)
         else:
-            valid.append((state, float(weight)))
+            valid.append((state, float(weight), mask or {}))
     result = {}
     for name, current in global_state.items():
-        covering = [(state[name], weight) for state, weight in valid if name in state]
+        covering = [(state[name], weight * np.broadcast_to(mask.get(name, True), np.shape(state[name])))
+                    for state, weight, mask in valid if name in state]
         if not covering:
             result[name] = np.array(current, copy=True)
             continue
@@ -59,7 +66,7 @@ def sparse_average(global_state: State, updates: Sequence[tuple[State, float]]) 
         weight_sum = np.zeros(current.shape, dtype=np.float64)
         for tensor, weight in covering:
             region = prefix_region(np.shape(tensor))
-            total[region] += weight * np.asarray(tensor, dtype=np.float64)
+            total[region] += weight * np.asarray(tensor, dtype=np.float64)  # weight: scalar or masked array
             weight_sum[region] += weight
         covered = weight_sum > 0
         merged = np.array(current, dtype=np.float32, copy=True)

@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from experiments.flower_runs import flwr_run as run_app
 from fl_app.models.elastic_resnet import ElasticResNet
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,20 +54,7 @@ def flwr_env(tmp_path_factory):
 
 def flwr_run(env, run_config: str, timeout: int = 600) -> tuple[str, str]:
     """Run the app, wait for it (--stream) and return (run id, final status from `flwr ls`)."""
-    proc = subprocess.run(
-        ["flwr", "run", str(ROOT), "--stream", "--run-config", run_config, "--federation-config", FEDERATION],
-        env=env, capture_output=True, text=True, timeout=timeout)
-    found = re.search(r"Successfully started run (\d+)", proc.stdout + proc.stderr)
-    assert found, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run_id = found.group(1)
-    for _ in range(30):  # the status settles right after the stream ends
-        listing = subprocess.run(["flwr", "ls", "--run-id", run_id, "--format", "json"], env=env,
-                                 capture_output=True, text=True, timeout=60)
-        status = json.loads(listing.stdout)["runs"][0]["status"]
-        if status.startswith("finished"):
-            return run_id, status
-        time.sleep(1)
-    return run_id, status
+    return run_app(run_config, FEDERATION, env=env, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +123,18 @@ def test_bad_run_config_fails_before_training(flwr_env, tmp_path):
     _, status = flwr_run(flwr_env, f"{TINY} gamma=-1.0 output-dir='{tmp_path / 'bad'}'")
     assert status == "finished:failed"
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("method", ["superfednas", "deepfednas", "heterofl", "fedrolex", "fedavg-min"])
+def test_baseline_two_round_simulation_writes_a_valid_summary(flwr_env, tmp_path, method):
+    out = tmp_path / method
+    _, status = flwr_run(flwr_env, f"{TINY} method='{method}' output-dir='{out}'")
+    assert status == "finished:completed"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["method"] == method and summary["rounds"] == 2
+    assert summary["tiers"] and all(0 <= t["accuracy"] <= 1 for t in summary["tiers"])
+    assert summary["bytes_down"] > 0 and summary["bytes_up"] > 0 and summary["rejected_replies"] == 0
+    if method in ("heterofl", "fedrolex"):
+        assert len(summary["tiers"]) == 5  # rates 1/16 .. 1
+    if method == "fedavg-min":
+        assert len(summary["tiers"]) == 1

@@ -28,10 +28,12 @@ class DynamicConv2d(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(max_out, max_in, kernel_size, kernel_size))
         nn.init.kaiming_normal_(self.weight, mode="fan_out", nonlinearity="relu")
+        self.rate = 1.0  # HeteroFL's scaler: a width-r model divides conv outputs by r while training
 
     def forward(self, x: torch.Tensor, out_channels: int, stride: int = 1) -> torch.Tensor:
         weight = self.weight[:out_channels, : x.shape[1]]
-        return F.conv2d(x, weight, stride=stride, padding=weight.shape[-1] // 2)
+        out = F.conv2d(x, weight, stride=stride, padding=weight.shape[-1] // 2)
+        return out / self.rate if self.training and self.rate != 1.0 else out
 
 
 class DynamicBatchNorm2d(nn.BatchNorm2d):
@@ -113,6 +115,11 @@ class ElasticResNet(nn.Module):
                 x = block(x, mid, out)
         x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
         return F.linear(x, self.classifier.weight[:, : x.shape[1]], self.classifier.bias)
+
+    def set_width_scaler(self, rate: float) -> None:
+        for module in self.modules():
+            if isinstance(module, DynamicConv2d):
+                module.rate = rate
 
     # -- standalone subnets -------------------------------------------------------------------------------------
     def save_standalone(self, path: str | Path) -> None:

@@ -1,0 +1,149 @@
+"""FedTopo client: local training with a topology-guided loss, class prototypes, and the relation topology.
+
+Each piece is its own function so it can be checked in isolation; ``fl_app.fedtopo_app`` wires them to messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fl_app.augment import crop_flip, normalize
+from fl_app.data import ImageData
+
+GRAD_CLIP_NORM = 10.0
+
+
+@dataclass
+class TrainSettings:
+    epochs: int
+    max_steps: int  # 0 = no cap
+    batch_size: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    crop_flip: bool
+    seed: int
+
+    @staticmethod
+    def from_run(run, lr: float, seed: int) -> "TrainSettings":
+        return TrainSettings(run["local-epochs"], run["max-local-steps"], run["batch-size"], lr, run["momentum"],
+                             run["weight-decay"], run["crop-flip"], seed)
+
+
+# -- prototypes and topology ---------------------------------------------------------------------------------------
+def class_prototypes(features: torch.Tensor, labels: torch.Tensor, num_classes: int,
+                     normalise: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-class mean of (L2-normalised) features -> (prototypes [C, d], counts [C]); absent classes are zero."""
+    feats = F.normalize(features.float(), dim=1) if normalise else features.float()
+    counts = torch.bincount(labels, minlength=num_classes).float()
+    sums = torch.zeros(num_classes, feats.shape[1]).index_add_(0, labels, feats)
+    return sums / counts.clamp(min=1).unsqueeze(1), counts
+
+
+def relation_topology(prototypes: torch.Tensor, counts: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """R[j, k] = softmax over present k != j of cos(p_j, p_k) / τ; rows and columns of absent classes are zero.
+
+    Returns (R [C, C], mask [C] bool: classes the client holds). A row with no present partner stays zero."""
+    mask = counts > 0
+    c = len(counts)
+    p = F.normalize(prototypes.float(), dim=1)
+    cos = p @ p.T
+    allowed = mask.unsqueeze(0) & mask.unsqueeze(1) & ~torch.eye(c, dtype=torch.bool)
+    scores = (cos / tau).masked_fill(~allowed, float("-inf"))
+    has_partner = allowed.any(dim=1, keepdim=True)
+    r = torch.softmax(torch.where(has_partner, scores, torch.zeros_like(scores)), dim=1)
+    return torch.where(allowed, r, torch.zeros_like(r)), mask
+
+
+# -- loss ----------------------------------------------------------------------------------------------------------
+def negative_weights(topology: torch.Tensor, beta: float) -> torch.Tensor:
+    """w[y, k] = 1 + β·(C−1)·R̄[y, k] for k != y and 1 on the diagonal (the true class is not re-weighted)."""
+    c = topology.shape[0]
+    w = 1.0 + beta * (c - 1) * topology.float()
+    return w.fill_diagonal_(1.0)
+
+
+def topology_loss(logits: torch.Tensor, labels: torch.Tensor, topology: torch.Tensor, beta: float) -> torch.Tensor:
+    """−log(e^{z_y} / (e^{z_y} + Σ_{k≠y} w[y,k] e^{z_k})) = CE(z + log w[y], y); β = 0 gives plain CE."""
+    log_w = torch.log(negative_weights(topology, beta))[labels]
+    return F.cross_entropy(logits + log_w, labels)
+
+
+# -- training, embedding, evaluation -------------------------------------------------------------------------------
+def local_train(model: torch.nn.Module, data: ImageData, settings: TrainSettings, loss_fn) -> dict:
+    """SGD on the client's data; ``loss_fn(logits, features, labels)`` is the method's objective."""
+    generator = torch.Generator().manual_seed(settings.seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
+                                weight_decay=settings.weight_decay)
+    model.train()
+    steps, loss_sum = 0, 0.0
+    for _ in range(settings.epochs):
+        order = torch.randperm(len(data), generator=generator)
+        for start in range(0, len(data), settings.batch_size):
+            if settings.max_steps and steps >= settings.max_steps:
+                break
+            idx = order[start: start + settings.batch_size]
+            if len(idx) < 2:  # BatchNorm needs more than one sample
+                continue
+            images = data.images[idx]
+            if settings.crop_flip:
+                images = crop_flip(images, generator)
+            logits, features = model(normalize(images), with_features=True)
+            loss = loss_fn(logits, features, data.labels[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP_NORM)
+            optimizer.step()
+            steps += 1
+            loss_sum += loss.item()
+    return {"train-loss": loss_sum / max(steps, 1), "local-steps": steps}
+
+
+@torch.no_grad()
+def embed(model: torch.nn.Module, data: ImageData, max_samples: int = 0, seed: int = 0,
+          batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits, features, labels) in eval mode, without augmentation, on at most ``max_samples`` (0 = all)."""
+    if max_samples and len(data) > max_samples:
+        data = data.subset(np.sort(np.random.default_rng(seed).choice(len(data), max_samples, replace=False)))
+    model.eval()
+    logits, feats = [], []
+    for start in range(0, len(data), batch_size):
+        out, f = model(normalize(data.images[start: start + batch_size]), with_features=True)
+        logits.append(out)
+        feats.append(f)
+    return torch.cat(logits), torch.cat(feats), data.labels
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, data: ImageData, batch_size: int = 256) -> tuple[int, int]:
+    """(correct, total) with the plain head."""
+    model.eval()
+    correct = 0
+    for start in range(0, len(data), batch_size):
+        out = model(normalize(data.images[start: start + batch_size]))
+        correct += int((out.argmax(1) == data.labels[start: start + batch_size]).sum())
+    return correct, len(data)
+
+
+def fedtopo_upload(model, data: ImageData, num_classes: int, tau: float, source: str, max_samples: int,
+                   seed: int) -> dict[str, np.ndarray]:
+    """What a FedTopo client sends: R (C×C), its class mask and per-class counts. No weights."""
+    logits, feats, labels = embed(model, data, max_samples, seed)
+    if source not in ("prototypes", "logits"):
+        raise ValueError(f"topo-source='{source}': allowed values are ['prototypes', 'logits']")
+    protos, counts = class_prototypes(feats if source == "prototypes" else logits, labels, num_classes)
+    r, mask = relation_topology(protos, counts, tau)
+    return {"topology": r.numpy(), "mask": mask.float().numpy(), "counts": counts.numpy()}
+
+
+def fedtopo_loss(global_arrays: dict, beta: float):
+    """Topology-guided CE against the broadcast R̄ (absent in a message = plain CE)."""
+    topology = global_arrays.get("topology")
+    if topology is None:
+        return lambda logits, feats, labels: F.cross_entropy(logits, labels)
+    topology = torch.from_numpy(np.asarray(topology, dtype=np.float32))
+    return lambda logits, feats, labels: topology_loss(logits, labels, topology, beta)

@@ -1,0 +1,77 @@
+"""Bytes down/up per round for every supernet method, at paper scale and at CPU scale (analytic, no training).
+
+    python -m experiments.method_traffic --out experiments/results/traffic
+
+Uses each method's own strategy to decide what every sampled client receives and returns (the same ``assign`` and
+``routed_shapes`` the Flower runs use) and ``fl_app.payload.payload_bytes`` for the bytes a message carries.
+Paper scale: paper supernet and cache, 100 clients, 10 per round, budgets Zipf(1.2) from the cache minimum to
+1.5 GMAC. CPU scale: the default run (8 clients, 4 per round). Writes ``traffic.csv`` and prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from fl_app.config import SUPERNET_METHODS, validate_run_config
+from fl_app.federation import Federation
+from fl_app.outputs import write_csv
+from fl_app.payload import payload_bytes
+from strategies.feast import RoundLog, sample_partitions
+
+SCALES = {
+    "paper": {"supernet": "paper", "dataset": "cifar100", "data-source": "hub", "clients-per-round": 10,
+              "budget-max-macs": 1.5e9, "clients": 100},
+    "cpu": {"clients": 8},
+}
+
+
+def per_round_traffic(method: str, scale: dict, rounds: int, seed: int) -> dict:
+    from fl_app.server_app import make_supernet_strategy  # the app's own wiring of each method
+
+    clients = scale["clients"]
+    run = validate_run_config({**{k: v for k, v in scale.items() if k != "clients"}, "method": method,
+                               "seed": seed, "num-server-rounds": rounds})
+    fed = Federation.build(run, clients)
+    budgets = fed.client_budgets(run, {})
+    strategy = make_supernet_strategy(run, fed, budgets, {p: p for p in range(clients)})
+    down, up = [], []
+    for rnd in range(1, rounds + 1):
+        sampled = sample_partitions(range(clients), run["clients-per-round"], seed, rnd)
+        strategy.rounds[rnd] = RoundLog(sampled=sampled)
+        round_down = round_up = 0
+        for pid in sampled:
+            bounds, arch = strategy.assign(pid, rnd)
+            sent = strategy.routed_shapes(bounds)
+            returned = sent if arch is None else {k: v for k, v in strategy.routed_shapes(arch).items() if k in sent}
+            round_down += payload_bytes(sent, run["payload-dtype"])
+            round_up += payload_bytes(returned, run["payload-dtype"])
+        down.append(round_down)
+        up.append(round_up)
+    return {"bytes_down_per_round": float(np.mean(down)), "bytes_up_per_round": float(np.mean(up))}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=20, help="rounds averaged over")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    rows = []
+    for scale_name, scale in SCALES.items():
+        for method in SUPERNET_METHODS:
+            traffic = per_round_traffic(method, scale, args.rounds, args.seed)
+            rows.append({"scale": scale_name, "method": method,
+                         "mb_down_per_round": round(traffic["bytes_down_per_round"] / 1e6, 2),
+                         "mb_up_per_round": round(traffic["bytes_up_per_round"] / 1e6, 2)})
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv(args.out / "traffic.csv", rows)
+    print(json.dumps(rows))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

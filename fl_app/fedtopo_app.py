@@ -1,0 +1,276 @@
+"""Server and client wiring of the model-heterogeneous methods: FedTopo and its baselines.
+
+Client i trains ``family[i % 8]`` on a Dirichlet(dirichlet-alpha) share of the training set (the plain Dirichlet
+partitioner, whatever ``partitioner`` says: the γ-allocation is FEAST's), split 80/20 (``test-fraction``) into local
+train and local test sets that follow the same label distribution. Models never leave the clients: a client keeps
+its model in ``state-dir`` (named by the server, per partition id) between rounds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from functools import lru_cache
+from logging import INFO
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import Message, MetricRecord, RecordDict
+from flwr.common.logger import log
+
+from clients.fedtopo import TrainSettings, embed, evaluate, fedtopo_loss, fedtopo_upload, local_train
+from clients.fedtopo_baselines import class_means_upload, fd_loss, head_upload, load_head, plain_ce, proto_loss
+from fl_app.config import RunConfig
+from fl_app.data import DATASETS, ImageData, load_dataset, split_train, stratified_holdout
+from fl_app.models.hetero import architecture_of, client_model
+from fl_app.outputs import prepare_output_dir, write_csv, write_json
+from fl_app.partition import make_partitioner, partition_indices
+from fl_app.payload import record_to_state, state_to_record
+from strategies.fedtopo import FedTopoStrategy, LocalStrategy
+from strategies.fedtopo_baselines import FdStrategy, FedProtoStrategy, FedTgpStrategy, LgFedAvgStrategy
+
+HETERO_METHODS = ("fedtopo", "local", "lg-fedavg", "fd", "fedproto", "fedtgp")
+
+
+# -- data: identical on server and clients -------------------------------------------------------------------------
+@lru_cache(maxsize=2)
+def _splits(dataset: str, source: str, path: str, seed: int, alpha: float, test_fraction: float,
+            num_partitions: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    train, _ = load_dataset(dataset, source, path)
+    labels = train.labels.numpy()
+    pool = split_train(labels, 0, 0, seed).client_pool  # no server hold-out: evaluation is on clients
+    partitioner = make_partitioner("dirichlet", num_partitions, seed, alpha)
+    out = []
+    for pid, idx in enumerate(partition_indices(labels[pool], partitioner)):
+        rows = pool[idx]
+        held = stratified_holdout(labels[rows], int(round(test_fraction * len(rows))),
+                                  np.random.default_rng([seed, 47, pid]))
+        test = rows[held]
+        out.append((np.setdiff1d(rows, test), test))
+    return tuple(out)
+
+
+def client_rows(run: RunConfig, num_partitions: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """(train rows, test rows) into the training set for every partition id."""
+    return _splits(run["dataset"], run["data-source"], run["data-path"], run["seed"], run["dirichlet-alpha"],
+                   run["test-fraction"], num_partitions)
+
+
+def client_data(run: RunConfig, pid: int, num_partitions: int) -> tuple[ImageData, ImageData]:
+    train, _ = load_dataset(run["dataset"], run["data-source"], run["data-path"])
+    rows_train, rows_test = client_rows(run, num_partitions)[pid]
+    return train.subset(rows_train), train.subset(rows_test)
+
+
+# -- client --------------------------------------------------------------------------------------------------------
+def _seed(*parts: int) -> int:
+    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+
+
+def load_client_model(run: RunConfig, pid: int, state_dir: str):
+    """This client's model: its saved state, or a seeded fresh one before its first round."""
+    num_classes = DATASETS[run["dataset"]].num_classes
+    with torch.random.fork_rng():
+        torch.manual_seed(_seed(run["seed"], 7, pid))
+        model = client_model(run["model-family"], pid, num_classes, run["feature-dim"])
+    path = Path(state_dir) / f"client-{pid}.pt"
+    if path.exists():
+        model.load_state_dict(torch.load(path, weights_only=True))
+    return model
+
+
+def save_client_model(model, pid: int, state_dir: str) -> None:
+    path = Path(state_dir) / f"client-{pid}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(model.state_dict(), tmp)
+    tmp.replace(path)
+
+
+def client_loss(run: RunConfig, model, global_arrays: dict):
+    method = run["method"]
+    if method == "fedtopo":
+        return fedtopo_loss(global_arrays, run["topo-beta"])
+    if method == "lg-fedavg":
+        load_head(model, global_arrays)
+        return plain_ce
+    if method == "fd":
+        return fd_loss(global_arrays, run["distill-lambda"])
+    if method in ("fedproto", "fedtgp"):
+        return proto_loss(global_arrays, run["distill-lambda"])
+    return plain_ce
+
+
+def client_upload(run: RunConfig, model, data: ImageData, seed: int) -> dict[str, np.ndarray]:
+    method, num_classes, cap = run["method"], DATASETS[run["dataset"]].num_classes, run["proto-max-samples"]
+    if method == "fedtopo":
+        return fedtopo_upload(model, data, num_classes, run["topo-tau"], run["topo-source"], cap, seed)
+    if method == "lg-fedavg":
+        return head_upload(model)
+    if method == "fd":
+        return class_means_upload(model, data, num_classes, "logits", cap, seed)
+    if method in ("fedproto", "fedtgp"):
+        return class_means_upload(model, data, num_classes, "features", cap, seed)
+    return {}
+
+
+def train_hetero(msg: Message, run: RunConfig, pid: int, num: int) -> Message:
+    """One client step of a model-heterogeneous method: train and upload, or (task=evaluate) score the local test."""
+    config = msg.content.config_records["config"]
+    state_dir, server_round = str(config["state-dir"]), int(config["server-round"])
+    train, test = client_data(run, pid, num)
+    model = load_client_model(run, pid, state_dir)
+    if config["task"] == "evaluate":
+        correct, total = evaluate(model, test)
+        return Message(RecordDict({"metrics": MetricRecord({"correct": correct, "num-test": total,
+                                                            "partition-id": pid})}), reply_to=msg)
+    dtype = str(config["payload-dtype"])
+    record = msg.content.array_records.get("arrays")
+    global_arrays = record_to_state(record, dtype) if record is not None else {}
+    seed = _seed(run["seed"], server_round, pid)
+    loss_fn = client_loss(run, model, global_arrays)
+    metrics = local_train(model, train, TrainSettings.from_run(run, float(config["lr"]), seed), loss_fn)
+    upload = client_upload(run, model, train, seed)
+    save_client_model(model, pid, state_dir)
+    return Message(RecordDict({
+        "upload": state_to_record(upload, dtype),
+        "metrics": MetricRecord({"num-examples": len(train), "partition-id": pid, **metrics}),
+    }), reply_to=msg)
+
+
+# -- server --------------------------------------------------------------------------------------------------------
+def lr_of_round(run: RunConfig):
+    base, rounds = run["lr"], run["num-server-rounds"]
+    if run["lr-schedule"] == "constant":
+        return lambda r: base
+    return lambda r: base * 0.5 * (1 + math.cos(math.pi * (r - 1) / rounds))
+
+
+def build_strategy(run: RunConfig, node_of_partition: dict[int, int], state_dir: str):
+    method = run["method"]
+    if run["clients-per-round"] > len(node_of_partition):
+        raise ValueError(f"clients-per-round={run['clients-per-round']}: must be <= the number of clients "
+                         f"({len(node_of_partition)}; set num-supernodes in --federation-config)")
+    common = dict(clients_per_round=run["clients-per-round"], seed=run["seed"], state_dir=state_dir,
+                  num_rounds=run["num-server-rounds"], eval_every=run["eval-every"],
+                  payload_dtype=run["payload-dtype"], min_reply_fraction=run["min-reply-fraction"],
+                  lr_of_round=lr_of_round(run))
+    num_classes = DATASETS[run["dataset"]].num_classes
+    if method == "fedtopo":
+        return FedTopoStrategy(node_of_partition, num_classes, weighting=run["topo-weighting"],
+                               kappa=run["topo-kappa"], **common)
+    if method == "fedtgp":
+        return FedTgpStrategy(node_of_partition, num_classes, feature_dim=run["feature-dim"],
+                              server_epochs=run["tgp-server-epochs"], margin_cap=run["tgp-margin-cap"], **common)
+    classes = {"local": LocalStrategy, "lg-fedavg": LgFedAvgStrategy, "fd": FdStrategy,
+               "fedproto": FedProtoStrategy}
+    if method not in classes:
+        raise ValueError(f"method='{method}': allowed model-heterogeneous methods are {list(HETERO_METHODS)}")
+    return classes[method](node_of_partition, num_classes, **common)
+
+
+def plot_accuracy_per_round(path: Path, lines: dict[str, list[tuple[int, float]]], title: str,
+                            ylabel: str = "mean client accuracy (%)") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, points in lines.items():
+        ax.plot([r for r, _ in points], [100 * a for _, a in points], marker="o", markersize=3, label=label)
+    ax.set_xlabel("round")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(path.name + ".tmp")
+    fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
+    """Run a model-heterogeneous method end to end and write metrics.csv, summary.json, accuracy_per_round.png."""
+    num_clients = len(nodes)
+    node_of_partition = {pid: info["node_id"] for pid, info in nodes.items()}
+    out_dir = prepare_output_dir(run["output-dir"], run["method"], run["dataset"], run["seed"])
+    state_dir = str((out_dir / "client-models").resolve())
+    strategy = build_strategy(run, node_of_partition, state_dir)
+    archs = [architecture_of(run["model-family"], pid) for pid in range(num_clients)]
+    log(INFO, "%s on %s: %d clients (%s family), Dirichlet α=%s, output %s", run["method"], run["dataset"],
+        num_clients, run["model-family"], run["dirichlet-alpha"], out_dir)
+    started = time.time()
+    strategy.start(grid, state_to_record({}), num_rounds=run["num-server-rounds"], timeout=run["round-timeout"])
+    elapsed = time.time() - started
+    rounds = strategy.rounds
+    last = strategy.history[-1] if strategy.history else {}
+    summary = {
+        "method": run["method"], "dataset": run["dataset"], "rounds": run["num-server-rounds"], "seed": run["seed"],
+        "num_clients": num_clients, "clients_per_round": run["clients-per-round"],
+        "model_family": run["model-family"], "architectures": archs,
+        "mean_client_accuracy": last.get("mean_client_accuracy"), "pooled_accuracy": last.get("pooled_accuracy"),
+        "client_accuracy": [getattr(strategy, "client_accuracy", {}).get(p) for p in range(num_clients)],
+        "bytes_up": sum(r.bytes_up for r in rounds.values()), "bytes_down": sum(r.bytes_down for r in rounds.values()),
+        "bytes_up_per_round": sum(r.bytes_up for r in rounds.values()) / max(len(rounds), 1),
+        "bytes_down_per_round": sum(r.bytes_down for r in rounds.values()) / max(len(rounds), 1),
+        "failed_replies": sum(len(r.failed) for r in rounds.values()),
+        "rejected_replies": sum(len(r.rejected) for r in rounds.values()),
+        "history": strategy.history, "wall_seconds": round(elapsed, 1), "run_config": run.to_dict(),
+    }
+    write_csv(out_dir / "metrics.csv", strategy.history)
+    plot_accuracy_per_round(out_dir / "accuracy_per_round.png",
+                            {run["method"]: [(h["round"], h["mean_client_accuracy"]) for h in strategy.history]},
+                            f"{run['method']} on {run['dataset']} ({num_clients} clients)")
+    write_json(out_dir / "summary.json", summary)
+    log(INFO, "Done in %.0fs: mean client accuracy %.1f%%, pooled %.1f%%, %.0f bytes up per round", elapsed,
+        100 * (summary["mean_client_accuracy"] or 0), 100 * (summary["pooled_accuracy"] or 0),
+        summary["bytes_up_per_round"])
+    log(INFO, "Results written to %s", out_dir)
+    return summary
+
+
+# -- in-process driving (tests, experiments): the same strategy and client functions, without Ray -------------------
+class InProcessGrid:
+    """A Grid stand-in that delivers each message to ``train_hetero`` of its partition, in order."""
+
+    def __init__(self, run: RunConfig, num_clients: int, first_node_id: int = 100):
+        self.run, self.num_clients = run, num_clients
+        self.node_of_partition = {pid: first_node_id + pid for pid in range(num_clients)}
+        self.partition_of_node = {n: p for p, n in self.node_of_partition.items()}
+
+    def nodes(self) -> dict[int, dict]:
+        return {pid: {"node_id": node} for pid, node in self.node_of_partition.items()}
+
+    def get_node_ids(self):
+        return list(self.partition_of_node)
+
+    def send_and_receive(self, messages, timeout=None):
+        replies = []
+        for msg in messages:
+            reply = train_hetero(msg, self.run, self.partition_of_node[msg.metadata.dst_node_id], self.num_clients)
+            reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
+            replies.append(reply)
+        return replies
+
+
+@contextlib.contextmanager
+def message_identity():
+    """Messages need a task identity, which a Flower runtime normally sets (internal API)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
+    try:
+        yield
+    finally:
+        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+
+
+def run_in_process(run: RunConfig, num_clients: int) -> dict:
+    grid = InProcessGrid(run, num_clients)
+    with message_identity():
+        return run_hetero(grid, run, grid.nodes())

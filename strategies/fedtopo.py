@@ -1,0 +1,217 @@
+"""Server side of FedTopo (reliability-aware merge of relation topologies) and the shared model-heterogeneous
+strategy skeleton: seeded sampling, per-client messages, byte accounting, and client-side evaluation rounds.
+
+Strategies never train client models: clients keep their own (different) architectures; the server only merges what
+they upload and broadcasts the result.
+"""
+
+from __future__ import annotations
+
+import math
+from logging import INFO, WARNING
+from typing import Iterable
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from fl_app.payload import record_bytes, record_to_state, state_to_record
+from strategies.feast import RoundLog, sample_partitions
+
+TOPO_WEIGHTINGS = ("support", "mean")
+TOPO_SOURCES = ("prototypes", "logits")
+
+
+# -- FedTopo merge -------------------------------------------------------------------------------------------------
+def uniform_topology(num_classes: int) -> np.ndarray:
+    """U[j, k] = 1/(C−1) for k != j, 0 on the diagonal: 'no class is more similar to j than another'."""
+    u = np.full((num_classes, num_classes), 1.0 / (num_classes - 1))
+    np.fill_diagonal(u, 0.0)
+    return u
+
+
+def merge_topologies(topologies: np.ndarray, masks: np.ndarray, counts: np.ndarray, weighting: str = "support",
+                     kappa: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Merge client topologies [M, C, C] into R̄ [C, C]; returns (R̄, total support W [C, C]).
+
+    ``support``: entry (j, k) of client i weighs w = sqrt(n_ij · n_ik); R̄ = Σ w R / Σ w, then shrunk toward the
+    uniform row by the total support W: R̄ ← W/(W+κ)·R̄ + κ/(W+κ)·U. ``mean``: every client holding both classes
+    weighs 1 and nothing is shrunk (the no-reliability ablation). Entries nobody holds are uniform; rows are
+    renormalised to sum to 1 over k != j.
+    """
+    if weighting not in TOPO_WEIGHTINGS:
+        raise ValueError(f"topo-weighting='{weighting}': allowed values are {list(TOPO_WEIGHTINGS)}")
+    topologies, counts = np.asarray(topologies, dtype=np.float64), np.asarray(counts, dtype=np.float64)
+    present = np.asarray(masks) > 0
+    c = topologies.shape[-1]
+    off = ~np.eye(c, dtype=bool)
+    valid = present[:, :, None] & present[:, None, :] & off
+    if weighting == "support":
+        w = np.sqrt(counts[:, :, None] * counts[:, None, :]) * valid
+    else:
+        w = valid.astype(np.float64)
+    total = w.sum(axis=0)
+    u = uniform_topology(c)
+    merged = np.where(total > 0, (w * topologies).sum(axis=0) / np.maximum(total, 1e-12), u)
+    if weighting == "support" and kappa > 0:
+        shrink = total / (total + kappa)
+        merged = shrink * merged + (1 - shrink) * u
+    merged = merged * off
+    return merged / merged.sum(axis=1, keepdims=True), total
+
+
+# -- the shared skeleton -------------------------------------------------------------------------------------------
+class HeteroStrategy(Strategy):
+    """Per-client TRAIN messages carrying the method's broadcast; ``aggregate_uploads`` is the method's merge.
+
+    Evaluation rounds send every client a TRAIN-type message with ``task = "evaluate"`` (the ClientApp dispatches
+    by method, not by message type); each client scores its own model on its own local test split.
+    """
+
+    name = "local"
+
+    def __init__(self, node_of_partition: dict[int, int], num_classes: int, *, clients_per_round: int, seed: int,
+                 state_dir: str, num_rounds: int, eval_every: int = 1, payload_dtype: str = "float32",
+                 min_reply_fraction: float = 1.0, lr_of_round=None):
+        self.node_of_partition, self.num_classes = node_of_partition, num_classes
+        self.clients_per_round, self.seed, self.state_dir = clients_per_round, seed, state_dir
+        self.num_rounds, self.eval_every = num_rounds, eval_every
+        self.payload_dtype, self.min_reply_fraction = payload_dtype, min_reply_fraction
+        self.lr_of_round = lr_of_round or (lambda r: 0.0)
+        self.global_arrays: dict[str, np.ndarray] = {}
+        self.rounds: dict[int, RoundLog] = {}
+        self.train_loss: dict[int, float] = {}
+        self.history: list[dict] = []  # one row per evaluated round
+        self.sampled: set[int] = set()
+
+    # -- what each method defines --------------------------------------------------------------------------------
+    def broadcast(self, server_round: int) -> dict[str, np.ndarray]:
+        """Arrays sent to every sampled client this round."""
+        return dict(self.global_arrays)
+
+    def aggregate_uploads(self, server_round: int, uploads: list[tuple[int, dict[str, np.ndarray], float]]) -> None:
+        """Merge (partition id, uploaded arrays, num-examples) into ``self.global_arrays``."""
+
+    # -- training rounds -----------------------------------------------------------------------------------------
+    def _config(self, server_round: int, task: str) -> ConfigRecord:
+        return ConfigRecord({"task": task, "server-round": server_round, "lr": float(self.lr_of_round(server_round)),
+                             "state-dir": self.state_dir, "payload-dtype": self.payload_dtype})
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        log_ = self.rounds.setdefault(server_round, RoundLog())
+        log_.sampled = sample_partitions(self.node_of_partition, self.clients_per_round, self.seed, server_round)
+        self.sampled = set(log_.sampled)
+        payload = state_to_record(self.broadcast(server_round), self.payload_dtype)
+        messages = []
+        for pid in log_.sampled:
+            log_.bytes_down += record_bytes(payload)
+            content = RecordDict({"arrays": payload, "config": self._config(server_round, "train")})
+            messages.append(Message(content, message_type=MessageType.TRAIN, dst_node_id=self.node_of_partition[pid]))
+        return messages
+
+    def _partition_of(self, reply: Message) -> int:
+        return {n: p for p, n in self.node_of_partition.items()}.get(reply.metadata.src_node_id, -1)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        log_ = self.rounds.setdefault(server_round, RoundLog())
+        uploads, losses, answered = [], [], set()
+        for reply in sorted(replies, key=self._partition_of):
+            pid = self._partition_of(reply)
+            answered.add(pid)
+            if reply.has_error():
+                log(WARNING, "round %d: client %d failed: %s", server_round, pid, reply.error.reason)
+                log_.failed.append(pid)
+                continue
+            record = reply.content.array_records.get("upload")
+            if record is None or pid not in self.sampled:
+                log(WARNING, "round %d: reply from client %d rejected: no upload or not sampled", server_round, pid)
+                log_.rejected.append(pid)
+                continue
+            metrics = reply.content.metric_records.get("metrics", MetricRecord())
+            log_.bytes_up += record_bytes(record)
+            uploads.append((pid, record_to_state(record, self.payload_dtype), float(metrics.get("num-examples", 0))))
+            losses.append(float(metrics.get("train-loss", math.nan)))
+        log_.failed += [pid for pid in log_.sampled if pid not in answered]
+        needed = math.ceil(self.min_reply_fraction * len(log_.sampled))
+        if len(uploads) < needed:
+            raise RuntimeError(f"round {server_round}: {len(uploads)} valid replies of {len(log_.sampled)} sampled "
+                               f"(min-reply-fraction={self.min_reply_fraction} needs {needed}); "
+                               f"failed: {log_.failed}, rejected: {log_.rejected}")
+        self.aggregate_uploads(server_round, uploads)
+        self.train_loss[server_round] = float(np.nanmean(losses)) if losses else math.nan
+        return None, MetricRecord({"train-loss": self.train_loss[server_round], "replies": len(uploads),
+                                   "bytes-down": log_.bytes_down, "bytes-up": log_.bytes_up})
+
+    # -- evaluation: every client, on its own local test split ----------------------------------------------------
+    def evaluates(self, server_round: int) -> bool:
+        return server_round % self.eval_every == 0 or server_round == self.num_rounds
+
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        if not self.evaluates(server_round):
+            return []
+        return [Message(RecordDict({"config": self._config(server_round, "evaluate")}),
+                        message_type=MessageType.TRAIN, dst_node_id=node)
+                for _, node in sorted(self.node_of_partition.items())]
+
+    def aggregate_evaluate(self, server_round, replies):
+        if not self.evaluates(server_round):
+            return None
+        per_client = {}
+        for reply in replies:
+            pid = self._partition_of(reply)
+            if reply.has_error():
+                raise RuntimeError(f"round {server_round}: evaluation on client {pid} failed: {reply.error.reason}")
+            m = reply.content.metric_records["metrics"]
+            per_client[pid] = (int(m["correct"]), int(m["num-test"]))
+        missing = sorted(set(self.node_of_partition) - set(per_client))
+        if missing:
+            raise RuntimeError(f"round {server_round}: no evaluation reply from clients {missing}")
+        scored = [c / n for c, n in per_client.values() if n > 0]
+        total = sum(n for _, n in per_client.values())
+        log_ = self.rounds.get(server_round, RoundLog())
+        row = {
+            "round": server_round,
+            "mean_client_accuracy": float(np.mean(scored)) if scored else math.nan,
+            "pooled_accuracy": sum(c for c, _ in per_client.values()) / total if total else math.nan,
+            "train_loss": self.train_loss.get(server_round, math.nan),
+            "bytes_up": log_.bytes_up, "bytes_down": log_.bytes_down,
+        }
+        self.history.append(row)
+        self.client_accuracy = {p: (c / n if n else math.nan) for p, (c, n) in sorted(per_client.items())}
+        return MetricRecord({k: v for k, v in row.items() if k != "round"})
+
+    def summary(self) -> None:
+        log(INFO, "%s: %d clients, %d per round, payload=%s", self.name, len(self.node_of_partition),
+            self.clients_per_round, self.payload_dtype)
+
+
+class LocalStrategy(HeteroStrategy):
+    """No communication: clients train alone (the broadcast is empty and uploads are ignored)."""
+
+    name = "local"
+
+
+class FedTopoStrategy(HeteroStrategy):
+    """Broadcast R̄ (uniform before the first merge); merge uploaded topologies with reliability weighting."""
+
+    name = "fedtopo"
+
+    def __init__(self, *args, weighting: str = "support", kappa: float = 0.0, **kw):
+        super().__init__(*args, **kw)
+        if weighting not in TOPO_WEIGHTINGS:
+            raise ValueError(f"topo-weighting='{weighting}': allowed values are {list(TOPO_WEIGHTINGS)}")
+        self.weighting, self.kappa = weighting, kappa
+        self.global_arrays = {"topology": uniform_topology(self.num_classes).astype(np.float32)}
+        self.support = np.zeros((self.num_classes, self.num_classes))
+
+    def aggregate_uploads(self, server_round, uploads):
+        if not uploads:
+            return
+        topo = np.stack([u["topology"] for _, u, _ in uploads])
+        masks = np.stack([u["mask"] for _, u, _ in uploads])
+        counts = np.stack([u["counts"] for _, u, _ in uploads])
+        merged, self.support = merge_topologies(topo, masks, counts, self.weighting, self.kappa)
+        self.global_arrays = {"topology": merged.astype(np.float32)}

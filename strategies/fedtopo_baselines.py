@@ -1,0 +1,143 @@
+"""Server side of the model-heterogeneous baselines: LG-FedAvg, FD, FedProto, FedTGP (``local`` lives with the
+skeleton in ``strategies.fedtopo``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from strategies.fedtopo import HeteroStrategy
+
+
+def weighted_class_means(means: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Σ_i n_ic·m_ic / Σ_i n_ic over the clients holding class c -> (global means [C, D], held [C] bool)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    total = counts.sum(axis=0)
+    summed = (np.asarray(means, dtype=np.float64) * counts[:, :, None]).sum(axis=0)
+    return summed / np.maximum(total, 1)[:, None], total > 0
+
+
+class LgFedAvgStrategy(HeteroStrategy):
+    """Average the shared-size heads (Linear(feature-dim, C)), weighted by num-examples."""
+
+    name = "lg-fedavg"
+
+    def aggregate_uploads(self, server_round, uploads):
+        total = sum(n for _, _, n in uploads)
+        if not uploads or total <= 0:
+            return
+        self.global_arrays = {k: (sum(n * u[k] for _, u, n in uploads) / total).astype(np.float32)
+                              for k in ("head.weight", "head.bias")}
+
+
+class _ClassMeanStrategy(HeteroStrategy):
+    """Keeps one global vector per class; classes nobody uploaded this round keep their previous value."""
+
+    key = "means"
+
+    def merge_class_means(self, uploads) -> None:
+        if not uploads:
+            return
+        means, held = weighted_class_means(np.stack([u["means"] for _, u, _ in uploads]),
+                                           np.stack([u["counts"] for _, u, _ in uploads]))
+        old = self.global_arrays.get(self.key)
+        old_has = self.global_arrays.get("has", np.zeros(self.num_classes)) > 0
+        merged = np.where(held[:, None], means, old if old is not None else 0.0)
+        self.global_arrays = {self.key: merged.astype(np.float32), "has": (held | old_has).astype(np.float32)}
+
+    def aggregate_uploads(self, server_round, uploads):
+        self.merge_class_means(uploads)
+
+
+class FdStrategy(_ClassMeanStrategy):
+    """FD: per-class mean logits averaged over clients; clients distil toward their softmax."""
+
+    name = "fd"
+    key = "soft-labels"
+
+
+class FedProtoStrategy(_ClassMeanStrategy):
+    """FedProto: per-class prototypes averaged over the clients holding the class."""
+
+    name = "fedproto"
+    key = "prototypes"
+
+
+# -- FedTGP --------------------------------------------------------------------------------------------------------
+class PrototypeGenerator(nn.Module):
+    """Trainable global prototypes: Embedding(C, d) -> MLP."""
+
+    def __init__(self, num_classes: int, dim: int, hidden: int = 0):
+        super().__init__()
+        hidden = hidden or dim
+        self.embedding = nn.Embedding(num_classes, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, dim))
+
+    def forward(self) -> torch.Tensor:
+        return self.mlp(self.embedding.weight)
+
+
+def adaptive_margin(centers: torch.Tensor, held: torch.Tensor, cap: float) -> float:
+    """δ = min(max over held class pairs of ||Q_c − Q_c'||, cap), Q_c = mean client prototype of class c."""
+    q = centers[held]
+    if len(q) < 2:
+        return 0.0
+    return float(min(torch.cdist(q, q).max().item(), cap))
+
+
+def margin_contrastive_loss(global_protos: torch.Tensor, client_protos: torch.Tensor, labels: torch.Tensor,
+                            margin: float) -> torch.Tensor:
+    """−log(e^{−(φ(p, P_y)+δ)} / (e^{−(φ(p, P_y)+δ)} + Σ_{k≠y} e^{−φ(p, P_k)})), φ = Euclidean distance."""
+    dist = torch.cdist(client_protos, global_protos)
+    logits = -dist - margin * nn.functional.one_hot(labels, global_protos.shape[0]).float()
+    return nn.functional.cross_entropy(logits, labels)
+
+
+def train_generator(generator: PrototypeGenerator, client_protos: torch.Tensor, labels: torch.Tensor, margin: float,
+                    epochs: int, lr: float = 0.01) -> float:
+    optimizer = torch.optim.Adam(generator.parameters(), lr=lr)
+    generator.train()
+    loss = torch.tensor(0.0)
+    for _ in range(epochs):
+        loss = margin_contrastive_loss(generator(), client_protos, labels, margin)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return float(loss.detach())
+
+
+class FedTgpStrategy(HeteroStrategy):
+    """FedTGP: the server trains the prototype generator on the uploaded client prototypes each round and
+    broadcasts its output for every class."""
+
+    name = "fedtgp"
+
+    def __init__(self, *args, feature_dim: int, server_epochs: int = 100, margin_cap: float = 100.0, **kw):
+        super().__init__(*args, **kw)
+        with torch.random.fork_rng():  # seeded init without touching the caller's global generator
+            torch.manual_seed(self.seed)
+            self.generator = PrototypeGenerator(self.num_classes, feature_dim)
+        self.server_epochs, self.margin_cap = server_epochs, margin_cap
+        self.margins: dict[int, float] = {}
+
+    def aggregate_uploads(self, server_round, uploads):
+        protos, labels = [], []
+        for _, u, _ in uploads:
+            for c in np.flatnonzero(u["counts"] > 0):
+                protos.append(u["means"][c])
+                labels.append(c)
+        if not protos:
+            return
+        client_protos = torch.tensor(np.stack(protos), dtype=torch.float32)
+        labels_t = torch.tensor(labels)
+        centers, held = weighted_class_means(np.stack([u["means"] for _, u, _ in uploads]),
+                                             (np.stack([u["counts"] for _, u, _ in uploads]) > 0).astype(float))
+        margin = adaptive_margin(torch.tensor(centers, dtype=torch.float32), torch.tensor(held), self.margin_cap)
+        self.margins[server_round] = margin
+        train_generator(self.generator, client_protos, labels_t, margin, self.server_epochs)
+        self.generator.eval()
+        with torch.no_grad():
+            global_protos = self.generator().numpy()
+        self.global_arrays = {"prototypes": global_protos.astype(np.float32),
+                              "has": np.ones(self.num_classes, dtype=np.float32)}

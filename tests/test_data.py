@@ -1,0 +1,63 @@
+"""Data sources: bundled sample, local parquet, local image folders, and errors instead of fallbacks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from fl_app.data import load_dataset, split_train
+from fl_app.resources import bundled_file
+
+
+def test_bundled_sample_is_stratified_cifar10():
+    train, test = load_dataset("cifar10", "sample")
+    assert train.images.shape[1:] == (3, 32, 32) and str(train.images.dtype) == "torch.uint8"
+    counts = np.bincount(train.labels.numpy(), minlength=10)
+    assert counts.min() == counts.max()  # stratified
+    assert len(test) > 0
+    size = sum(bundled_file(f"data/cifar10-sample/{s}.parquet").stat().st_size for s in ("train", "test"))
+    assert size < 12 * 2**20
+
+
+def test_local_parquet_in_the_hub_schema(tmp_path):
+    for split in ("train", "test"):
+        table = pq.read_table(bundled_file(f"data/cifar10-sample/{split}.parquet")).slice(0, 40)
+        pq.write_table(table, tmp_path / f"{split}.parquet")
+    train, test = load_dataset("cifar10", "local", str(tmp_path))
+    assert len(train) == 40 and len(test) == 40
+
+
+def test_local_image_folder_is_resized_to_the_supernet_input(tmp_path):
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for label in ("cat", "dog"):
+            folder = tmp_path / split / label
+            folder.mkdir(parents=True)
+            for i in range(3):
+                Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    train, test = load_dataset("cifar10", "local", str(tmp_path), 32)
+    assert train.images.shape == (6, 3, 32, 32)
+    assert sorted(set(train.labels.tolist())) == [0, 1]
+
+
+def test_missing_local_data_is_an_error_not_a_fallback(tmp_path):
+    with pytest.raises(ValueError, match="data-path="):
+        load_dataset("cifar10", "local", str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match="only bundles cifar10"):
+        load_dataset("cifar100", "sample")
+
+
+def test_held_out_splits_are_disjoint_and_seeded():
+    labels = np.repeat(np.arange(10), 100)
+    a = split_train(labels, 100, 50, seed=1)
+    b = split_train(labels, 100, 50, seed=1)
+    assert np.array_equal(a.calibration, b.calibration)
+    assert len(a.validation) == 100 and len(a.calibration) == 50
+    assert not set(a.validation) & set(a.calibration)
+    assert not set(a.client_pool) & (set(a.validation) | set(a.calibration))
+    assert len(a.client_pool) + 150 == 1000
+    assert np.bincount(labels[a.validation]).min() >= 8  # stratified
+    with pytest.raises(ValueError, match="leaves no training data"):
+        split_train(labels, 900, 100, seed=0)

@@ -1,0 +1,199 @@
+"""The model-heterogeneous methods through their strategies and client functions, without Ray: hand-made replies
+for the strategies, direct calls of the client function, and a two-round in-process simulation of every method."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+
+from fl_app.config import validate_run_config
+from fl_app.fedtopo_app import (HETERO_METHODS, build_strategy, client_data, client_rows, load_client_model,
+                                run_in_process, train_hetero)
+from fl_app.payload import record_bytes, record_to_state, state_to_record
+from strategies.fedtopo import merge_topologies, uniform_topology
+
+TINY = {"method": "fedtopo", "num-server-rounds": 2, "clients-per-round": 3, "max-local-steps": 2, "batch-size": 16, "eval-every": 1,
+        "proto-max-samples": 64, "tgp-server-epochs": 5}
+NUM_CLIENTS = 4
+
+
+def _run(tmp_path, **overrides):
+    return validate_run_config({**TINY, "output-dir": str(tmp_path / "out"), **overrides})
+
+
+def _reply(msg: Message, upload: dict, num_examples: int) -> Message:
+    reply = Message(RecordDict({"upload": state_to_record(upload),
+                                "metrics": MetricRecord({"num-examples": num_examples, "train-loss": 1.0})}),
+                    reply_to=msg)
+    reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
+    return reply
+
+
+def _eval_reply(msg: Message, correct: int, total: int) -> Message:
+    reply = Message(RecordDict({"metrics": MetricRecord({"correct": correct, "num-test": total})}), reply_to=msg)
+    reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
+    return reply
+
+
+def test_fedtopo_strategy_broadcasts_merges_and_scores(flower_ids, tmp_path):
+    run = _run(tmp_path, **{"clients-per-round": 2, "topo-kappa": 5.0, "eval-every": 2})
+    nodes = {pid: 100 + pid for pid in range(3)}
+    strategy = build_strategy(run, nodes, str(tmp_path / "state"))
+    messages = list(strategy.configure_train(1, state_to_record({}), ConfigRecord(), grid=None))
+    assert len(messages) == 2 and all(m.metadata.message_type == MessageType.TRAIN for m in messages)
+    sent = record_to_state(messages[0].content.array_records["arrays"])
+    np.testing.assert_allclose(sent["topology"], uniform_topology(10), rtol=1e-6)  # before any merge
+    assert messages[0].content.config_records["config"]["task"] == "train"
+
+    rng = np.random.default_rng(0)
+    uploads = []
+    for i, msg in enumerate(messages):
+        counts = rng.integers(0, 50, 10).astype(np.float32)
+        counts[i] = 0  # each client misses a class
+        topo = rng.random((10, 10)).astype(np.float32)
+        uploads.append({"topology": topo, "mask": (counts > 0).astype(np.float32), "counts": counts})
+    replies = [_reply(m, u, 100) for m, u in zip(messages, uploads)]
+    unsampled = ({0, 1, 2} - {m.metadata.dst_node_id - 100 for m in messages}).pop()
+    stray = _reply(messages[0], uploads[0], 100)
+    stray.metadata.__dict__["_src_node_id"] = 100 + unsampled
+    _, metrics = strategy.aggregate_train(1, replies + [stray])
+    assert strategy.rounds[1].rejected == [unsampled]
+    expected, _ = merge_topologies(np.stack([u["topology"] for u in uploads]), np.stack([u["mask"] for u in uploads]),
+                                   np.stack([u["counts"] for u in uploads]), "support", 5.0)
+    np.testing.assert_allclose(strategy.global_arrays["topology"], expected, rtol=1e-5)
+    assert metrics["bytes-up"] == sum(record_bytes(state_to_record(u)) for u in uploads)
+    assert metrics["bytes-down"] == 2 * record_bytes(state_to_record({"topology": uniform_topology(10)}))
+
+    assert list(strategy.configure_evaluate(1, None, ConfigRecord(), None)) == []  # eval-every = 2
+    evals = list(strategy.configure_evaluate(2, None, ConfigRecord(), None))
+    assert sorted(m.metadata.dst_node_id for m in evals) == [100, 101, 102]
+    assert evals[0].content.config_records["config"]["task"] == "evaluate"
+    row = strategy.aggregate_evaluate(2, [_eval_reply(evals[0], 9, 10), _eval_reply(evals[1], 1, 10),
+                                          _eval_reply(evals[2], 30, 80)])
+    assert row["mean_client_accuracy"] == pytest.approx((0.9 + 0.1 + 0.375) / 3)
+    assert row["pooled_accuracy"] == pytest.approx(40 / 100)
+    with pytest.raises(RuntimeError, match=r"no evaluation reply from clients \[2\]"):
+        strategy.aggregate_evaluate(2, [_eval_reply(evals[0], 9, 10), _eval_reply(evals[1], 1, 10)])
+
+
+def test_lg_fedavg_and_fd_strategies(flower_ids, tmp_path):
+    nodes = {0: 100, 1: 101}
+    lg = build_strategy(_run(tmp_path, method="lg-fedavg", **{"clients-per-round": 2}), nodes, str(tmp_path))
+    msgs = list(lg.configure_train(1, state_to_record({}), ConfigRecord(), grid=None))
+    assert record_to_state(msgs[0].content.array_records["arrays"]) == {}  # nothing to share yet
+    heads = [{"head.weight": np.full((10, 64), v, np.float32), "head.bias": np.full(10, v, np.float32)}
+             for v in (1.0, 4.0)]
+    lg.aggregate_train(1, [_reply(msgs[0], heads[0], 10), _reply(msgs[1], heads[1], 30)])
+    np.testing.assert_allclose(lg.global_arrays["head.weight"], 3.25)  # (10·1 + 30·4) / 40
+
+    fd = build_strategy(_run(tmp_path, method="fd", **{"clients-per-round": 2}), nodes, str(tmp_path))
+    msgs = list(fd.configure_train(1, state_to_record({}), ConfigRecord(), grid=None))
+    means = np.zeros((10, 10), np.float32)
+    means[3] = 2.0
+    counts = np.zeros(10, np.float32)
+    counts[3] = 5
+    fd.aggregate_train(1, [_reply(msgs[0], {"means": means, "counts": counts}, 5),
+                           _reply(msgs[1], {"means": means * 0, "counts": counts * 0}, 5)])
+    assert fd.global_arrays["has"].tolist() == [0, 0, 0, 1, 0, 0, 0, 0, 0, 0]
+    msgs = list(fd.configure_train(2, state_to_record({}), ConfigRecord(), grid=None))
+    fd.aggregate_train(2, [_reply(m, {"means": means * 0, "counts": counts * 0}, 5) for m in msgs])
+    np.testing.assert_allclose(fd.global_arrays["soft-labels"][3], 2.0)  # a class nobody uploaded keeps its value
+
+
+def test_client_partitions_are_seeded_disjoint_and_locally_distributed(tmp_path):
+    run = _run(tmp_path, **{"dirichlet-alpha": 0.3})
+    rows = client_rows(run, NUM_CLIENTS)
+    again = client_rows(validate_run_config({**run.to_dict()}), NUM_CLIENTS)
+    train, test = client_data(run, 0, NUM_CLIENTS)
+    all_rows = np.concatenate([np.concatenate(r) for r in rows])
+    assert len(all_rows) == len(np.unique(all_rows))  # no image in two places
+    for (tr, te), (tr2, te2) in zip(rows, again):
+        np.testing.assert_array_equal(tr, tr2)
+        np.testing.assert_array_equal(te, te2)
+        assert abs(len(te) / (len(tr) + len(te)) - 0.2) < 0.01
+    share_train = np.bincount(train.labels.numpy(), minlength=10) / len(train)
+    share_test = np.bincount(test.labels.numpy(), minlength=10) / len(test)
+    assert np.abs(share_train - share_test).max() < 0.05  # the test split follows the client's own labels
+
+
+def _train_message(run_cfg, pid: int, state_dir: str, arrays: dict, server_round: int = 1, task: str = "train"):
+    config = ConfigRecord({"task": task, "server-round": server_round, "lr": 0.05, "state-dir": state_dir,
+                           "payload-dtype": "float32"})
+    return Message(RecordDict({"arrays": state_to_record(arrays), "config": config}),
+                   message_type=MessageType.TRAIN, dst_node_id=100 + pid)
+
+
+def test_fedtopo_client_uploads_only_the_topology_and_keeps_its_model(flower_ids, tmp_path):
+    run = _run(tmp_path, **{"proto-max-samples": 0})
+    state_dir = str(tmp_path / "state")
+    before = {k: v.clone() for k, v in load_client_model(run, 1, state_dir).state_dict().items()}
+    reply = train_hetero(_train_message(run, 1, state_dir, {"topology": uniform_topology(10)}), run, 1, NUM_CLIENTS)
+    upload = record_to_state(reply.content.array_records["upload"])
+    assert set(upload) == {"topology", "mask", "counts"}  # no weights leave the client
+    train, test = client_data(run, 1, NUM_CLIENTS)
+    counts = np.bincount(train.labels.numpy(), minlength=10)
+    held = counts > 0
+    assert (upload["mask"] > 0).tolist() == held.tolist() and upload["counts"].tolist() == counts.tolist()
+    np.testing.assert_allclose(upload["topology"][held].sum(1), 1.0, atol=1e-5)
+    after = load_client_model(run, 1, state_dir).state_dict()
+    assert any(not np.allclose(before[k].numpy(), after[k].numpy()) for k in before)  # saved and reloaded
+    reply = train_hetero(_train_message(run, 1, state_dir, {}, task="evaluate"), run, 1, NUM_CLIENTS)
+    metrics = reply.content.metric_records["metrics"]
+    assert metrics["num-test"] == len(test) and 0 <= metrics["correct"] <= len(test)
+
+
+@pytest.mark.parametrize("method", HETERO_METHODS)
+def test_every_method_runs_a_two_round_simulation(flower_ids, tmp_path, method):
+    run = _run(tmp_path, method=method)
+    summary = run_in_process(run, NUM_CLIENTS)
+    out = tmp_path / "out"
+    saved = json.loads((out / "summary.json").read_text())
+    for key in ("method", "dataset", "rounds", "seed", "mean_client_accuracy", "pooled_accuracy", "bytes_up",
+                "bytes_down", "history"):
+        assert key in saved
+    assert saved["method"] == method and saved["rounds"] == 2
+    assert [h["round"] for h in saved["history"]] == [1, 2]
+    assert 0 <= saved["mean_client_accuracy"] <= 1 and 0 <= saved["pooled_accuracy"] <= 1
+    assert len((out / "metrics.csv").read_text().strip().splitlines()) == 3
+    assert (out / "accuracy_per_round.png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in (out / "client-models").iterdir()) == \
+        sorted(f"client-{p}.pt" for p in {p for r in (1, 2) for p in _sampled(run, r)})
+    if method == "local":
+        assert summary["bytes_up"] == summary["bytes_down"] == 0
+    else:
+        assert summary["bytes_up"] > 0 and summary["bytes_down"] > 0
+    if method == "fedtopo":  # C×C + 2C floats per client and round, far less than a head (LG-FedAvg)
+        assert summary["bytes_up"] < 2 * 3 * (10 * 10 + 20) * 4 + 2000
+
+
+def _sampled(run, server_round):
+    from strategies.feast import sample_partitions
+    return sample_partitions(range(NUM_CLIENTS), run["clients-per-round"], run["seed"], server_round)
+
+
+def test_same_seed_same_results(flower_ids, tmp_path):
+    first = run_in_process(_run(tmp_path / "a"), NUM_CLIENTS)
+    second = run_in_process(_run(tmp_path / "b"), NUM_CLIENTS)
+    assert first["history"] == second["history"]
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ({"topo-weighting": "median"}, "topo-weighting='median': allowed values are ['support', 'mean']"),
+    ({"topo-source": "weights"}, "topo-source='weights': allowed values are ['prototypes', 'logits']"),
+    ({"model-family": "gpu"}, "model-family='gpu': allowed values are ['cpu', 'paper']"),
+    ({"topo-tau": 0.0}, "topo-tau=0.0: must be > 0"),
+    ({"test-fraction": 1.0}, "test-fraction=1.0: must be in (0, 1)"),
+    ({"method": "fedx"}, "'fedtopo', 'local', 'lg-fedavg', 'fd', 'fedproto', 'fedtgp'"),
+])
+def test_bad_fedtopo_values_are_named(override, fragment):
+    with pytest.raises(ValueError) as err:
+        validate_run_config(override)
+    assert fragment in str(err.value)
+
+
+def test_clients_per_round_above_the_federation_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"clients-per-round=3: must be <= the number of clients \(2"):
+        build_strategy(_run(tmp_path), {0: 100, 1: 101}, str(tmp_path))
