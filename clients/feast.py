@@ -9,6 +9,7 @@ import torch
 
 from fl_app.augment import crop_flip, mix_batch, normalize, rand_augment, soft_cross_entropy
 from fl_app.data import ImageData
+from fl_app.device import preferred_device
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.subnets import SubnetCache
 from fl_app.supernet import Subnet
@@ -72,6 +73,10 @@ def train_subnets(model: ElasticResNet, plan: SubnetPlan, data: ImageData, setti
     ``logit_mask`` (bool per class), when given, keeps only those classes' logits (HeteroFL's label masking)."""
     generator = torch.Generator().manual_seed(settings.seed)
     rng = np.random.default_rng(settings.seed)
+    device = preferred_device()
+    model.to(device)
+    if logit_mask is not None:
+        logit_mask = logit_mask.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
                                 weight_decay=settings.weight_decay)
     num_classes = model.cfg.n_classes
@@ -90,8 +95,10 @@ def train_subnets(model: ElasticResNet, plan: SubnetPlan, data: ImageData, setti
                 images = crop_flip(images, generator)
             if settings.randaugment:
                 images = rand_augment(images, int(rng.integers(2**31)))
+            # augmentation stays on the CPU (seeded there); the mixed batch moves to the device
             images, targets = mix_batch(normalize(images), labels, num_classes, settings.mixup_alpha,
                                         settings.cutmix_alpha, rng)
+            images, targets = images.to(device), targets.to(device)
 
             logits = masked(model(images, plan.largest), logit_mask)
             loss = soft_cross_entropy(logits, targets)
@@ -110,4 +117,5 @@ def train_subnets(model: ElasticResNet, plan: SubnetPlan, data: ImageData, setti
             optimizer.zero_grad(set_to_none=True)
             steps += 1
             loss_sum += loss.item()
+    model.cpu()
     return {"train-loss": loss_sum / max(steps, 1), "local-steps": steps}

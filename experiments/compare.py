@@ -22,6 +22,7 @@ from fl_app.outputs import plot_accuracy_vs_macs, write_csv, write_json
 
 METHODS = ["feast", "superfednas", "deepfednas", "heterofl", "fedrolex", "fedavg-min"]
 ABLATIONS = {
+    "feast": {},  # the reference the ablations are read against
     "feast-max-only": {"train-subnets": "max"},
     "feast-no-random": {"train-subnets": "max,min"},
     "feast-kd0": {"kd-ratio": 0.0},

@@ -28,19 +28,34 @@ CONF = ROOT / "experiments" / "conf" / "fedtopo-cifar10.toml"
 # label -> run-config overrides of the conf
 VARIANTS = {
     "fedtopo": {"method": "fedtopo"},
-    "fedtopo-mean (no reliability weighting)": {"method": "fedtopo", "topo-weighting": "mean"},
-    "fedtopo-beta0 (no topology guidance)": {"method": "fedtopo", "topo-beta": 0.0},
-    "fedtopo-logits (topology from logits)": {"method": "fedtopo", "topo-source": "logits"},
     "local": {"method": "local"},
     "lg-fedavg": {"method": "lg-fedavg"},
     "fd": {"method": "fd"},
     "fedproto": {"method": "fedproto"},
     "fedtgp": {"method": "fedtgp"},
+    "fedtopo-mean (no reliability weighting)": {"method": "fedtopo", "topo-weighting": "mean"},
+    "fedtopo-beta0 (no topology guidance)": {"method": "fedtopo", "topo-beta": 0.0},
+    "fedtopo-logits (topology from logits)": {"method": "fedtopo", "topo-source": "logits"},
 }
-
 
 def slug(label: str) -> str:
     return label.split(" ")[0]
+
+
+def write_results(out: Path, clients: int, base: dict, rows: list, per_round: list, summaries: dict,
+                  total: float) -> None:
+    write_csv(out / "comparison.csv", rows)
+    write_csv(out / "rounds.csv", per_round)
+    write_json(out / "comparison.json", {"clients": clients, "run_config": {**base, "output-dir": "<per variant>"},
+                                         "variants": VARIANTS, "table": rows, "total_seconds": round(total, 1),
+                                         "summaries": {k: {kk: vv for kk, vv in v.items() if kk != "run_config"}
+                                                       for k, v in summaries.items()}})
+    for metric, name in (("mean_client_accuracy", "accuracy_per_round.png"),
+                         ("pooled_accuracy", "pooled_accuracy_per_round.png")):
+        plot_accuracy_per_round(out / name, {label: [(h["round"], h[metric]) for h in s["history"]]
+                                             for label, s in summaries.items()},
+                                f"CIFAR-10, {clients} clients, Dirichlet α={base['dirichlet-alpha']}",
+                                ylabel=metric.replace("_", " ") + " (%)")
 
 
 def main() -> None:
@@ -69,7 +84,7 @@ def main() -> None:
         run_dir = out / slug(label)
         shutil.rmtree(run_dir, ignore_errors=True)  # a rerun replaces this script's own outputs
         run = validate_run_config({**base, **overrides, "output-dir": str(run_dir)})
-        t0 = time.time()
+        t0, c0 = time.time(), time.process_time()
         summary = run_in_process(run, args.clients)
         shutil.rmtree(run_dir / "client-models", ignore_errors=True)  # client weights are not results
         summaries[label] = summary
@@ -78,23 +93,14 @@ def main() -> None:
                      "pooled_accuracy": round(summary["pooled_accuracy"], 4),
                      "bytes_up_per_round": int(summary["bytes_up_per_round"]),
                      "bytes_down_per_round": int(summary["bytes_down_per_round"]),
-                     "seconds": round(time.time() - t0, 1)})
+                     "wall_seconds": round(time.time() - t0, 1),
+                     "cpu_seconds": round(time.process_time() - c0, 1)})
         per_round += [{"variant": label, **h} for h in summary["history"]]
         print(json.dumps(rows[-1]), flush=True)
+        # written after every variant, so an interrupted comparison still leaves what it finished
+        write_results(out, args.clients, base, rows, per_round, summaries, time.time() - started)
     total = time.time() - started
-    write_csv(out / "comparison.csv", rows)
-    write_csv(out / "rounds.csv", per_round)
-    write_json(out / "comparison.json", {"clients": args.clients, "run_config": {**base, "output-dir": "<per variant>"},
-                                         "variants": VARIANTS, "table": rows, "total_seconds": round(total, 1),
-                                         "summaries": {k: {kk: vv for kk, vv in v.items() if kk != "run_config"}
-                                                       for k, v in summaries.items()}})
-    for metric, name in (("mean_client_accuracy", "accuracy_per_round.png"),
-                         ("pooled_accuracy", "pooled_accuracy_per_round.png")):
-        plot_accuracy_per_round(out / name, {label: [(h["round"], h[metric]) for h in s["history"]]
-                                             for label, s in summaries.items()},
-                                f"CIFAR-10, {args.clients} clients, Dirichlet α={base['dirichlet-alpha']}",
-                                ylabel=metric.replace("_", " ") + " (%)")
-    print(f"total {total:.0f}s", flush=True)
+    print(f"total {total:.0f}s wall, {time.process_time():.0f}s CPU", flush=True)
 
 
 if __name__ == "__main__":

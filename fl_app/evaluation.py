@@ -6,9 +6,11 @@ from typing import Mapping
 
 import numpy as np
 import torch
+from flwr.app import MetricRecord
 
 from fl_app.augment import normalize
 from fl_app.data import ImageData
+from fl_app.device import preferred_device
 from fl_app.models.elastic_resnet import DynamicBatchNorm2d, ElasticResNet
 from fl_app.slicing import slice_subnet
 from fl_app.supernet import Subnet, SupernetConfig
@@ -32,8 +34,9 @@ def recalibrate_bn(model: ElasticResNet, images: torch.Tensor, arch: Subnet | No
         bn.reset_running_stats()
         bn.momentum = None
     model.train()
+    device = next(model.parameters()).device
     for start in range(0, len(images), batch_size):
-        model(normalize(images[start: start + batch_size]), arch)
+        model(normalize(images[start: start + batch_size]).to(device), arch)
     for bn, momentum in zip(bns, saved):
         bn.momentum = momentum
     model.eval()
@@ -42,17 +45,18 @@ def recalibrate_bn(model: ElasticResNet, images: torch.Tensor, arch: Subnet | No
 @torch.no_grad()
 def accuracy(model: ElasticResNet, data: ImageData, arch: Subnet | None = None, batch_size: int = 500) -> float:
     model.eval()
+    device = next(model.parameters()).device
     correct = 0
     for start in range(0, len(data), batch_size):
-        logits = model(normalize(data.images[start: start + batch_size]), arch)
-        correct += int((logits.argmax(1) == data.labels[start: start + batch_size]).sum())
+        logits = model(normalize(data.images[start: start + batch_size]).to(device), arch)
+        correct += int((logits.argmax(1).cpu() == data.labels[start: start + batch_size]).sum())
     return correct / max(len(data), 1)
 
 
 def evaluate_subnet(cfg: SupernetConfig, supernet_state: Mapping, arch: Subnet, calibration: ImageData,
                     *splits: ImageData) -> list[float]:
     """Extract ``arch``, recalibrate its BN on ``calibration``, return its accuracy on each split."""
-    model = extract_subnet(cfg, supernet_state, arch)
+    model = extract_subnet(cfg, supernet_state, arch).to(preferred_device())
     recalibrate_bn(model, calibration.images)
     return [accuracy(model, split) for split in splits]
 
@@ -83,8 +87,6 @@ class TierEvaluator:
     def __call__(self, server_round: int, arrays):
         if not self.due(server_round):
             return None
-        from flwr.app import MetricRecord
-
         state = self.decode_state(arrays)
         tier_results = []
         for tier in self.tiers:

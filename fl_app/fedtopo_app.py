@@ -213,7 +213,7 @@ def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
         "num_clients": num_clients, "clients_per_round": run["clients-per-round"],
         "model_family": run["model-family"], "architectures": archs,
         "mean_client_accuracy": last.get("mean_client_accuracy"), "pooled_accuracy": last.get("pooled_accuracy"),
-        "client_accuracy": [getattr(strategy, "client_accuracy", {}).get(p) for p in range(num_clients)],
+        "client_accuracy": [strategy.client_accuracy.get(p) for p in range(num_clients)],
         "bytes_up": sum(r.bytes_up for r in rounds.values()), "bytes_down": sum(r.bytes_down for r in rounds.values()),
         "bytes_up_per_round": sum(r.bytes_up for r in rounds.values()) / max(len(rounds), 1),
         "bytes_down_per_round": sum(r.bytes_down for r in rounds.values()) / max(len(rounds), 1),

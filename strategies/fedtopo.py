@@ -84,6 +84,7 @@ class HeteroStrategy(Strategy):
         self.rounds: dict[int, RoundLog] = {}
         self.train_loss: dict[int, float] = {}
         self.history: list[dict] = []  # one row per evaluated round
+        self.client_accuracy: dict[int, float] = {}  # partition id -> accuracy at the last evaluation
         self.sampled: set[int] = set()
 
     # -- what each method defines --------------------------------------------------------------------------------

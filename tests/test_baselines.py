@@ -10,7 +10,6 @@ from flwr.app import ConfigRecord, MetricRecord
 
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.payload import record_to_state, state_to_record
-from fl_app.slicing import subnet_shapes
 from fl_app.supernet import count_macs, width_sliced_config, width_tier
 from strategies.heterofl import FedRolexStrategy, HeteroFLStrategy, elastic_dims, roll_state
 from strategies.superfednas import SuperFedNASStrategy, maxnet_beta, maxnet_weights, sandwich_roles

@@ -16,7 +16,7 @@ from fl_app.payload import record_bytes, record_to_state, state_to_record
 from strategies.fedtopo import merge_topologies, uniform_topology
 
 TINY = {"method": "fedtopo", "num-server-rounds": 2, "clients-per-round": 3, "max-local-steps": 2, "batch-size": 16, "eval-every": 1,
-        "proto-max-samples": 64, "tgp-server-epochs": 5}
+        "proto-max-samples": 64, "tgp-server-epochs": 5, "test-fraction": 0.05}
 NUM_CLIENTS = 4
 
 
@@ -104,7 +104,7 @@ def test_lg_fedavg_and_fd_strategies(flower_ids, tmp_path):
 
 
 def test_client_partitions_are_seeded_disjoint_and_locally_distributed(tmp_path):
-    run = _run(tmp_path, **{"dirichlet-alpha": 0.3})
+    run = _run(tmp_path, **{"dirichlet-alpha": 0.3, "test-fraction": 0.2})
     rows = client_rows(run, NUM_CLIENTS)
     again = client_rows(validate_run_config({**run.to_dict()}), NUM_CLIENTS)
     train, test = client_data(run, 0, NUM_CLIENTS)
@@ -165,8 +165,10 @@ def test_every_method_runs_a_two_round_simulation(flower_ids, tmp_path, method):
         assert summary["bytes_up"] == summary["bytes_down"] == 0
     else:
         assert summary["bytes_up"] > 0 and summary["bytes_down"] > 0
-    if method == "fedtopo":  # C×C + 2C floats per client and round, far less than a head (LG-FedAvg)
-        assert summary["bytes_up"] < 2 * 3 * (10 * 10 + 20) * 4 + 2000
+    if method == "fedtopo":  # exactly R (C×C), the mask and the counts per sampled client and round
+        one = record_bytes(state_to_record({"topology": np.zeros((10, 10)), "mask": np.zeros(10),
+                                            "counts": np.zeros(10)}))
+        assert summary["bytes_up"] == 2 * 3 * one
 
 
 def _sampled(run, server_round):

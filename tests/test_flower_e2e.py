@@ -38,18 +38,22 @@ def flwr_env(tmp_path_factory):
            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
            "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port())}
     yield env
-    # the local SuperLink runs detached in its own session: stop it (and what it started) by PID
+    # the local SuperLink runs detached in its own session and the simulations it spawns in another: stop both
+    # process groups by PID (found by this module's FLWR_HOME and SuperLink port on their command lines)
+    markers = (str(home), f"127.0.0.1:{env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']}")
+    groups = set()
     for pid_dir in Path("/proc").glob("[0-9]*"):
         try:
             cmdline = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
+            if any(m in cmdline for m in markers) and ("flower-superlink" in cmdline or "flwr-simulation" in cmdline):
+                groups.add(os.getpgid(int(pid_dir.name)))
+        except (OSError, ProcessLookupError):
             continue
-        if "flower-superlink" in cmdline and str(home) in cmdline:
-            pid = int(pid_dir.name)
-            try:
-                os.killpg(os.getpgid(pid), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+    for group in groups - {os.getpgrp()}:
+        try:
+            os.killpg(group, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
 
 
 def flwr_run(env, run_config: str, timeout: int = 600) -> tuple[str, str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from fl_app.payload import payload_bytes, record_bytes, record_to_state, state_to_record
 from fl_app.slicing import slice_subnet, state_numel, subnet_shapes

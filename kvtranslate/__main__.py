@@ -1,0 +1,169 @@
+"""Command line: python -m kvtranslate pretrain|train|eval|demo --help"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+
+def add_train_args(p):
+    from .train import TRAIN_DEFAULTS as D
+    from .translators import GATINGS, KINDS
+    p.add_argument("--kind", choices=KINDS, default=D["kind"], help="translator type")
+    p.add_argument("--steps", type=int, default=D["steps"])
+    p.add_argument("--batch", type=int, default=D["batch"])
+    p.add_argument("--lr", type=float, default=D["lr"])
+    p.add_argument("--k-layers", type=int, default=D["k_layers"], help="source layers read per target layer")
+    p.add_argument("--hidden", type=int, default=D["hidden"])
+    p.add_argument("--n-experts", type=int, default=D["n_experts"])
+    p.add_argument("--gating", choices=GATINGS, default=D["gating"])
+    p.add_argument("--top-k", type=int, default=D["top_k"])
+    p.add_argument("--w-rec", type=float, default=D["w_rec"], help="KV reconstruction weight")
+    p.add_argument("--w-ccl", type=float, default=D["w_ccl"], help="context correction loss weight (0 = off)")
+    p.add_argument("--w-hidden", type=float, default=D["w_hidden"], help="CCL hidden-state term weight")
+    p.add_argument("--w-kl", type=float, default=D["w_kl"], help="CCL next-token KL term weight")
+    p.add_argument("--ccl-start", type=float, default=D["ccl_start"],
+                   help="fraction of the steps trained on reconstruction only before the CCL joins")
+    p.add_argument("--w-balance", type=float, default=D["w_balance"], help="router load-balancing weight")
+    p.add_argument("--n-train", type=int, default=D["n_train"], help="training passages")
+    p.add_argument("--seed", type=int, default=D["seed"])
+
+
+def train_overrides(args):
+    return dict(kind=args.kind, steps=args.steps, batch=args.batch, lr=args.lr, k_layers=args.k_layers,
+                hidden=args.hidden, n_experts=args.n_experts, gating=args.gating, top_k=args.top_k,
+                w_rec=args.w_rec, w_ccl=args.w_ccl, w_hidden=args.w_hidden, w_kl=args.w_kl,
+                w_balance=args.w_balance, ccl_start=args.ccl_start, n_train=args.n_train, seed=args.seed)
+
+
+def cmd_pretrain(args):
+    from .pretrain import pretrain
+    os.makedirs(args.out, exist_ok=True)
+    log_path = os.path.join(args.out, "pretrain_log.jsonl")
+    with open(log_path, "a") as log_file:
+        def log(line):
+            print(line, flush=True)
+            log_file.write(line + "\n")
+            log_file.flush()
+        log(json.dumps(dict(event="command", argv=sys.argv)))
+        from .models import TINY_SPECS
+        from .tokenization import load_tokenizer
+        for name in args.models:
+            steps = args.steps[name] if isinstance(args.steps, dict) else args.steps
+            # models that share a tokenizer reuse the one saved with its owner
+            owner = os.path.join(args.out, TINY_SPECS[name]["tokenizer"])
+            shared = load_tokenizer(owner) if owner != os.path.join(args.out, name) and os.path.isdir(owner) else None
+            pretrain(name, out_dir=args.out, log=log, tokenizer=shared, steps=steps, seed=args.seed)
+
+
+def parse_steps(values, models):
+    """--steps 3000 (all models) or --steps tiny-gpt2=3000 tiny-qwen2=5000."""
+    if len(values) == 1 and "=" not in values[0]:
+        return int(values[0])
+    steps = {}
+    for v in values:
+        if "=" not in v:
+            raise ValueError(f"--steps takes one number or NAME=STEPS pairs, got {v!r}")
+        name, n = v.split("=", 1)
+        if name not in models:
+            raise ValueError(f"--steps names a model not in --models: {name!r} (allowed: {models})")
+        steps[name] = int(n)
+    missing = [m for m in models if m not in steps]
+    if missing:
+        raise ValueError(f"--steps has no entry for {missing}")
+    return steps
+
+
+def cmd_train(args):
+    from .models import load_model
+    from .train import save_translator, train_translator
+    source, source_tok = load_model(args.source)
+    target, target_tok = load_model(args.target)
+    translator, history, cfg = train_translator(source, source_tok, target, target_tok, **train_overrides(args))
+    cfg.update(source=args.source, target=args.target)
+    save_translator(translator, cfg, args.out)
+    with open(os.path.join(args.out, "history.json"), "w") as f:
+        json.dump(history, f, indent=1)
+    print(json.dumps(dict(saved=args.out, first=history[0], last=history[-1])))
+
+
+def cmd_eval(args):
+    from .corpus import make_dataset
+    from .evaluate import closed_set_accuracy, extractive_f1
+    from .models import load_model
+    from .train import encode_pair_items, load_translator
+    source, source_tok = load_model(args.source)
+    target, target_tok = load_model(args.target)
+    translator = load_translator(source, target, args.translator)[0] if args.translator else None
+    data = encode_pair_items(source_tok, target_tok, make_dataset(args.n, seed=args.seed, split="eval"))
+    results = {}
+    for mode in args.modes:
+        tr = translator if mode == "translated" else None
+        if mode == "translated" and tr is None:
+            raise ValueError("--modes translated needs --translator DIR")
+        acc = closed_set_accuracy(data, mode, source, source_tok, target, target_tok, tr, args.frac)
+        f1, em, _ = extractive_f1(data, mode, source, source_tok, target, target_tok, tr, args.frac)
+        results[mode] = dict(acc=acc, f1=f1, em=em)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "eval.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print(json.dumps(results))
+
+
+def cmd_demo(args):
+    from .demo import run_demo
+    run_demo(args.out, quick=args.quick, seed=args.seed, save_translators=args.save_translators)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m kvtranslate",
+                                     description="Translate a source LLM's context KV cache into a target LLM's.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    from .models import CHECKPOINT_DIR, TINY_SPECS
+    p = sub.add_parser("pretrain", help="build and pretrain the tiny models on the synthetic corpus")
+    p.add_argument("--models", nargs="+", choices=sorted(TINY_SPECS), default=list(TINY_SPECS))
+    p.add_argument("--steps", nargs="+", default=["3000"], help="steps for all models, or NAME=STEPS pairs")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=CHECKPOINT_DIR, help="checkpoint folder (default: the committed one)")
+    p.set_defaults(func=cmd_pretrain)
+
+    p = sub.add_parser("train", help="train a translator for one source -> target pair")
+    p.add_argument("--source", required=True, help="tiny model name, local folder or hub id (e.g. gpt2)")
+    p.add_argument("--target", required=True, help="tiny model name, local folder or hub id (e.g. Qwen/Qwen2.5-0.5B)")
+    p.add_argument("--out", required=True, help="folder for translator.pt / translator.json")
+    add_train_args(p)
+    p.set_defaults(func=cmd_train)
+
+    from .evaluate import MODES
+    p = sub.add_parser("eval", help="closed-set accuracy and extractive F1 on held-out passages")
+    p.add_argument("--source", required=True)
+    p.add_argument("--target", required=True)
+    p.add_argument("--translator", help="folder written by `train` (needed for mode 'translated')")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=["direct", "no-context", "translated"])
+    p.add_argument("--frac", type=float, default=1.0, help="injection point as a fraction of the context")
+    p.add_argument("--n", type=int, default=300, help="evaluation passages")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("demo", help="whole offline pipeline at CPU scale; writes OUT/summary.json and plots")
+    p.add_argument("--out", required=True)
+    p.add_argument("--quick", action="store_true", help="much smaller run (smoke test)")
+    p.add_argument("--save-translators", action="store_true", help="also write every trained translator")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_demo)
+
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)  # the machine is shared; every command runs on one thread
+    if args.command == "pretrain":
+        try:
+            args.steps = parse_steps(args.steps, args.models)
+        except ValueError as e:
+            parser.error(str(e))
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

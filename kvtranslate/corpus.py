@@ -1,0 +1,140 @@
+"""Synthetic fact corpus: passages about invented entities, so every answer exists only in the context.
+
+A passage is a list of facts "<name> <relation> <value>." about a few invented people; a question asks
+one attribute of one person. Other people's facts of the same type act as distractors, so the model has
+to bind the value to the asked name, not just copy a value of the right type.
+
+Split discipline: names and templates are partitioned into a train part and a held-out part. Translators
+train on split="train" and are evaluated on split="eval" (unseen names, unseen fact/question phrasings).
+The tiny language models are pretrained on split="all": they must know the whole language they are tested on.
+"""
+import random
+from dataclasses import dataclass, field
+
+SYLLABLES = ["ka", "lo", "mi", "ren", "tas", "vo", "ju", "pel", "dor", "si", "na", "bek", "ru", "fa",
+             "zen", "ti", "gro", "mal", "os", "ve", "lin", "qua", "hu", "sor"]
+CITY_STEMS = ["Mar", "Bel", "Tor", "Kes", "Ulm", "Var", "Pon", "Dres", "Hal", "Lis", "Nor", "Gav", "Rim", "Sol"]
+CITY_ENDS = ["ton", "ia", "grad", "ford", "os", "heim", "port", "vale"]
+JOBS = ["baker", "pilot", "nurse", "farmer", "painter", "lawyer", "miner", "sailor", "doctor", "teacher",
+        "tailor", "singer", "driver", "writer", "chemist", "butcher", "dancer", "judge", "guard", "clerk"]
+COLORS = ["red", "blue", "green", "yellow", "purple", "orange", "black", "white", "pink", "gray"]
+
+# attribute -> (fact templates, question templates); the LAST template of each list is held out for eval.
+TEMPLATES = {
+    "city": (["{n} lives in {v}.", "{n} moved to {v}.", "The home of {n} is {v}."],
+             ["Where does {n} live?", "Which city is {n} in?", "What is the city of {n}?"]),
+    "job": (["{n} works as a {v}.", "{n} is a {v}.", "The job of {n} is {v}."],
+            ["What is the job of {n}?", "What does {n} do?", "Which job does {n} have?"]),
+    "age": (["{n} is {v} years old.", "{n} turned {v}.", "The age of {n} is {v}."],
+            ["How old is {n}?", "What age is {n}?", "What is the age of {n}?"]),
+    "color": (["{n} likes {v}.", "The favorite color of {n} is {v}.", "{n} loves the color {v}."],
+              ["Which color does {n} like?", "What color does {n} love?", "What is the favorite color of {n}?"]),
+}
+ATTRIBUTES = list(TEMPLATES)
+
+
+def _all_names():
+    names = [(a + b).capitalize() for a in SYLLABLES for b in SYLLABLES if a != b]
+    return sorted(set(names))
+
+
+NAMES = _all_names()
+CITIES = sorted({s + e for s in CITY_STEMS for e in CITY_ENDS})
+VALUES = {"city": CITIES, "job": JOBS, "age": [str(a) for a in range(12, 96)], "color": COLORS}
+SPLITS = ("train", "eval", "all")
+
+
+def split_names(split):
+    # every 5th name is held out for evaluation
+    if split == "train":
+        return [n for i, n in enumerate(NAMES) if i % 5 != 0]
+    if split == "eval":
+        return [n for i, n in enumerate(NAMES) if i % 5 == 0]
+    if split == "all":
+        return NAMES
+    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+def split_templates(templates, split):
+    if split == "train":
+        return templates[:-1]
+    if split == "eval":
+        return templates[-1:]
+    if split == "all":
+        return templates
+    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+@dataclass
+class QAItem:
+    passage: str            # context, starts with a space (byte-level BPE splits " Name" the same everywhere)
+    question: str           # "\nQ: ...\nA:"
+    answer: str             # " value"
+    options: list = field(default_factory=list)  # closed-set candidates (each " value"), answer included
+    label: int = 0          # index of the answer in options
+    attribute: str = ""
+    facts: list = field(default_factory=list)  # (person, attribute, value) of every fact in the passage
+
+
+def make_item(rng, n_facts, split="all", n_options=4, max_people=None):
+    """One passage with n_facts facts, a question about one of them, and closed-set options.
+
+    Facts are spread over people with attributes drawn so that same-type distractors are common."""
+    names = split_names(split)
+    n_people = max(1, min(n_facts, max_people or n_facts, rng.randint((n_facts + 1) // 2, n_facts)))
+    people = rng.sample(names, n_people)
+    slots = [(p, a) for p in people for a in ATTRIBUTES]
+    # make sure each person gets at least one fact, then fill the rest
+    chosen = [(p, rng.choice(ATTRIBUTES)) for p in people]
+    rest = [s for s in slots if s not in chosen]
+    rng.shuffle(rest)
+    chosen += rest[: max(0, n_facts - len(chosen))]
+    chosen = chosen[:n_facts]
+    rng.shuffle(chosen)
+    facts = []
+    for person, attr in chosen:
+        value = rng.choice(VALUES[attr])
+        template = rng.choice(split_templates(TEMPLATES[attr][0], split))
+        facts.append((person, attr, value, template.format(n=person, v=value)))
+    person, attr, value, _ = rng.choice(facts)
+    question = rng.choice(split_templates(TEMPLATES[attr][1], split)).format(n=person)
+    # options: the answer, same-type values present in the passage (hardest), then random ones
+    in_passage = [f[2] for f in facts if f[1] == attr and f[2] != value]
+    pool = [v for v in VALUES[attr] if v != value and v not in in_passage]
+    distractors = list(dict.fromkeys(in_passage))[: n_options - 1]
+    distractors += rng.sample(pool, n_options - 1 - len(distractors))
+    options = [value] + distractors
+    rng.shuffle(options)
+    return QAItem(passage=" " + " ".join(f[3] for f in facts), question=f"\nQ: {question}\nA:",
+                  answer=" " + value, options=[" " + o for o in options], label=options.index(value),
+                  attribute=attr, facts=[f[:3] for f in facts])
+
+
+def questions_about(rng, item, n, split="eval"):
+    """Up to n items sharing item's passage, each asking a different fact of it (multi-question documents)."""
+    out = []
+    for person, attr, value in rng.sample(item.facts, min(n, len(item.facts))):
+        q = rng.choice(split_templates(TEMPLATES[attr][1], split)).format(n=person)
+        out.append(QAItem(passage=item.passage, question=f"\nQ: {q}\nA:", answer=" " + value,
+                          options=[" " + value], label=0, attribute=attr, facts=item.facts))
+    return out
+
+
+def make_dataset(n, seed, split="all", min_facts=2, max_facts=6, n_options=4):
+    rng = random.Random(seed)
+    return [make_item(rng, rng.randint(min_facts, max_facts), split, n_options) for _ in range(n)]
+
+
+def make_long_dataset(n, seed, split="eval", n_facts=24, n_options=4):
+    """Long-context variant: many facts (tune n_facts so passages sit near the position limit)."""
+    rng = random.Random(seed)
+    return [make_item(rng, n_facts, split, n_options, max_people=n_facts // 2) for _ in range(n)]
+
+
+def tokenizer_training_text(n_passages=4000, seed=0):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n_passages):
+        item = make_item(rng, rng.randint(1, 8))
+        out.append(item.passage + item.question + item.answer)
+    return out

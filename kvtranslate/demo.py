@@ -1,0 +1,191 @@
+"""The whole offline pipeline at CPU scale, from the committed tiny checkpoints.
+
+Pairs: tiny-gpt2 -> tiny-qwen2 (different families, tokenizers, learned positions -> RoPE, MHA -> GQA) and
+tiny-qwen2-b -> tiny-qwen2 (same family and tokenizer, 3 -> 2 layers, different widths). Per pair: bounds,
+four translators (mot, single, shared-latent, and mot without the correction loss), closed-set and
+extractive QA on held-out names and templates, long-context generation, the injection-point study, a
+multi-agent run and translate-vs-prefill timing. Writes OUT/summary.json, OUT/details.json and plots.
+"""
+import json
+import os
+import platform
+import random
+import time
+
+import torch
+
+from .corpus import make_dataset, make_item, make_long_dataset, questions_about
+from .evaluate import (closed_set_accuracy, extractive_f1, injection_errors, multi_agent,
+                       time_translate_vs_prefill)
+from .models import load_model
+from .train import encode_pair_items, save_translator, train_translator
+
+PAIRS = [("tiny-gpt2", "tiny-qwen2"), ("tiny-qwen2-b", "tiny-qwen2")]
+VARIANTS = {  # name -> training overrides
+    "mot": dict(kind="mot"),
+    "single": dict(kind="single"),
+    "shared-latent": dict(kind="shared-latent"),
+    "mot-noccl": dict(kind="mot", w_ccl=0.0),
+}
+INJECTION_POINTS = (0.25, 0.5, 0.75, 1.0)
+FULL = dict(steps=300, n_train=3000, n_eval=300, n_long=100, n_inject=160, n_docs=40, long_facts=22)
+QUICK = dict(steps=15, n_train=200, n_eval=40, n_long=16, n_inject=32, n_docs=4, long_facts=22)
+
+
+def long_items(n, seed, tokenizers, limit, long_facts):
+    """Long passages that fit every model's position limit with room for question and answer."""
+    items, s = [], seed
+    while len(items) < n:
+        for item in make_long_dataset(4 * n, seed=s, split="eval", n_facts=long_facts):
+            text = item.passage + item.question + item.answer
+            if all(len(t(text, add_special_tokens=False)["input_ids"]) + 2 <= limit for t in tokenizers):
+                items.append(item)
+        s += 1
+    return items[:n]
+
+
+def run_pair(source_name, target_name, cfg, out_dir, seed, log, save_translators=False):
+    source, source_tok = load_model(source_name)
+    target, target_tok = load_model(target_name)
+    pair = f"{source_name}->{target_name}"
+    eval_data = encode_pair_items(source_tok, target_tok, make_dataset(cfg["n_eval"], seed=seed + 7, split="eval"))
+    limit = min(target.config.max_position_embeddings if hasattr(target.config, "max_position_embeddings")
+                else target.config.n_positions, 256)
+    long_data = encode_pair_items(source_tok, target_tok,
+                                  long_items(cfg["n_long"], seed + 8, [source_tok, target_tok], limit,
+                                             cfg["long_facts"]))
+    inject_data = eval_data[:cfg["n_inject"]]
+    args = (source, source_tok, target, target_tok)
+    res = dict(pair=pair, cross_tokenizer=source_tok.get_vocab() != target_tok.get_vocab())
+    t0 = time.time()
+    res["direct_acc"] = closed_set_accuracy(eval_data, "direct", *args)
+    res["no_context_acc"] = closed_set_accuracy(eval_data, "no-context", *args)
+    res["direct_f1"], res["direct_em"], _ = extractive_f1(eval_data, "direct", *args)
+    res["no_context_f1"], _, _ = extractive_f1(eval_data, "no-context", *args)
+    res["direct_long_f1"], _, _ = extractive_f1(long_data, "direct", *args)
+    res["long_context_tokens"] = sum(len(e["tgt"]) for e in long_data) / len(long_data)
+    log(json.dumps(dict(bounds_seconds=round(time.time() - t0, 1), **res)))
+    details = dict(train={}, injection={}, variants={})
+    translators = {}
+    for name, overrides in VARIANTS.items():
+        translator, history, tcfg = train_translator(source, source_tok, target, target_tok, log=log,
+                                                     steps=cfg["steps"], n_train=cfg["n_train"], seed=seed,
+                                                     **overrides)
+        translators[name] = translator
+        if save_translators:
+            save_translator(translator, tcfg, os.path.join(out_dir, "translators", pair.replace("->", "__"), name))
+        details["train"][name] = history
+        acc = closed_set_accuracy(eval_data, "translated", *args, translator)
+        f1, em, preds = extractive_f1(eval_data, "translated", *args, translator)
+        long_f1, _, _ = extractive_f1(long_data, "translated", *args, translator)
+        details["variants"][name] = dict(acc=acc, f1=f1, em=em, long_f1=long_f1,
+                                         params=sum(p.numel() for p in translator.parameters()),
+                                         train_seconds=history[-1]["seconds"], examples=preds[:5])
+        study = {}
+        for frac in INJECTION_POINTS:
+            errors = injection_errors(inject_data, *args, translator, frac)
+            study[str(frac)] = dict(acc=closed_set_accuracy(inject_data, "translated", *args, translator, frac),
+                                    **errors)
+        details["injection"][name] = study
+        log(json.dumps(dict(pair=pair, variant=name, **details["variants"][name], injection=study)))
+    v = details["variants"]
+    res.update(mot_acc=v["mot"]["acc"], single_acc=v["single"]["acc"], shared_latent_acc=v["shared-latent"]["acc"],
+               mot_f1=v["mot"]["f1"], single_f1=v["single"]["f1"], shared_latent_f1=v["shared-latent"]["f1"],
+               mot_noccl_acc=v["mot-noccl"]["acc"], mot_noccl_f1=v["mot-noccl"]["f1"],
+               mot_long_f1=v["mot"]["long_f1"])
+    # retention: long-context cache-augmented generation, translated / direct quality
+    res["retention"] = res["mot_long_f1"] / max(res["direct_long_f1"], 1e-9)
+    res["retention_short_f1"] = res["mot_f1"] / max(res["direct_f1"], 1e-9)
+    res["retention_acc"] = res["mot_acc"] / max(res["direct_acc"], 1e-9)
+    native_ref = closed_set_accuracy(inject_data, "native", *args, None, 0.5)
+    res["native_half_injection_acc"] = native_ref  # sanity: own cache + replay == direct
+    # timing on a short context and on a long one, batch 1
+    short_text = make_dataset(1, seed=seed + 9, split="eval")[0].passage
+    long_text = long_items(1, seed + 10, [source_tok, target_tok], limit, cfg["long_facts"])[0].passage
+    timing = {k: time_translate_vs_prefill(*args, translators["mot"], t) for k, t in
+              (("short", short_text), ("long", long_text))}
+    res["translate_ms"], res["prefill_ms"] = timing["short"]["translate_ms"], timing["short"]["prefill_ms"]
+    res["timing"] = timing
+    if res["cross_tokenizer"]:
+        docs = [encode_pair_items(source_tok, target_tok, d) for d in multi_agent_docs(cfg["n_docs"], seed + 11)]
+        res["multi_agent_f1"], details["multi_agent_transcript"] = multi_agent(docs, *args, translators["mot"])
+        res["multi_agent_direct_f1"] = extractive_f1([e for d in docs for e in d], "direct", *args)[0]
+    return res, details
+
+
+def multi_agent_docs(n_docs, seed, per_doc=3):
+    """Documents with several questions each (same passage, different asked facts)."""
+    rng = random.Random(seed)
+    return [questions_about(rng, make_item(rng, 6, "eval"), per_doc) for _ in range(n_docs)]
+
+
+def write_csv(summary, details_by_pair, out_dir):
+    """summary.csv: one row per pair; injection.csv: one row per (pair, translator, injection point)."""
+    import csv
+    keys = [k for k in next(iter(summary.values())) if not isinstance(next(iter(summary.values()))[k], dict)]
+    with open(os.path.join(out_dir, "summary.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        for res in summary.values():
+            w.writerow(res)
+    with open(os.path.join(out_dir, "injection.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["pair", "translator", "p", "acc", "replay_hidden_err", "answer_kl"])
+        for pair, details in details_by_pair.items():
+            for name, study in details["injection"].items():
+                for p, r in study.items():
+                    w.writerow([pair, name, p, r["acc"], r["replay_hidden_err"], r["answer_kl"]])
+
+
+def plot(details_by_pair, out_dir):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(details_by_pair), 3, figsize=(13, 3.6 * len(details_by_pair)), squeeze=False)
+    for row, (pair, details) in enumerate(details_by_pair.items()):
+        for col, metric in enumerate(["acc", "replay_hidden_err", "answer_kl"]):
+            ax = axes[row][col]
+            for name, study in details["injection"].items():
+                points = [(float(p), r[metric]) for p, r in study.items() if r[metric] is not None]
+                ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name)
+            ax.set_xlabel("injection point p (fraction of context from translated cache)")
+            ax.set_title(f"{pair}: {metric}")
+            if metric != "acc":
+                ax.set_yscale("log")
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "injection_study.png"), dpi=110)
+    plt.close(fig)
+
+
+def run_demo(out_dir, quick=False, seed=0, save_translators=False):
+    torch.manual_seed(seed)
+    cfg = QUICK if quick else FULL
+    os.makedirs(out_dir, exist_ok=True)
+    log_path = os.path.join(out_dir, "demo_log.jsonl")
+    log_file = open(log_path, "w")
+
+    def log(line):
+        print(line, flush=True)
+        log_file.write(line + "\n")
+        log_file.flush()
+
+    start = time.time()
+    summary, details_by_pair = {}, {}
+    for source_name, target_name in PAIRS:
+        res, details = run_pair(source_name, target_name, cfg, out_dir, seed, log, save_translators)
+        summary[res["pair"]] = res
+        details_by_pair[res["pair"]] = details
+    minutes = (time.time() - start) / 60
+    meta = dict(seed=seed, quick=quick, config=cfg, minutes=round(minutes, 2), threads=torch.get_num_threads(),
+                machine=f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".strip(),
+                torch=torch.__version__)
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump(dict(pairs=summary, run=meta, **summary), f, indent=1)
+    write_csv(summary, details_by_pair, out_dir)
+    with open(os.path.join(out_dir, "details.json"), "w") as f:
+        json.dump(details_by_pair, f, indent=1)
+    plot(details_by_pair, out_dir)
+    log(json.dumps(dict(event="done", minutes=round(minutes, 2))))
+    log_file.close()
+    return summary

@@ -1,0 +1,155 @@
+"""Evaluation of a (source, target) pair: closed-set QA, extractive QA, long context, injection points, timing.
+
+Modes (the bounds and the translated cache go through the same scoring code):
+- "direct": the target prefills the context itself (upper bound);
+- "no-context": the target sees the question only (lower bound);
+- "translated": the first p of the context comes from the translator's cache, the target replays the rest;
+- "native": the same prefix/replay split with the target's own cache (sanity check, equals "direct").
+"""
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from .align import align_offsets, char_offsets
+from .cache import DynamicCache, extract_kv, inject_kv, prefill_kv
+from .losses import prefix_kv
+from .models import forward
+from .scoring import f1_em, greedy_answers, option_logprobs, pad_right
+from .train import collate, translate_batch
+
+MODES = ("direct", "no-context", "translated", "native")
+
+
+def prefix_and_tails(mode, examples, source, source_tok, target, target_tok, translator=None, frac=1.0):
+    """(kv, kv_mask, tails): the cache to inject (or None) and, per example, the tokens the target reads next."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode == "direct":
+        return None, None, [e["tgt"] + e["question"] for e in examples]
+    if mode == "no-context":
+        return None, None, [e["question"] for e in examples]
+    if mode == "translated" and translator is None:
+        raise ValueError("mode='translated' needs a translator")
+    if not 0.0 < frac <= 1.0:
+        raise ValueError(f"frac (injection point as a fraction of the context) must be in (0, 1], got {frac}")
+    batch = collate(examples, source_tok, target_tok)
+    with torch.no_grad():
+        if mode == "translated":
+            kv, _ = translate_batch(translator, source, target, batch)
+        else:
+            kv = prefill_kv(target, batch["tgt_ids"], batch["tgt_mask"])
+    lengths = [max(1, round(frac * len(e["tgt"]))) for e in examples]
+    kv, kv_mask = prefix_kv(kv, batch["tgt_mask"], lengths)
+    return kv, kv_mask, [e["tgt"][n:] + e["question"] for e, n in zip(examples, lengths)]
+
+
+@torch.no_grad()
+def closed_set_accuracy(data, mode, source, source_tok, target, target_tok, translator=None, frac=1.0, batch=32):
+    correct = 0
+    for i in range(0, len(data), batch):
+        chunk = data[i:i + batch]
+        kv, kv_mask, tails = prefix_and_tails(mode, chunk, source, source_tok, target, target_tok, translator, frac)
+        scores = option_logprobs(target, kv, kv_mask, tails, [e["options"] for e in chunk], target_tok.pad_token_id)
+        correct += sum(int(s.argmax()) == e["label"] for s, e in zip(scores, chunk))
+    return correct / len(data)
+
+
+@torch.no_grad()
+def extractive_f1(data, mode, source, source_tok, target, target_tok, translator=None, frac=1.0, batch=32):
+    f1s, ems, predictions = [], [], []
+    for i in range(0, len(data), batch):
+        chunk = data[i:i + batch]
+        kv, kv_mask, tails = prefix_and_tails(mode, chunk, source, source_tok, target, target_tok, translator, frac)
+        answers = greedy_answers(target, kv, kv_mask, tails, target_tok.pad_token_id, target_tok.eos_token_id)
+        for a, e in zip(answers, chunk):
+            text = target_tok.decode(a)
+            f1, em = f1_em(text, e["gold"])
+            f1s.append(f1)
+            ems.append(em)
+            predictions.append(text.strip())
+    return sum(f1s) / len(f1s), sum(ems) / len(ems), predictions
+
+
+@torch.no_grad()
+def injection_errors(data, source, source_tok, target, target_tok, translator, frac, batch=32):
+    """The two failure modes at injection point `frac`, against the same split with the native cache:
+    replay_hidden_err = relative error of the target's last hidden state over the replayed context tokens
+    (error that early injection propagates), answer_kl = KL(native || translated) of the next-token
+    distribution where the answer starts (what is left at the last state)."""
+    hid, hid_n, kls = 0.0, 0, []
+    for i in range(0, len(data), batch):
+        chunk = data[i:i + batch]
+        kv_t, mask_t, tails = prefix_and_tails("translated", chunk, source, source_tok, target, target_tok,
+                                               translator, frac)
+        kv_n, mask_n, _ = prefix_and_tails("native", chunk, source, source_tok, target, target_tok, None, frac)
+        ids, mask = pad_right(tails, target_tok.pad_token_id)
+        out_t = forward(target, ids, mask, inject_kv(target, kv_t, mask_t), mask_t, hidden_states=True)
+        out_n = forward(target, ids, mask, inject_kv(target, kv_n, mask_n), mask_n, hidden_states=True)
+        h_t, h_n = out_t.hidden_states[-1], out_n.hidden_states[-1]
+        for b, e in enumerate(chunk):
+            n_replay = len(tails[b]) - len(e["question"])
+            if n_replay > 0:
+                err = (h_t[b, :n_replay] - h_n[b, :n_replay]).pow(2).sum(-1) / h_n[b, :n_replay].pow(2).sum(-1)
+                hid += err.sum().item()
+                hid_n += n_replay
+            last = len(tails[b]) - 1
+            lp_n, lp_t = F.log_softmax(out_n.logits[b, last], -1), F.log_softmax(out_t.logits[b, last], -1)
+            kls.append((lp_n.exp() * (lp_n - lp_t)).sum().item())
+    return dict(replay_hidden_err=hid / hid_n if hid_n else None, answer_kl=sum(kls) / len(kls))  # None: nothing replayed
+
+
+@torch.no_grad()
+def multi_agent(documents, source, source_tok, target, target_tok, translator):
+    """Agent A (source) reads each document once; agent B (target) answers several questions from A's
+    translated cache, which is built once per document and reused for every question."""
+    f1s, transcript = [], []
+    for doc_examples in documents:
+        kv, kv_mask, _ = prefix_and_tails("translated", doc_examples[:1], source, source_tok, target, target_tok,
+                                          translator, 1.0)
+        n = len(doc_examples)
+        kv_rep = [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in kv]
+        answers = greedy_answers(target, kv_rep, kv_mask.expand(n, -1), [e["question"] for e in doc_examples],
+                                 target_tok.pad_token_id, target_tok.eos_token_id)
+        for a, e in zip(answers, doc_examples):
+            text = target_tok.decode(a).strip()
+            f1s.append(f1_em(text, e["gold"])[0])
+            if len(transcript) < 6:
+                transcript.append(dict(question=target_tok.decode(e["question"]).strip(), answer_b=text,
+                                       gold=e["gold"]))
+    return sum(f1s) / len(f1s), transcript
+
+
+@torch.no_grad()
+def time_translate_vs_prefill(source, source_tok, target, target_tok, translator, text, repeats=20):
+    """Median milliseconds (batch 1) to translate a context that agent A has already read, vs. the target
+    prefilling it. Translation counts alignment, RoPE stripping, the translator and RoPE re-rotation."""
+    src_ids, src_off = char_offsets(source_tok, text)
+    tgt_ids, tgt_off = char_offsets(target_tok, text)
+    s_ids, t_ids = torch.tensor([src_ids]), torch.tensor([tgt_ids])
+    s_mask, t_mask = torch.ones_like(s_ids), torch.ones_like(t_ids)
+    source_cache = forward(source, s_ids, s_mask).cache  # agent A's own cache
+    source_raw = [(l.keys.clone(), l.values.clone()) for l in source_cache.layers]
+
+    def translate():
+        index = torch.tensor([align_offsets(src_off, tgt_off)])
+        kv_src = extract_kv(source, DynamicCache(ddp_cache_data=source_raw), s_mask)
+        batch = dict(tgt_ids=t_ids, tgt_mask=t_mask, index=index)
+        kv, _ = translate_batch(translator, source, target, batch, source_kv=kv_src)
+        return inject_kv(target, kv, t_mask)
+
+    def prefill():
+        # the fairest prefill: logits for the last position only, as a server filling a cache would run it
+        return target(input_ids=t_ids, attention_mask=t_mask, use_cache=True, logits_to_keep=1).cache
+
+    def median_ms(fn):
+        fn()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1000)
+        return statistics.median(times)
+
+    return dict(tokens=len(tgt_ids), translate_ms=median_ms(translate), prefill_ms=median_ms(prefill))

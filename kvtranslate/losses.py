@@ -1,0 +1,61 @@
+"""Training objectives: KV reconstruction and the Context Correction Loss (CCL).
+
+CCL: the target runs over the tokens after the injection point twice, once on the translated cache and once on
+its native cache; the two trajectories are aligned on hidden states (MSE, scaled by the native hidden-state
+variance) and next-token distributions (KL(native || translated)). Errors that a KV-only loss treats as small
+but that the target's attention amplifies downstream are exactly what this term sees.
+"""
+import torch
+import torch.nn.functional as F
+
+from .cache import inject_kv
+from .models import forward
+from .scoring import pad_right
+
+
+def kv_reconstruction_loss(pred_kv, native_kv, mask, std=None):
+    """Mean squared error over real tokens, per channel standardised by `std` ([L, 1, 2*H*D]) when given."""
+    total, weight = 0.0, mask.float()
+    for j, ((pk, pv), (nk, nv)) in enumerate(zip(pred_kv, native_kv)):
+        diff = (torch.cat([pk, pv], 1) - torch.cat([nk, nv], 1)).transpose(1, 2).flatten(2)  # [B, T, O]
+        if std is not None:
+            diff = diff / std[j]
+        total = total + ((diff ** 2).mean(-1) * weight).sum() / weight.sum().clamp(min=1)
+    return total / len(pred_kv)
+
+
+def prefix_kv(kv, mask, lengths):
+    """Keep the first lengths[b] real tokens of each left-padded example, re-left-padded (differentiable)."""
+    B, T = mask.shape
+    P = max(1, max(lengths))
+    real = mask.sum(1)
+    q = torch.arange(P)[None, :]
+    lengths_t = torch.tensor(lengths)[:, None]
+    src = (T - real)[:, None] + lengths_t - P + q
+    valid = q >= P - lengths_t
+    src = src.clamp(0, T - 1)
+    out = []
+    for k, v in kv:
+        idx = src[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[-1])
+        out.append((k.gather(2, idx) * valid[:, None, :, None], v.gather(2, idx) * valid[:, None, :, None]))
+    return out, valid.long()
+
+
+def context_correction_loss(target, translated_kv, native_kv, cache_mask, tails, pad_id, w_hidden=1.0, w_kl=1.0):
+    """Align the target's trajectory over `tails` (token lists after the injection point) on the translated vs
+    native cache. Returns (loss, {"hidden": ..., "kl": ...}); exactly zero when the two caches are equal."""
+    ids, mask = pad_right(tails, pad_id)
+    with torch.no_grad():
+        native = forward(target, ids, mask, inject_kv(target, native_kv, cache_mask), cache_mask, hidden_states=True)
+    trans = forward(target, ids, mask, inject_kv(target, translated_kv, cache_mask), cache_mask, hidden_states=True)
+    weight = mask.float()
+    denom = weight.sum().clamp(min=1)
+    hidden = 0.0
+    for hn, ht in zip(native.hidden_states[1:], trans.hidden_states[1:]):
+        scale = hn.detach().var(dim=(0, 1), keepdim=True).mean().clamp(min=1e-6)
+        hidden = hidden + (((ht - hn) ** 2).mean(-1) * weight).sum() / denom / scale
+    hidden = hidden / (len(native.hidden_states) - 1)
+    log_p_native = F.log_softmax(native.logits.float(), -1)
+    log_p_trans = F.log_softmax(trans.logits.float(), -1)
+    kl = ((log_p_native.exp() * (log_p_native - log_p_trans)).sum(-1) * weight).sum() / denom
+    return w_hidden * hidden + w_kl * kl, {"hidden": hidden, "kl": kl}

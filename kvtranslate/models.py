@@ -1,0 +1,130 @@
+"""Model zoo: tiny GPT-2 / OPT / Qwen2 built from configs, loading by name or path, and a position-aware forward.
+
+Every forward goes through `forward()`, which derives position ids from the attention mask. That single rule
+handles left padding (GPT-2 ignores the mask when it builds positions), OPT's mask-derived positions and
+Qwen2's RoPE positions, and continuing from an injected cache.
+"""
+import json
+import os
+
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM, \
+    Qwen2Config, Qwen2ForCausalLM
+
+from .tokenization import load_tokenizer, save_tokenizer, train_tokenizer
+
+FAMILIES = ("gpt2", "opt", "qwen2")
+CHECKPOINT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoints")
+N_POSITIONS = 256
+
+# name -> family, tokenizer vocab size, tokenizer name (models may share one), architecture
+TINY_SPECS = {
+    "tiny-gpt2": dict(family="gpt2", vocab=512, tokenizer="tiny-gpt2", layers=2, hidden=128, heads=4, kv_heads=4),
+    "tiny-opt": dict(family="opt", vocab=768, tokenizer="tiny-opt", layers=2, hidden=128, heads=4, kv_heads=4),
+    "tiny-qwen2": dict(family="qwen2", vocab=1024, tokenizer="tiny-qwen2", layers=2, hidden=128, heads=4,
+                       kv_heads=2),
+    # same family and tokenizer as tiny-qwen2, different depth and width (the same-family pair)
+    "tiny-qwen2-b": dict(family="qwen2", vocab=1024, tokenizer="tiny-qwen2", layers=3, hidden=96, heads=4,
+                         kv_heads=2),
+}
+
+
+def tiny_config(spec, eos_id, pad_id, positions=N_POSITIONS):
+    common = dict(vocab_size=spec["vocab"], bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=pad_id)
+    if spec["family"] == "gpt2":
+        return GPT2Config(n_layer=spec["layers"], n_embd=spec["hidden"], n_head=spec["heads"],
+                          n_positions=positions, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
+    if spec["family"] == "opt":
+        # word_embed_proj_dim must equal hidden_size; pad_token_id is OPT's embedding padding index
+        return OPTConfig(num_hidden_layers=spec["layers"], hidden_size=spec["hidden"],
+                         num_attention_heads=spec["heads"], ffn_dim=4 * spec["hidden"],
+                         word_embed_proj_dim=spec["hidden"], max_position_embeddings=positions,
+                         dropout=0.0, attention_dropout=0.0, **common)
+    if spec["family"] == "qwen2":
+        return Qwen2Config(num_hidden_layers=spec["layers"], hidden_size=spec["hidden"],
+                           num_attention_heads=spec["heads"], num_key_value_heads=spec["kv_heads"],
+                           intermediate_size=3 * spec["hidden"], max_position_embeddings=positions,
+                           tie_word_embeddings=True, rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
+                           **common)
+    raise ValueError(f"family must be one of {FAMILIES}, got {spec['family']!r}")
+
+
+def build_tiny(name, seed=0, tokenizer=None, positions=N_POSITIONS):
+    """Fresh (untrained) tiny model + its tokenizer."""
+    if name not in TINY_SPECS:
+        raise ValueError(f"model name must be one of {sorted(TINY_SPECS)}, got {name!r}")
+    spec = TINY_SPECS[name]
+    tokenizer = tokenizer or train_tokenizer(spec["vocab"])
+    torch.manual_seed(seed)
+    config = tiny_config(spec, tokenizer.eos_token_id, tokenizer.pad_token_id, positions)
+    cls = {"gpt2": GPT2LMHeadModel, "opt": OPTForCausalLM, "qwen2": Qwen2ForCausalLM}[spec["family"]]
+    return cls(config).eval(), tokenizer
+
+
+def save_model(model, tokenizer, folder, meta):
+    os.makedirs(folder, exist_ok=True)
+    model.save_pretrained(folder)
+    save_tokenizer(tokenizer, folder)
+    with open(os.path.join(folder, "kvtranslate.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+
+
+def resolve(name_or_path):
+    """Tiny names map to the committed checkpoints; an existing folder is a local path; anything that looks like
+    a path but does not exist is an error (no silent fall-back to a hub); the rest is a hub id."""
+    if name_or_path in TINY_SPECS:
+        folder = os.path.join(CHECKPOINT_DIR, name_or_path)
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(f"tiny checkpoint {folder} is missing: run `python -m kvtranslate pretrain "
+                                    f"--models {name_or_path}` first")
+        return folder
+    if os.path.isdir(name_or_path):
+        return name_or_path
+    looks_like_path = (name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
+                       or os.path.isdir(os.path.dirname(name_or_path) or "\0"))
+    if looks_like_path:
+        raise FileNotFoundError(f"model path {name_or_path!r} does not exist")
+    return name_or_path  # hub id such as "gpt2" or "Qwen/Qwen2.5-0.5B"
+
+
+def load_model(name_or_path, dtype=torch.float32):
+    where = resolve(name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation="eager").eval()
+    family_of(model)
+    return model, load_tokenizer(where)
+
+
+def family_of(model):
+    family = model.config.model_type
+    if family not in FAMILIES:
+        raise ValueError(f"model family must be one of {FAMILIES}, got model_type={family!r}")
+    return family
+
+
+def kv_geometry(model):
+    """Layer count, KV heads and head width of the model's cache."""
+    c, family = model.config, family_of(model)
+    if family == "gpt2":
+        return dict(layers=c.n_layer, heads=c.n_head, kv_heads=c.n_head, head_dim=c.n_embd // c.n_head,
+                    hidden=c.n_embd, max_positions=c.n_positions)
+    if family == "opt":
+        return dict(layers=c.num_hidden_layers, heads=c.num_attention_heads, kv_heads=c.num_attention_heads,
+                    head_dim=c.hidden_size // c.num_attention_heads, hidden=c.hidden_size,
+                    max_positions=c.max_position_embeddings)
+    # Qwen2Config has no head_dim attribute
+    return dict(layers=c.num_hidden_layers, heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
+                head_dim=c.hidden_size // c.num_attention_heads, hidden=c.hidden_size,
+                max_positions=c.max_position_embeddings)
+
+
+def positions_from_mask(mask):
+    """Position of each token = number of real tokens before it (pads get 0, they are masked anyway)."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def forward(model, ids, mask, cache=None, past_mask=None, hidden_states=False, use_cache=True):
+    """Run `model` on ids [B, T] continuing `cache` (whose real/pad layout is `past_mask` [B, P])."""
+    full_mask = mask if past_mask is None else torch.cat([past_mask, mask], dim=1)
+    positions = positions_from_mask(full_mask)[:, -ids.shape[1]:]
+    return model(input_ids=ids, attention_mask=full_mask, position_ids=positions, cache=cache, use_cache=use_cache,
+                 output_hidden_states=hidden_states)

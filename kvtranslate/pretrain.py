@@ -1,0 +1,104 @@
+"""Pretraining the tiny models on the synthetic fact corpus so they really read their context.
+
+Recipe (what broke the ~57% "right type, wrong person" stall on 2 CPU cores):
+- every sequence is passage + open question + answer + EOS, next-token loss on every token;
+- a curriculum on the number of facts per passage: 1 fact (pure copy) first, growing to 6 over the first
+  40% of the steps, so the model learns name->value binding before it meets same-type distractors;
+- 4% of the batches are long passages (8-24 facts) in the second half, so the long-context variant stays in distribution;
+- AdamW lr 3e-3 with warm-up and linear decay, batch 32, one thread.
+Closed-set accuracy (log-likelihood of 4 candidates, lm-eval style) and open exact match are logged.
+"""
+import json
+import os
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from .corpus import make_dataset, make_item
+from .models import CHECKPOINT_DIR, N_POSITIONS, TINY_SPECS, build_tiny, forward, save_model
+from .scoring import greedy_answers, option_logprobs, pad_right
+from .tokenization import encode_item
+
+DEFAULTS = dict(steps=4000, batch=32, lr=3e-3, warmup=200, max_facts=6, curriculum=0.4, long_prob=0.04,
+                long_facts=24, seed=0)
+
+
+def curriculum_facts(progress, max_facts, curriculum):
+    return 1 + int((max_facts - 1) * min(1.0, progress / curriculum))
+
+
+def training_batch(tokenizer, rng, batch, max_facts, long_prob, long_facts):
+    """A batch of short passages, or (with probability long_prob) a quarter-size batch of long ones: mixing a
+    single long passage into a short batch would pad every row to its length."""
+    long = rng.random() < long_prob
+    rows = []
+    for _ in range(batch // 4 if long else batch):
+        if long:
+            item = make_item(rng, rng.randint(8, long_facts), "all", max_people=long_facts // 2)
+        else:
+            item = make_item(rng, rng.randint(1, max_facts), "all")
+        e = encode_item(tokenizer, item)
+        rows.append((e["context"] + e["question"] + e["answer"])[-N_POSITIONS:])
+    return pad_right(rows, tokenizer.pad_token_id)
+
+
+@torch.no_grad()
+def direct_accuracy(model, tokenizer, items, batch=64):
+    """Closed-set accuracy and open exact match when the model reads the context itself."""
+    model.eval()
+    correct, exact = 0, 0
+    for i in range(0, len(items), batch):
+        chunk = items[i:i + batch]
+        encs = [encode_item(tokenizer, it) for it in chunk]
+        tails = [e["context"] + e["question"] for e in encs]
+        scores = option_logprobs(model, None, None, tails, [e["options"] for e in encs], tokenizer.pad_token_id)
+        correct += sum(int(s.argmax()) == it.label for s, it in zip(scores, chunk))
+        answers = greedy_answers(model, None, None, tails, tokenizer.pad_token_id, tokenizer.eos_token_id)
+        exact += sum(a == e["answer"][:-1] for a, e in zip(answers, encs))
+    return correct / len(items), exact / len(items)
+
+
+def pretrain(name, out_dir=CHECKPOINT_DIR, log=print, tokenizer=None, **overrides):
+    cfg = {**DEFAULTS, **overrides}
+    torch.manual_seed(cfg["seed"])
+    rng = random.Random(cfg["seed"])
+    model, tokenizer = build_tiny(name, cfg["seed"], tokenizer)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=(0.9, 0.98), weight_decay=0.01)
+    schedule = lambda s: min(1.0, (s + 1) / cfg["warmup"]) * max(0.05, 1 - s / cfg["steps"])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    eval_items = make_dataset(256, seed=12345, split="eval", min_facts=2, max_facts=6)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(json.dumps(dict(event="start", model=name, params=n_params, **cfg)))
+    start, history = time.time(), []
+    bar = tqdm(range(cfg["steps"]), desc=f"pretrain {name}", mininterval=5)
+    for step in bar:
+        model.train()
+        progress = step / cfg["steps"]
+        max_facts = curriculum_facts(progress, cfg["max_facts"], cfg["curriculum"])
+        long_prob = cfg["long_prob"] if progress > 0.5 else 0.0
+        ids, mask = training_batch(tokenizer, rng, cfg["batch"], max_facts, long_prob, cfg["long_facts"])
+        logits = forward(model, ids, mask, use_cache=False).logits
+        target = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}", facts=max_facts)
+        if (step + 1) % 500 == 0 or step + 1 == cfg["steps"]:
+            acc, em = direct_accuracy(model, tokenizer, eval_items)
+            rec = dict(event="eval", step=step + 1, minutes=round((time.time() - start) / 60, 2),
+                       loss=round(loss.item(), 4), max_facts=max_facts, closed_acc=acc, open_em=em)
+            history.append(rec)
+            log(json.dumps(rec))
+    model.eval()
+    final = history[-1]
+    meta = dict(name=name, spec=TINY_SPECS[name], pretrain=cfg, params=n_params, final=final,
+                eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    save_model(model, tokenizer, os.path.join(out_dir, name), meta)
+    log(json.dumps(dict(final, event="saved", model=name, folder=os.path.join(out_dir, name))))
+    return model, tokenizer, final

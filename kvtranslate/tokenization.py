@@ -1,0 +1,56 @@
+"""Small byte-level BPE tokenizers trained locally on the synthetic corpus (one per tiny model)."""
+import json
+import os
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from .corpus import tokenizer_training_text
+
+EOS, PAD = "<|endoftext|>", "<|pad|>"
+
+
+def train_tokenizer(vocab_size, seed=0):
+    """Byte-level BPE; different vocab sizes give different segmentations of the same text."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=True)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS, PAD],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(tokenizer_training_text(seed=seed), trainer=trainer)
+    return wrap(tok)
+
+
+def wrap(tok):
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD)
+
+
+def save_tokenizer(tokenizer, folder):
+    tokenizer.backend_tokenizer.save(os.path.join(folder, "tokenizer.json"))
+
+
+def load_tokenizer(name_or_path):
+    """A folder written by `pretrain` holds a bare tokenizer.json plus kvtranslate.json: load it as a plain
+    fast tokenizer (AutoTokenizer would follow the model config and build e.g. a Qwen2Tokenizer)."""
+    meta = os.path.join(name_or_path, "kvtranslate.json")
+    if os.path.isfile(meta):
+        return wrap(Tokenizer.from_file(os.path.join(name_or_path, "tokenizer.json")))
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def read_meta(folder):
+    with open(os.path.join(folder, "kvtranslate.json")) as f:
+        return json.load(f)
+
+
+def encode_item(tokenizer, item):
+    """Context, question, answer(+EOS) and options(+EOS) token lists, each piece encoded on its own so the
+    context tokens are identical whether the model reads the context alone or followed by a question."""
+    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]
+    eos = [tokenizer.eos_token_id]
+    return dict(context=enc(item.passage), question=enc(item.question), answer=enc(item.answer) + eos,
+                options=[enc(o) + eos for o in item.options])

@@ -1,0 +1,153 @@
+"""KV translators: source context KV (aligned to target tokens) -> target pre-RoPE K and V, per target layer.
+
+Input of target layer j for target token t: the K and V of the source layers at the nearest relative depths
+(align.layer_map, k of them) at the source token aligned to t, plus the target's own token embedding (and, for
+learned-position families, its position embedding). The embedding lookup is a table read, not a prefill; it
+tells the translator which target sub-token it is writing when several target tokens share one source token.
+
+Kinds:
+- "mot": M expert MLPs per target layer mixed by a token-wise router (softmax, or top-k renormalised) with a
+  Switch-style load-balancing term;
+- "single": one MLP per target layer (C2C-like projector);
+- "shared-latent": the source maps all its layers into one latent vector per token, and every target layer
+  decodes its K/V from that latent (one encoder per source model, one decoder per target model).
+All target layers are computed in one batched einsum, which keeps the translator cheaper than a prefill.
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .align import layer_map
+from .models import family_of, positions_from_mask
+
+KINDS = ("mot", "single", "shared-latent")
+GATINGS = ("softmax", "topk")
+
+
+def source_features(kv):
+    """List of (K, V) [B, H, T, D] -> [B, T, layers, 2*H*D] (keys pre-RoPE)."""
+    feats = [torch.cat([k, v], dim=1).transpose(1, 2).flatten(2) for k, v in kv]
+    return torch.stack(feats, dim=2)
+
+
+def target_embeddings(model, ids, mask):
+    """The target's input-embedding lookup (token + learned position where the family has one)."""
+    family = family_of(model)
+    positions = positions_from_mask(mask)
+    if family == "gpt2":
+        return model.transformer.wte(ids) + model.transformer.wpe(positions)
+    if family == "opt":
+        dec = model.model.decoder
+        return dec.embed_tokens(ids) + dec.embed_positions(mask, 0, positions)
+    return model.model.embed_tokens(ids)
+
+
+class StackedLinear(nn.Module):
+    """`groups` independent linear maps applied in one einsum: x [G, N, I] -> [G, N, O]."""
+
+    def __init__(self, groups, d_in, d_out):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(groups, d_in, d_out) / math.sqrt(d_in))
+        self.bias = nn.Parameter(torch.zeros(groups, 1, d_out))
+
+    def forward(self, x):
+        return torch.baddbmm(self.bias, x, self.weight)
+
+
+class KVTranslator(nn.Module):
+    def __init__(self, source_geom, target_geom, target_embed_dim, kind="mot", k_layers=2, hidden=128,
+                 n_experts=4, gating="softmax", top_k=2, latent=256):
+        super().__init__()
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        if gating not in GATINGS:
+            raise ValueError(f"gating must be one of {GATINGS}, got {gating!r}")
+        if kind == "mot" and not 1 <= top_k <= n_experts:
+            raise ValueError(f"top_k must be in 1..n_experts={n_experts}, got {top_k}")
+        self.kind, self.gating, self.top_k = kind, gating, top_k
+        self.n_experts = n_experts if kind == "mot" else 1
+        L_t, L_s = target_geom["layers"], source_geom["layers"]
+        self.layers = L_t
+        self.layer_map = layer_map(L_s, L_t, min(k_layers, L_s))
+        src_dim = 2 * source_geom["kv_heads"] * source_geom["head_dim"]
+        self.kv_heads, self.head_dim = target_geom["kv_heads"], target_geom["head_dim"]
+        out_dim = 2 * self.kv_heads * self.head_dim
+        # output normalisation (set from data by `fit_output_stats`): the MLPs predict standardised K/V
+        self.register_buffer("out_mean", torch.zeros(L_t, 1, out_dim))
+        self.register_buffer("out_std", torch.ones(L_t, 1, out_dim))
+        if kind == "shared-latent":
+            enc_in = L_s * src_dim
+            self.encoder = nn.Sequential(nn.LayerNorm(enc_in), nn.Linear(enc_in, latent), nn.GELU(),
+                                         nn.Linear(latent, latent))
+            in_dim = latent + target_embed_dim
+        else:
+            in_dim = len(self.layer_map[0]) * src_dim + target_embed_dim
+        self.in_norm = nn.LayerNorm(in_dim)
+        self.proj_in = StackedLinear(L_t, in_dim, hidden)
+        M = self.n_experts
+        self.expert_up = StackedLinear(L_t * M, hidden, hidden)
+        self.expert_out = StackedLinear(L_t * M, hidden, out_dim)
+        self.router = StackedLinear(L_t, in_dim, M) if kind == "mot" else None
+
+    def route(self, x):
+        """Token-wise mixture weights [L, N, M] (sum to 1) from router logits."""
+        probs = F.softmax(self.router(x), dim=-1)
+        if self.gating == "softmax":
+            return probs, probs
+        top = probs.topk(self.top_k, dim=-1)
+        gates = torch.zeros_like(probs).scatter(-1, top.indices, top.values)
+        return gates / gates.sum(-1, keepdim=True), probs
+
+    def forward(self, src_feats, tgt_embed, mask=None):
+        """src_feats [B, T, L_s, F_s] (already aligned to target tokens), tgt_embed [B, T, E], mask [B, T].
+        Returns target pre-RoPE kv (list of (K, V) [B, H_t, T, D_t]) and aux {"balance", "gates"}."""
+        B, T = tgt_embed.shape[:2]
+        if self.kind == "shared-latent":
+            z = self.encoder(src_feats.flatten(2))                               # [B, T, Z]
+            x = torch.cat([z, tgt_embed], -1).unsqueeze(0).expand(self.layers, -1, -1, -1)
+        else:
+            per_layer = [src_feats[:, :, idx].flatten(2) for idx in self.layer_map]
+            x = torch.stack([torch.cat([f, tgt_embed], -1) for f in per_layer])  # [L, B, T, in]
+        x = self.in_norm(x.reshape(self.layers, B * T, -1))                      # [L, N, in]
+        h = F.gelu(self.proj_in(x))                                              # [L, N, H]
+        M, N = self.n_experts, B * T
+        hm = h.unsqueeze(1).expand(-1, M, -1, -1).reshape(self.layers * M, N, -1)
+        y = self.expert_out(F.gelu(self.expert_up(hm)) + hm)                     # [L*M, N, O]
+        y = y.view(self.layers, M, N, -1)
+        aux = {"balance": torch.zeros(())}
+        if self.router is not None:
+            gates, probs = self.route(x)                                         # [L, N, M]
+            y = torch.einsum("lmno,lnm->lno", y, gates)
+            aux["gates"] = gates
+            aux["balance"] = balance_loss(probs, mask)
+        else:
+            y = y[:, 0]
+        y = y * self.out_std + self.out_mean
+        y = y.view(self.layers, B, T, 2, self.kv_heads, self.head_dim).permute(0, 3, 1, 4, 2, 5)
+        return [(y[j, 0], y[j, 1]) for j in range(self.layers)], aux
+
+    @torch.no_grad()
+    def fit_output_stats(self, kv_list, masks):
+        """Per-channel mean/std of the target's native K/V over real tokens of a few batches."""
+        rows = [[] for _ in range(self.layers)]
+        for kv, mask in zip(kv_list, masks):
+            for j, (k, v) in enumerate(kv):
+                flat = torch.cat([k, v], 1).transpose(1, 2).flatten(2)  # [B, T, O]
+                rows[j].append(flat[mask.bool()])
+        for j in range(self.layers):
+            data = torch.cat(rows[j])
+            self.out_mean[j, 0] = data.mean(0)
+            self.out_std[j, 0] = data.std(0).clamp(min=1e-3)
+
+
+def balance_loss(probs, mask=None):
+    """Switch-Transformer load balancing: M * sum_m (fraction routed to m) * (mean router prob of m)."""
+    L, N, M = probs.shape
+    weight = torch.ones(N) if mask is None else mask.reshape(-1).float()
+    weight = weight / weight.sum().clamp(min=1)
+    top1 = F.one_hot(probs.argmax(-1), M).float()
+    frac = torch.einsum("lnm,n->lm", top1, weight)
+    mean_prob = torch.einsum("lnm,n->lm", probs, weight)
+    return M * (frac * mean_prob).sum(-1).mean()

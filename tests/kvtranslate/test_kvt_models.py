@@ -1,0 +1,75 @@
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kvtranslate.corpus import make_dataset, split_names, split_templates, TEMPLATES
+from kvtranslate.evaluate import closed_set_accuracy, prefix_and_tails
+from kvtranslate.models import CHECKPOINT_DIR, TINY_SPECS, load_model, resolve
+from kvtranslate.scoring import option_logprobs
+from kvtranslate.tokenization import encode_item
+from kvtranslate.train import encode_pair_items
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HAVE_CHECKPOINTS = all(os.path.isdir(os.path.join(CHECKPOINT_DIR, n)) for n in TINY_SPECS)
+needs_checkpoints = pytest.mark.skipif(not HAVE_CHECKPOINTS, reason="run `python -m kvtranslate pretrain` first")
+
+
+def test_eval_split_is_held_out():
+    assert not set(split_names("train")) & set(split_names("eval"))
+    for facts, questions in TEMPLATES.values():
+        assert not set(split_templates(facts, "train")) & set(split_templates(facts, "eval"))
+    a, b = make_dataset(5, seed=1, split="eval"), make_dataset(5, seed=1, split="eval")
+    assert [x.passage for x in a] == [x.passage for x in b]  # deterministic from the seed
+    for item in a:
+        assert item.options[item.label] == item.answer and item.answer.strip() in item.passage
+
+
+def test_missing_local_path_is_an_error_not_a_hub_lookup():
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        resolve("./no/such/model")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        resolve("/tmp/kvt-missing-model")
+    assert resolve("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"  # hub ids pass through unchanged
+
+
+@needs_checkpoints
+@pytest.mark.parametrize("name", sorted(TINY_SPECS))
+def test_committed_checkpoint_reads_its_context(name):
+    model, tok = load_model(name)
+    items = make_dataset(48, seed=5, split="eval")
+    data = encode_pair_items(tok, tok, items)
+    direct = closed_set_accuracy(data, "direct", model, tok, model, tok)
+    blind = closed_set_accuracy(data, "no-context", model, tok, model, tok)
+    assert direct > blind + 0.3
+    # the prompt is tokenised piecewise: context tokens are a prefix of the full prompt's tokens
+    e = encode_item(tok, items[0])
+    assert tok(items[0].passage, add_special_tokens=False)["input_ids"] == e["context"]
+
+
+@needs_checkpoints
+def test_native_cache_with_replay_scores_like_direct_reading():
+    model, tok = load_model("tiny-qwen2")
+    data = encode_pair_items(tok, tok, make_dataset(6, seed=2, split="eval"))
+    opts = [e["options"] for e in data]
+    direct = option_logprobs(model, *prefix_and_tails("direct", data, model, tok, model, tok)[:2],
+                             prefix_and_tails("direct", data, model, tok, model, tok)[2], opts, tok.pad_token_id)
+    kv, mask, tails = prefix_and_tails("native", data, model, tok, model, tok, None, 0.5)
+    replay = option_logprobs(model, kv, mask, tails, opts, tok.pad_token_id)
+    assert torch.allclose(direct, replay, atol=1e-3)
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "kvtranslate", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_cli_help_and_bad_arguments():
+    out = run_cli("--help")
+    assert out.returncode == 0 and all(c in out.stdout for c in ("pretrain", "train", "eval", "demo"))
+    out = run_cli("train", "--source", "tiny-gpt2", "--target", "tiny-qwen2", "--out", "/tmp/x", "--kind", "moe")
+    assert out.returncode != 0 and "--kind" in out.stderr and "shared-latent" in out.stderr
+    with pytest.raises(ValueError, match="mode must be one of"):
+        prefix_and_tails("fancy", [], None, None, None, None)

@@ -1,0 +1,98 @@
+
+import pytest
+import torch
+
+from kvtranslate.cache import prefill_kv
+from kvtranslate.corpus import make_dataset
+from kvtranslate.losses import context_correction_loss, kv_reconstruction_loss, prefix_kv
+from kvtranslate.models import build_tiny
+from kvtranslate.tokenization import train_tokenizer
+from kvtranslate.train import TRAIN_DEFAULTS, build_translator, encode_pair_items, training_loss
+from kvtranslate.translators import KVTranslator, balance_loss
+
+from kvt_helpers import small_model
+
+SRC = dict(layers=3, kv_heads=4, head_dim=8)
+TGT = dict(layers=2, kv_heads=2, head_dim=8)
+
+
+@pytest.mark.parametrize("gating", ["softmax", "topk"])
+def test_router_weights_sum_to_one(gating):
+    torch.manual_seed(0)
+    tr = KVTranslator(SRC, TGT, target_embed_dim=16, kind="mot", k_layers=2, hidden=16, n_experts=4,
+                      gating=gating, top_k=2)
+    feats, emb = torch.randn(2, 5, 3, 2 * 4 * 8), torch.randn(2, 5, 16)
+    kv, aux = tr(feats, emb)
+    gates = aux["gates"]
+    assert torch.allclose(gates.sum(-1), torch.ones(gates.shape[:-1]), atol=1e-6)
+    if gating == "topk":
+        assert ((gates > 0).sum(-1) == 2).all()
+    assert kv[0][0].shape == (2, 2, 5, 8) and len(kv) == 2
+
+
+def test_balance_loss_is_minimal_for_uniform_routing():
+    uniform = torch.full((1, 8, 4), 0.25)
+    collapsed = torch.zeros(1, 8, 4)
+    collapsed[..., 0] = 1.0
+    assert balance_loss(uniform) < balance_loss(collapsed)
+
+
+def test_bad_translator_arguments_name_allowed_values():
+    with pytest.raises(ValueError, match="kind must be one of"):
+        KVTranslator(SRC, TGT, 16, kind="moe")
+    with pytest.raises(ValueError, match="gating must be one of"):
+        KVTranslator(SRC, TGT, 16, gating="hard")
+    with pytest.raises(ValueError, match="top_k"):
+        KVTranslator(SRC, TGT, 16, kind="mot", n_experts=2, gating="topk", top_k=3)
+
+
+def test_correction_loss_zero_iff_caches_equal():
+    model = small_model("qwen2")
+    ids = torch.randint(2, 64, (2, 10))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        kv = prefill_kv(model, ids, mask)
+    tails = [[5, 6, 7], [8, 9]]
+    loss, parts = context_correction_loss(model, kv, kv, mask, tails, pad_id=1)
+    assert loss.item() == 0.0
+    noisy = [(k + 0.5 * torch.randn_like(k), v) for k, v in kv]
+    loss, parts = context_correction_loss(model, noisy, kv, mask, tails, pad_id=1)
+    assert parts["hidden"].item() > 0 and parts["kl"].item() > 0
+    assert kv_reconstruction_loss(kv, kv, mask).item() == 0.0
+
+
+def test_prefix_kv_keeps_first_tokens_of_each_example():
+    k = torch.arange(2 * 6, dtype=torch.float).view(2, 1, 6, 1)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    out, new_mask = prefix_kv([(k, k)], mask, [2, 3])
+    assert new_mask.tolist() == [[0, 1, 1], [1, 1, 1]]
+    assert out[0][0][0, 0, 1:, 0].tolist() == [2.0, 3.0]
+    assert out[0][0][1, 0, :, 0].tolist() == [6.0, 7.0, 8.0]
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    tok_a, tok_b = train_tokenizer(300), train_tokenizer(420)
+    source, _ = build_tiny("tiny-gpt2", seed=0, tokenizer=tok_a)
+    target, _ = build_tiny("tiny-qwen2", seed=1, tokenizer=tok_b)
+    return source, tok_a, target, tok_b
+
+
+@pytest.mark.parametrize("kind", ["mot", "single", "shared-latent"])
+def test_two_training_steps_lower_the_loss(tiny_pair, kind):
+    source, tok_a, target, tok_b = tiny_pair
+    for p in list(source.parameters()) + list(target.parameters()):
+        p.requires_grad_(False)
+    cfg = {**TRAIN_DEFAULTS, "kind": kind, "hidden": 32}
+    torch.manual_seed(0)
+    translator = build_translator(source, target, cfg)
+    examples = encode_pair_items(tok_a, tok_b, make_dataset(8, seed=3, split="train"))
+    opt = torch.optim.Adam(translator.parameters(), lr=3e-3)
+    before, _ = training_loss(translator, source, tok_a, target, tok_b, examples, cfg, 0.5)
+    for _ in range(2):
+        loss, _ = training_loss(translator, source, tok_a, target, tok_b, examples, cfg, 0.5)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    after, _ = training_loss(translator, source, tok_a, target, tok_b, examples, cfg, 0.5)
+    assert after.item() < before.item()
