@@ -40,7 +40,7 @@ def per_round_traffic(method: str, scale: dict, rounds: int, seed: int) -> dict:
     strategy = make_supernet_strategy(run, fed, budgets, {p: p for p in range(clients)})
     down, up = [], []
     for rnd in range(1, rounds + 1):
-        sampled = sample_partitions(range(clients), run["clients-per-round"], seed, rnd)
+        sampled = sample_partitions(range(clients), run.clients_per_round(clients), seed, rnd)
         strategy.rounds[rnd] = RoundLog(sampled=sampled)
         round_down = round_up = 0
         for pid in sampled:

@@ -56,7 +56,8 @@ KEYS: dict[str, Key] = {
     "supernet": Key("cpu", "'cpu', 'paper' or a supernet JSON path"),
     "subnet-cache": Key("", "'cpu', 'paper' or a CSV path; empty = the cache named like the supernet"),
     "num-server-rounds": Key(25, "federated rounds", None, _positive, "> 0"),
-    "clients-per-round": Key(4, "clients sampled per round (<= number of clients)", None, _positive, "> 0"),
+    "clients-per-round": Key(0, "clients sampled per round (<= number of clients; 0 = half of them, at least 1)",
+                             None, _non_negative, ">= 0"),
     "min-reply-fraction": Key(1.0, "fraction of sampled clients whose valid replies a round needs", None, _fraction,
                               "in (0, 1]"),
     "round-timeout": Key(3600.0, "seconds to wait for a round's replies", None, _positive, "> 0"),
@@ -142,6 +143,14 @@ class RunConfig:
     @property
     def faulty_partitions(self) -> set[int]:
         return {int(p) for p in self["faulty-partitions"].split(",") if p.strip()}
+
+    def clients_per_round(self, num_clients: int) -> int:
+        """Clients sampled per round; raises before training when more are asked for than exist."""
+        asked = self["clients-per-round"]
+        if asked > num_clients:
+            raise ValueError(f"clients-per-round={asked}: must be <= the number of clients ({num_clients}; set "
+                             "num-supernodes in --federation-config), or 0 for half of them")
+        return asked or max(1, num_clients // 2)
 
     @property
     def subnet_cache(self) -> str:

@@ -41,9 +41,7 @@ class Federation:
         """Budget per partition id: a node's declared ``budget-macs`` (node config) wins over the drawn one.
 
         Raises before training when the federation cannot serve the run config."""
-        if run["clients-per-round"] > self.num_partitions:
-            raise ValueError(f"clients-per-round={run['clients-per-round']}: must be <= the number of clients "
-                             f"({self.num_partitions}; set num-supernodes in --federation-config)")
+        run.clients_per_round(self.num_partitions)
         budgets = {pid: float(declared.get(pid, self.budgets[pid])) for pid in range(self.num_partitions)}
         for pid, budget in budgets.items():
             if budget < self.cache.min_macs:

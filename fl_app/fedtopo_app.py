@@ -20,7 +20,7 @@ import torch
 from flwr.app import Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 
-from clients.fedtopo import TrainSettings, embed, evaluate, fedtopo_loss, fedtopo_upload, local_train
+from clients.fedtopo import TrainSettings, evaluate, fedtopo_loss, fedtopo_upload, local_train
 from clients.fedtopo_baselines import class_means_upload, fd_loss, head_upload, load_head, plain_ce, proto_loss
 from fl_app.config import RunConfig
 from fl_app.data import DATASETS, ImageData, load_dataset, split_train, stratified_holdout
@@ -150,10 +150,7 @@ def lr_of_round(run: RunConfig):
 
 def build_strategy(run: RunConfig, node_of_partition: dict[int, int], state_dir: str):
     method = run["method"]
-    if run["clients-per-round"] > len(node_of_partition):
-        raise ValueError(f"clients-per-round={run['clients-per-round']}: must be <= the number of clients "
-                         f"({len(node_of_partition)}; set num-supernodes in --federation-config)")
-    common = dict(clients_per_round=run["clients-per-round"], seed=run["seed"], state_dir=state_dir,
+    common = dict(clients_per_round=run.clients_per_round(len(node_of_partition)), seed=run["seed"], state_dir=state_dir,
                   num_rounds=run["num-server-rounds"], eval_every=run["eval-every"],
                   payload_dtype=run["payload-dtype"], min_reply_fraction=run["min-reply-fraction"],
                   lr_of_round=lr_of_round(run))
@@ -210,7 +207,7 @@ def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
     last = strategy.history[-1] if strategy.history else {}
     summary = {
         "method": run["method"], "dataset": run["dataset"], "rounds": run["num-server-rounds"], "seed": run["seed"],
-        "num_clients": num_clients, "clients_per_round": run["clients-per-round"],
+        "num_clients": num_clients, "clients_per_round": run.clients_per_round(num_clients),
         "model_family": run["model-family"], "architectures": archs,
         "mean_client_accuracy": last.get("mean_client_accuracy"), "pooled_accuracy": last.get("pooled_accuracy"),
         "client_accuracy": [strategy.client_accuracy.get(p) for p in range(num_clients)],

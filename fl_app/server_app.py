@@ -70,7 +70,7 @@ def main(grid: Grid, context: Context) -> None:
 
 def make_supernet_strategy(run: RunConfig, fed: Federation, budgets: dict[int, float],
                            node_of_partition: dict[int, int]) -> FeastStrategy:
-    common = dict(clients_per_round=run["clients-per-round"], seed=run["seed"], routing=run["routing"],
+    common = dict(clients_per_round=run.clients_per_round(len(budgets)), seed=run["seed"], routing=run["routing"],
                   payload_dtype=run["payload-dtype"], weighting=run["aggregation-weights"],
                   min_reply_fraction=run["min-reply-fraction"], lr_of_round=cosine_lr(run))
     args = (fed.cfg, fed.cache, budgets, node_of_partition)
@@ -131,7 +131,7 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
                     "bytes_down": log_.bytes_down if log_ else 0, "bytes_up": log_.bytes_up if log_ else 0})
     summary = {
         "method": run["method"], "dataset": run["dataset"], "rounds": run["num-server-rounds"], "seed": run["seed"],
-        "supernet": fed.cfg.name, "num_clients": num_clients, "clients_per_round": run["clients-per-round"],
+        "supernet": fed.cfg.name, "num_clients": num_clients, "clients_per_round": run.clients_per_round(num_clients),
         "tiers": evaluator.last.get("tiers", []),
         "population_weighted_accuracy": evaluator.last.get("population_weighted_accuracy"),
         "bytes_down": sum(r.bytes_down for r in rounds.values()), "bytes_up": sum(r.bytes_up for r in rounds.values()),

@@ -35,6 +35,15 @@ class RoundLog:
     bytes_down: int = 0
     bytes_up: int = 0
 
+    def close(self, server_round: int, answered: set[int], valid: int, min_reply_fraction: float) -> None:
+        """Count sampled clients that never answered as failed; fail the round below the minimum of valid replies."""
+        self.failed += [pid for pid in self.sampled if pid not in answered]
+        needed = math.ceil(min_reply_fraction * len(self.sampled))
+        if valid < needed:
+            raise RuntimeError(f"round {server_round}: {valid} valid replies of {len(self.sampled)} sampled "
+                               f"(min-reply-fraction={min_reply_fraction} needs {needed}); "
+                               f"failed: {self.failed}, rejected: {self.rejected}")
+
 
 class FeastStrategy(Strategy):
     def __init__(self, cfg: SupernetConfig, cache: SubnetCache, budgets: dict[int, float],
@@ -139,12 +148,7 @@ class FeastStrategy(Strategy):
                 continue
             accepted.append((pid, state, metrics))
             losses.append(float(metrics.get("train-loss", math.nan)))
-        log_.failed += [pid for pid in log_.sampled if pid not in answered]
-        needed = math.ceil(self.min_reply_fraction * len(log_.sampled))
-        if len(accepted) < needed:
-            raise RuntimeError(f"round {server_round}: {len(accepted)} valid replies of {len(log_.sampled)} sampled "
-                               f"(min-reply-fraction={self.min_reply_fraction} needs {needed}); "
-                               f"failed: {log_.failed}, rejected: {log_.rejected}")
+        log_.close(server_round, answered, len(accepted), self.min_reply_fraction)
         weights = self.reply_weights(server_round, [(pid, metrics) for pid, _, metrics in accepted])
         updates = [(state, w) for (_, state, _), w in zip(accepted, weights)]
         masks = [self.reply_mask(pid, metrics) for pid, _, metrics in accepted]

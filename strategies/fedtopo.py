@@ -135,12 +135,7 @@ class HeteroStrategy(Strategy):
             log_.bytes_up += record_bytes(record)
             uploads.append((pid, record_to_state(record, self.payload_dtype), float(metrics.get("num-examples", 0))))
             losses.append(float(metrics.get("train-loss", math.nan)))
-        log_.failed += [pid for pid in log_.sampled if pid not in answered]
-        needed = math.ceil(self.min_reply_fraction * len(log_.sampled))
-        if len(uploads) < needed:
-            raise RuntimeError(f"round {server_round}: {len(uploads)} valid replies of {len(log_.sampled)} sampled "
-                               f"(min-reply-fraction={self.min_reply_fraction} needs {needed}); "
-                               f"failed: {log_.failed}, rejected: {log_.rejected}")
+        log_.close(server_round, answered, len(uploads), self.min_reply_fraction)
         self.aggregate_uploads(server_round, uploads)
         self.train_loss[server_round] = float(np.nanmean(losses)) if losses else math.nan
         return None, MetricRecord({"train-loss": self.train_loss[server_round], "replies": len(uploads),

@@ -59,6 +59,8 @@ def test_federation_level_checks():
     fed = Federation.build(run, 8)
     with pytest.raises(ValueError, match=r"clients-per-round=9: must be <= the number of clients \(8"):
         fed.client_budgets(run, {})
+    default = validate_run_config({})
+    assert [default.clients_per_round(n) for n in (1, 2, 8, 9)] == [1, 1, 4, 4]
     run = validate_run_config({"clients-per-round": 2})
     fed = Federation.build(run, 4)
     with pytest.raises(ValueError, match="budget-macs=1000 of partition 2 is below the smallest cached subnet"):

@@ -1,14 +1,11 @@
 """End to end through `flwr run`: a real local SuperLink, Ray simulation, run status, outputs, extraction.
 
-One SuperLink (own FLWR_HOME, free ports) serves the whole module and is stopped by PID at the end.
+One SuperLink (own FLWR_HOME, free ports; the `flwr_env` fixture) serves the session and is stopped by PID.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,37 +20,6 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ("num-server-rounds=2 clients-per-round=2 max-local-steps=3 batch-size=16 eval-every=1 val-size=200 "
         "calib-size=200 tiers='0.5e6,2e6,13.6e6'")
 FEDERATION = "num-supernodes=4 client-resources-num-cpus=1"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def flwr_env(tmp_path_factory):
-    home = tmp_path_factory.mktemp("flwr_home")
-    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
-           "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port())}
-    yield env
-    # the local SuperLink runs detached in its own session and the simulations it spawns in another: stop both
-    # process groups by PID (found by this module's FLWR_HOME and SuperLink port on their command lines)
-    markers = (str(home), f"127.0.0.1:{env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']}")
-    groups = set()
-    for pid_dir in Path("/proc").glob("[0-9]*"):
-        try:
-            cmdline = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            if any(m in cmdline for m in markers) and ("flower-superlink" in cmdline or "flwr-simulation" in cmdline):
-                groups.add(os.getpgid(int(pid_dir.name)))
-        except (OSError, ProcessLookupError):
-            continue
-    for group in groups - {os.getpgrp()}:
-        try:
-            os.killpg(group, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
 
 
 def flwr_run(env, run_config: str, timeout: int = 600) -> tuple[str, str]:
