@@ -5,33 +5,13 @@ Each piece is its own function so it can be checked in isolation; ``fl_app.fedto
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from clients.feast import GRAD_CLIP_NORM, LocalSettings
 from fl_app.augment import crop_flip, normalize
 from fl_app.data import ImageData
-
-GRAD_CLIP_NORM = 10.0
-
-
-@dataclass
-class TrainSettings:
-    epochs: int
-    max_steps: int  # 0 = no cap
-    batch_size: int
-    lr: float
-    momentum: float
-    weight_decay: float
-    crop_flip: bool
-    seed: int
-
-    @staticmethod
-    def from_run(run, lr: float, seed: int) -> "TrainSettings":
-        return TrainSettings(run["local-epochs"], run["max-local-steps"], run["batch-size"], lr, run["momentum"],
-                             run["weight-decay"], run["crop-flip"], seed)
 
 
 # -- prototypes and topology ---------------------------------------------------------------------------------------
@@ -74,7 +54,7 @@ def topology_loss(logits: torch.Tensor, labels: torch.Tensor, topology: torch.Te
 
 
 # -- training, embedding, evaluation -------------------------------------------------------------------------------
-def local_train(model: torch.nn.Module, data: ImageData, settings: TrainSettings, loss_fn) -> dict:
+def local_train(model: torch.nn.Module, data: ImageData, settings: LocalSettings, loss_fn) -> dict:
     """SGD on the client's data; ``loss_fn(logits, features, labels)`` is the method's objective."""
     generator = torch.Generator().manual_seed(settings.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,

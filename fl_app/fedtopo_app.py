@@ -20,7 +20,8 @@ import torch
 from flwr.app import Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 
-from clients.fedtopo import TrainSettings, evaluate, fedtopo_loss, fedtopo_upload, local_train
+from clients.feast import LocalSettings
+from clients.fedtopo import evaluate, fedtopo_loss, fedtopo_upload, local_train
 from clients.fedtopo_baselines import class_means_upload, fd_loss, head_upload, load_head, plain_ce, proto_loss
 from fl_app.config import RunConfig
 from fl_app.data import DATASETS, ImageData, load_dataset, split_train, stratified_holdout
@@ -131,7 +132,7 @@ def train_hetero(msg: Message, run: RunConfig, pid: int, num: int) -> Message:
     global_arrays = record_to_state(record, dtype) if record is not None else {}
     seed = _seed(run["seed"], server_round, pid)
     loss_fn = client_loss(run, model, global_arrays)
-    metrics = local_train(model, train, TrainSettings.from_run(run, float(config["lr"]), seed), loss_fn)
+    metrics = local_train(model, train, LocalSettings.from_run(run, float(config["lr"]), seed), loss_fn)
     upload = client_upload(run, model, train, seed)
     save_client_model(model, pid, state_dir)
     return Message(RecordDict({
