@@ -34,10 +34,27 @@ class RoundLog:
     rejected: list[int] = field(default_factory=list)
     bytes_down: int = 0
     bytes_up: int = 0
+    answered: set[int] = field(default_factory=set)
 
-    def close(self, server_round: int, answered: set[int], valid: int, min_reply_fraction: float) -> None:
+    def screen(self, server_round: int, replies: Iterable[Message],
+               node_of_partition: dict[int, int]) -> list[tuple[int, Message]]:
+        """(partition id, reply) of the replies without error, in partition order; errors are logged as failures."""
+        partition_of_node = {n: p for p, n in node_of_partition.items()}
+        answers = sorted(((partition_of_node.get(m.metadata.src_node_id, -1), m) for m in replies),
+                         key=lambda answer: answer[0])
+        usable = []
+        for pid, reply in answers:
+            self.answered.add(pid)
+            if reply.has_error():
+                log(WARNING, "round %d: client %d failed: %s", server_round, pid, reply.error.reason)
+                self.failed.append(pid)
+            else:
+                usable.append((pid, reply))
+        return usable
+
+    def close(self, server_round: int, valid: int, min_reply_fraction: float) -> None:
         """Count sampled clients that never answered as failed; fail the round below the minimum of valid replies."""
-        self.failed += [pid for pid in self.sampled if pid not in answered]
+        self.failed += [pid for pid in self.sampled if pid not in self.answered]
         needed = math.ceil(min_reply_fraction * len(self.sampled))
         if valid < needed:
             raise RuntimeError(f"round {server_round}: {valid} valid replies of {len(self.sampled)} sampled "
@@ -119,16 +136,9 @@ class FeastStrategy(Strategy):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         log_ = self.rounds.setdefault(server_round, RoundLog())
-        partition_of_node = {n: p for p, n in self.node_of_partition.items()}
         view = self.to_wire_view(self.global_state, server_round)
-        accepted, losses, answered = [], [], set()
-        for reply in sorted(replies, key=lambda m: partition_of_node.get(m.metadata.src_node_id, -1)):
-            pid = partition_of_node.get(reply.metadata.src_node_id, -1)
-            answered.add(pid)
-            if reply.has_error():
-                log(WARNING, "round %d: client %d failed: %s", server_round, pid, reply.error.reason)
-                log_.failed.append(pid)
-                continue
+        accepted, losses = [], []
+        for pid, reply in log_.screen(server_round, replies, self.node_of_partition):
             record = reply.content.array_records.get("arrays")
             metrics = reply.content.metric_records.get("metrics", MetricRecord())
             if record is None or pid not in self.routed:
@@ -148,7 +158,7 @@ class FeastStrategy(Strategy):
                 continue
             accepted.append((pid, state, metrics))
             losses.append(float(metrics.get("train-loss", math.nan)))
-        log_.close(server_round, answered, len(accepted), self.min_reply_fraction)
+        log_.close(server_round, len(accepted), self.min_reply_fraction)
         weights = self.reply_weights(server_round, [(pid, metrics) for pid, _, metrics in accepted])
         updates = [(state, w) for (_, state, _), w in zip(accepted, weights)]
         masks = [self.reply_mask(pid, metrics) for pid, _, metrics in accepted]

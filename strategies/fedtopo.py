@@ -118,14 +118,8 @@ class HeteroStrategy(Strategy):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         log_ = self.rounds.setdefault(server_round, RoundLog())
-        uploads, losses, answered = [], [], set()
-        for reply in sorted(replies, key=self._partition_of):
-            pid = self._partition_of(reply)
-            answered.add(pid)
-            if reply.has_error():
-                log(WARNING, "round %d: client %d failed: %s", server_round, pid, reply.error.reason)
-                log_.failed.append(pid)
-                continue
+        uploads, losses = [], []
+        for pid, reply in log_.screen(server_round, replies, self.node_of_partition):
             record = reply.content.array_records.get("upload")
             if record is None or pid not in self.sampled:
                 log(WARNING, "round %d: reply from client %d rejected: no upload or not sampled", server_round, pid)
@@ -135,7 +129,7 @@ class HeteroStrategy(Strategy):
             log_.bytes_up += record_bytes(record)
             uploads.append((pid, record_to_state(record, self.payload_dtype), float(metrics.get("num-examples", 0))))
             losses.append(float(metrics.get("train-loss", math.nan)))
-        log_.close(server_round, answered, len(uploads), self.min_reply_fraction)
+        log_.close(server_round, len(uploads), self.min_reply_fraction)
         self.aggregate_uploads(server_round, uploads)
         self.train_loss[server_round] = float(np.nanmean(losses)) if losses else math.nan
         return None, MetricRecord({"train-loss": self.train_loss[server_round], "replies": len(uploads),
