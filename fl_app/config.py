@@ -91,6 +91,10 @@ KEYS: dict[str, Key] = {
     "seed": Key(0, "seed of budgets, partitions, sampling, init and data order", None, _non_negative, ">= 0"),
     "output-dir": Key("", "absolute output folder (empty = ~/fl_app_runs/<method>-<dataset>-s<seed>-<time>)"),
     "faulty-partitions": Key("", "fault injection: comma list of partition ids whose training raises"),
+    "checkpoint-every": Key(5, "write <output-dir>/checkpoint.pt every N rounds (model, strategy state, RNG states, "
+                            "metrics so far; 0 = never)", None, _non_negative, ">= 0"),
+    "resume-from": Key("", "continue a run from its checkpoint.pt (or the folder holding it); the run config must "
+                       "match the checkpoint's except for output-dir, resume-from, checkpoint-every, round-timeout"),
     "budget-constrained": Key(True, "superfednas/deepfednas: subnets limited to what each client can afford"),
     "maxnet-beta0": Key(0.9, "superfednas/deepfednas: MaxNet weight β₀ of the max-subnet client", None, _fraction,
                         "in (0, 1]"),
@@ -217,6 +221,11 @@ def _cross_checks(v: dict) -> list[str]:
     if v["data-source"] == "sample" and v["dataset"] != "cifar10":
         errors.append(f"dataset='{v['dataset']}': data-source='sample' only bundles cifar10; "
                       "use data-source='hub' or 'local'")
+    if v["resume-from"] and not Path(v["resume-from"]).expanduser().is_absolute():
+        errors.append(f"resume-from='{v['resume-from']}': must be an absolute path to a checkpoint.pt or its folder")
+    if v["resume-from"] and v["method"] not in SUPERNET_METHODS:
+        errors.append(f"resume-from: method='{v['method']}' does not checkpoint; resume works for "
+                      f"{list(SUPERNET_METHODS)}")
     if v["output-dir"] and not Path(v["output-dir"]).expanduser().is_absolute():
         errors.append(f"output-dir='{v['output-dir']}': must be an absolute path (the ServerApp's working "
                       "directory is the SuperLink's, not yours), or empty for the default")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-RESULT_FILES = ("metrics.csv", "summary.json", "supernet.pt", "accuracy_vs_macs.png")
+RESULT_FILES = ("metrics.csv", "summary.json", "supernet.pt", "accuracy_vs_macs.png", "checkpoint.pt")
 
 
 def prepare_output_dir(requested: str, method: str, dataset: str, seed: int) -> Path:

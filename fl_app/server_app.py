@@ -12,9 +12,10 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from fl_app.checkpoint import load_round_checkpoint, restore_rng, write_round_checkpoint
 from fl_app.config import SUPERNET_METHODS, RunConfig, validate_run_config
 from fl_app.evaluation import TierEvaluator
-from fl_app.federation import Federation, dataset_for, server_splits
+from fl_app.federation import Federation, dataset_for, partition_rows, server_splits
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.outputs import plot_accuracy_vs_macs, prepare_output_dir, save_checkpoint, write_csv, write_json
 from fl_app.payload import record_to_state, state_to_record
@@ -69,10 +70,12 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def make_supernet_strategy(run: RunConfig, fed: Federation, budgets: dict[int, float],
-                           node_of_partition: dict[int, int]) -> FeastStrategy:
+                           node_of_partition: dict[int, int],
+                           examples_of_partition: dict[int, int] | None = None) -> FeastStrategy:
     common = dict(clients_per_round=run.clients_per_round(len(budgets)), seed=run["seed"], routing=run["routing"],
                   payload_dtype=run["payload-dtype"], weighting=run["aggregation-weights"],
-                  min_reply_fraction=run["min-reply-fraction"], lr_of_round=cosine_lr(run))
+                  min_reply_fraction=run["min-reply-fraction"], lr_of_round=cosine_lr(run),
+                  examples_of_partition=examples_of_partition)
     args = (fed.cfg, fed.cache, budgets, node_of_partition)
     method = run["method"]
     if method in ("superfednas", "deepfednas"):
@@ -102,8 +105,11 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
     fed = Federation.build(run, num_clients)
     budgets = fed.client_budgets(run, {pid: info["budget-macs"] for pid, info in nodes.items()
                                        if "budget-macs" in info})
-    strategy = make_supernet_strategy(run, fed, budgets, {pid: info["node_id"] for pid, info in nodes.items()})
+    examples = {pid: len(rows) for pid, rows in enumerate(partition_rows(run, num_clients))}
+    strategy = make_supernet_strategy(run, fed, budgets, {pid: info["node_id"] for pid, info in nodes.items()},
+                                      examples)
     tiers = strategy_tiers(run, fed, strategy)
+    resumed = load_round_checkpoint(run["resume-from"], run, num_clients) if run["resume-from"] else None
     out_dir = prepare_output_dir(run["output-dir"], run["method"], run["dataset"], run["seed"])
 
     train, test = dataset_for(run, fed.cfg)
@@ -117,17 +123,33 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
     evaluator = TierEvaluator(strategy.model_cfg, tiers, budgets.values(), train.subset(splits.calibration),
                               train.subset(splits.validation), test, run["eval-every"], run["num-server-rounds"],
                               record_to_state)
+    first_round = 1
+    if resumed is not None:
+        strategy.restore_state(resumed["strategy"])
+        evaluator.rows, evaluator.last = resumed["metrics"]["rows"], resumed["metrics"]["last"]
+        initial, first_round = resumed["global_state"], resumed["round"] + 1
+        restore_rng(resumed["rng"])
+        log(INFO, "Resuming from %s after round %d", run["resume-from"], resumed["round"])
+
+    def checkpoint(server_round: int) -> None:
+        every = run["checkpoint-every"]
+        if every and server_round % every == 0 and server_round < run["num-server-rounds"]:
+            path = write_round_checkpoint(out_dir, server_round, run, num_clients, strategy.global_state,
+                                          strategy.checkpoint_state(),
+                                          {"rows": evaluator.rows, "last": evaluator.last})
+            log(INFO, "Checkpoint after round %d: %s", server_round, path)
+
     started = time.time()
     result = strategy.start(grid, state_to_record(initial), num_rounds=run["num-server-rounds"],
-                            timeout=run["round-timeout"], evaluate_fn=evaluator)
+                            timeout=run["round-timeout"], evaluate_fn=evaluator, first_round=first_round,
+                            round_done=checkpoint)
     elapsed = time.time() - started
 
     final_state = strategy.global_state or record_to_state(result.arrays)
     rounds = strategy.rounds
-    train_loss = {r: m.get("train-loss", np.nan) for r, m in result.train_metrics_clientapp.items()}
     for row in evaluator.rows:
         log_ = rounds.get(row["round"])
-        row.update({"train_loss": train_loss.get(row["round"], np.nan),
+        row.update({"train_loss": log_.train_loss if log_ else np.nan,
                     "bytes_down": log_.bytes_down if log_ else 0, "bytes_up": log_.bytes_up if log_ else 0})
     summary = {
         "method": run["method"], "dataset": run["dataset"], "rounds": run["num-server-rounds"], "seed": run["seed"],
@@ -138,6 +160,7 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
         "failed_replies": sum(len(r.failed) for r in rounds.values()),
         "rejected_replies": sum(len(r.rejected) for r in rounds.values()),
         "budgets": [budgets[p] for p in sorted(budgets)], "wall_seconds": round(elapsed, 1),
+        "resumed_after_round": first_round - 1,
         "run_config": run.to_dict(),
     }
     write_csv(out_dir / "metrics.csv", evaluator.rows)

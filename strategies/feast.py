@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import time
+from dataclasses import asdict, dataclass, field
 from logging import INFO, WARNING
 from typing import Iterable
 
@@ -11,7 +12,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
 from fl_app.payload import record_bytes, record_to_state, state_to_record
 from fl_app.slicing import slice_state, state_numel, subnet_shapes
@@ -34,7 +35,15 @@ class RoundLog:
     rejected: list[int] = field(default_factory=list)
     bytes_down: int = 0
     bytes_up: int = 0
+    train_loss: float = math.nan
     answered: set[int] = field(default_factory=set)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "answered": sorted(self.answered)}
+
+    @staticmethod
+    def from_dict(saved: dict) -> "RoundLog":
+        return RoundLog(**{**saved, "answered": set(saved["answered"])})
 
     def screen(self, server_round: int, replies: Iterable[Message],
                node_of_partition: dict[int, int]) -> list[tuple[int, Message]]:
@@ -66,12 +75,14 @@ class FeastStrategy(Strategy):
     def __init__(self, cfg: SupernetConfig, cache: SubnetCache, budgets: dict[int, float],
                  node_of_partition: dict[int, int], *, clients_per_round: int, seed: int, routing: bool = True,
                  payload_dtype: str = "float32", weighting: str = "num-examples", min_reply_fraction: float = 1.0,
-                 lr_of_round=None):
+                 lr_of_round=None, examples_of_partition: dict[int, int] | None = None):
         self.cfg, self.cache, self.budgets = cfg, cache, budgets
         self.node_of_partition = node_of_partition
         self.clients_per_round, self.seed, self.routing = clients_per_round, seed, routing
         self.payload_dtype, self.weighting, self.min_reply_fraction = payload_dtype, weighting, min_reply_fraction
         self.lr_of_round = lr_of_round or (lambda r: 0.0)
+        # what each client must report as num-examples (its partition size), when the server can know it
+        self.examples_of_partition = examples_of_partition
         self.global_state: dict[str, np.ndarray] = {}
         self.routed: dict[int, tuple[Subnet, Subnet | None]] = {}  # partition id -> (bounds, arch) this round
         self.rounds: dict[int, RoundLog] = {}
@@ -107,6 +118,26 @@ class FeastStrategy(Strategy):
 
     def reply_mask(self, partition_id: int, metrics: MetricRecord) -> dict | None:
         return None
+
+    def metrics_problem(self, partition_id: int, metrics: MetricRecord) -> str | None:
+        """Why a reply's metrics cannot be trusted for weighting (None when they can)."""
+        claimed = metrics.get("num-examples")
+        if not isinstance(claimed, int) or claimed <= 0:
+            return f"num-examples={claimed!r} is not a positive integer"
+        if self.examples_of_partition is not None and claimed != self.examples_of_partition[partition_id]:
+            return f"num-examples={claimed} but partition {partition_id} holds {self.examples_of_partition[partition_id]}"
+        labels = metrics.get("labels", [])
+        if any(not 0 <= int(label) < self.model_cfg.n_classes for label in labels):
+            return f"labels {labels} outside 0..{self.model_cfg.n_classes - 1}"
+        return None
+
+    # -- checkpoints ------------------------------------------------------------------------------------------
+    def checkpoint_state(self) -> dict:
+        """What a resumed run needs besides the global model (plain containers only)."""
+        return {"rounds": {r: log_.to_dict() for r, log_ in self.rounds.items()}}
+
+    def restore_state(self, saved: dict) -> None:
+        self.rounds = {int(r): RoundLog.from_dict(log_) for r, log_ in saved["rounds"].items()}
 
     # -- rounds -------------------------------------------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -151,7 +182,7 @@ class FeastStrategy(Strategy):
             expected = self.routed_shapes(bounds)
             if arch is not None:  # a single trained subnet comes back: its slice of what was routed
                 expected = {k: v for k, v in self.routed_shapes(arch).items() if k in expected}
-            problem = update_problem(view, state, 1.0, expected)
+            problem = self.metrics_problem(pid, metrics) or update_problem(view, state, 1.0, expected)
             if problem:
                 log(WARNING, "round %d: reply from client %d rejected: %s", server_round, pid, problem)
                 log_.rejected.append(pid)
@@ -163,12 +194,45 @@ class FeastStrategy(Strategy):
         updates = [(state, w) for (_, state, _), w in zip(accepted, weights)]
         masks = [self.reply_mask(pid, metrics) for pid, _, metrics in accepted]
         self.global_state = self.from_wire_view(sparse_average(view, updates, masks), server_round)
+        log_.train_loss = float(np.nanmean(losses)) if losses else math.nan
         metrics = MetricRecord({
-            "train-loss": float(np.nanmean(losses)) if losses else math.nan, "replies": len(accepted),
+            "train-loss": log_.train_loss, "replies": len(accepted),
             "failed": len(log_.failed), "rejected": len(log_.rejected),
             "bytes-down": log_.bytes_down, "bytes-up": log_.bytes_up,
         })
         return state_to_record(self.global_state), metrics
+
+    # -- the round loop ---------------------------------------------------------------------------------------
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+              evaluate_fn=None, *, first_round: int = 1, round_done=None) -> Result:
+        """Flower's round loop (train, central evaluation) that can continue from ``first_round`` with
+        ``initial_arrays`` as the model after round ``first_round - 1``, and calls ``round_done(round)`` after
+        each round (checkpoints). Client-side evaluation rounds are skipped: FEAST evaluates tiers centrally."""
+        log(INFO, "Starting %s at round %d of %d", type(self).__name__, first_round, num_rounds)
+        self.summary()
+        train_config = train_config or ConfigRecord()
+        result, arrays, started = Result(), initial_arrays, time.time()
+        if evaluate_fn and first_round == 1:
+            evaluate_fn(0, arrays)
+        for server_round in range(first_round, num_rounds + 1):
+            log(INFO, "")
+            log(INFO, "[ROUND %s/%s]", server_round, num_rounds)
+            replies = grid.send_and_receive(self.configure_train(server_round, arrays, train_config, grid),
+                                            timeout=timeout)
+            arrays, metrics = self.aggregate_train(server_round, replies)
+            result.arrays = arrays
+            result.train_metrics_clientapp[server_round] = metrics
+            log(INFO, "\t└──> %s", metrics)
+            if evaluate_fn:
+                evaluated = evaluate_fn(server_round, arrays)
+                if evaluated is not None:
+                    log(INFO, "\t└──> evaluation: %s", evaluated)
+                    result.evaluate_metrics_serverapp[server_round] = evaluated
+            if round_done:
+                round_done(server_round)
+        log(INFO, "Strategy finished rounds %d-%d in %.1fs", first_round, num_rounds, time.time() - started)
+        return result
 
     # -- evaluation is central (tiers on the server); no client-side evaluation rounds ------------------------
     def configure_evaluate(self, server_round, arrays, config, grid):

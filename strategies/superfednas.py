@@ -85,6 +85,15 @@ class SuperFedNASStrategy(FeastStrategy):
         arch = self._subnet_for(self.roles[partition_id], self.budgets[partition_id], rng)
         return self.cfg.max_subnet(), arch
 
+    def checkpoint_state(self) -> dict:
+        return {**super().checkpoint_state(), "largest_counts": dict(self.largest_counts),
+                "smallest_counts": dict(self.smallest_counts)}
+
+    def restore_state(self, saved: dict) -> None:
+        super().restore_state(saved)
+        self.largest_counts = {int(p): int(c) for p, c in saved["largest_counts"].items()}
+        self.smallest_counts = {int(p): int(c) for p, c in saved["smallest_counts"].items()}
+
     def reply_weights(self, server_round: int, entries: list[tuple[int, MetricRecord]]) -> list[float]:
         beta = maxnet_beta(server_round, self.num_rounds, self.beta0, self.beta_final, self.decay_fraction)
         return maxnet_weights([self.roles[pid] for pid, _ in entries], beta)

@@ -6,8 +6,10 @@ One SuperLink (own FLWR_HOME, free ports; the `flwr_env` fixture) serves the ses
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ from fl_app.models.elastic_resnet import ElasticResNet
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ("num-server-rounds=2 clients-per-round=2 max-local-steps=3 batch-size=16 eval-every=1 val-size=200 "
-        "calib-size=200 tiers='0.5e6,2e6,13.6e6'")
+        "calib-size=200 tiers='0.5e6,2e6,13.6e6' checkpoint-every=1")
 FEDERATION = "num-supernodes=4 client-resources-num-cpus=1"
 
 
@@ -81,6 +83,52 @@ def test_extraction_cli_matches_the_tier_and_loads_standalone(feast_run, tmp_pat
     assert result["accuracy"] == pytest.approx(tier["accuracy"])
     model = ElasticResNet.load_standalone(target)
     assert sum(p.numel() for p in model.parameters()) == tier["params"]
+
+
+def test_a_killed_run_resumed_from_its_checkpoint_ends_like_an_uninterrupted_one(flwr_env, feast_run, tmp_path):
+    """Stop a run once it has written its round-1 checkpoint, resume it in a new folder: same final metrics and
+    weights as the uninterrupted run (`feast_run`, same seed and config)."""
+    straight, _ = feast_run
+    killed, resumed = tmp_path / "killed", tmp_path / "resumed"
+    log_path = tmp_path / "killed.log"
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(["flwr", "run", str(ROOT), "--stream", "--run-config", f"{TINY} output-dir='{killed}'",
+                                 "--federation-config", FEDERATION], env=flwr_env, stdout=log_file,
+                                stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + 600
+            while not (killed / "checkpoint.pt").exists() and time.time() < deadline and proc.poll() is None:
+                time.sleep(0.5)
+            assert (killed / "checkpoint.pt").exists(), log_path.read_text()[-3000:]
+            run_id = re.search(r"Successfully started run (\d+)", log_path.read_text()).group(1)
+            subprocess.run(["flwr", "stop", run_id], env=flwr_env, capture_output=True, timeout=120)
+            proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert not (killed / "summary.json").exists()  # it did not get to finish
+    assert torch.load(killed / "checkpoint.pt", weights_only=True)["round"] == 1
+
+    _, status = flwr_run(flwr_env, f"{TINY} output-dir='{resumed}' resume-from='{killed}'")
+    assert status == "finished:completed"
+    first = json.loads((straight / "summary.json").read_text())
+    second = json.loads((resumed / "summary.json").read_text())
+    assert second["resumed_after_round"] == 1
+    for key in ("tiers", "population_weighted_accuracy", "bytes_down", "bytes_up", "failed_replies"):
+        assert first[key] == second[key], key
+    assert (straight / "metrics.csv").read_text() == (resumed / "metrics.csv").read_text()
+    weights = torch.load(straight / "supernet.pt", weights_only=True)["state_dict"]
+    again = torch.load(resumed / "supernet.pt", weights_only=True)["state_dict"]
+    assert all(torch.equal(weights[k], again[k]) for k in weights)
+
+
+def test_resume_with_another_config_fails_before_training_and_keeps_the_checkpoint(flwr_env, feast_run, tmp_path):
+    straight, _ = feast_run
+    saved = (straight / "checkpoint.pt").read_bytes()
+    _, status = flwr_run(flwr_env, f"{TINY} lr=0.1 output-dir='{tmp_path / 'other'}' resume-from='{straight}'")
+    assert status == "finished:failed"
+    assert not (tmp_path / "other").exists()
+    assert (straight / "checkpoint.pt").read_bytes() == saved
 
 
 def test_failing_clients_make_a_failed_run(flwr_env, tmp_path):

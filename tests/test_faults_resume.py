@@ -1,0 +1,204 @@
+"""Faults (hostile replies, clients that fail or never answer) and checkpoint/resume of the supernet strategies."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common import Error
+
+from fl_app.checkpoint import capture_rng, load_round_checkpoint, restore_rng, write_round_checkpoint
+from fl_app.config import validate_run_config
+from fl_app.models.elastic_resnet import ElasticResNet
+from fl_app.payload import record_to_state, state_to_record
+from fl_app.slicing import slice_state, slice_subnet, subnet_shapes
+from fl_app.supernet import Subnet, load_supernet_config
+from strategies.feast import FeastStrategy
+from strategies.superfednas import SuperFedNASStrategy
+
+EXAMPLES = {0: 50, 1: 70, 2: 90}
+CFG = load_supernet_config("cpu")
+
+
+def _initial(cfg):
+    torch.manual_seed(0)
+    return {k: v.numpy() for k, v in ElasticResNet(cfg).state_dict().items() if not k.endswith("num_batches_tracked")}
+
+
+def _feast(cfg, cache, **kw):
+    budgets = {0: cache.min_macs, 1: 3e6, 2: cache.max_macs}
+    return FeastStrategy(cfg, cache, budgets, {p: 100 + p for p in budgets}, clients_per_round=3, seed=0,
+                         examples_of_partition=EXAMPLES, **kw)
+
+
+def _reply(msg: Message, state: dict | None, metrics: dict) -> Message:
+    content = RecordDict({"metrics": MetricRecord(metrics)})
+    if state is not None:
+        content["arrays"] = state_to_record(state)
+    reply = Message(content, reply_to=msg)
+    reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
+    return reply
+
+
+def _trained(msg: Message, server_round: int) -> dict:
+    """A deterministic stand-in for local training: pull the received slice toward a client/round constant."""
+    pid = msg.metadata.dst_node_id - 100
+    received = record_to_state(msg.content.array_records["arrays"])
+    config = msg.content.config_records["config"]
+    if "arch-d" in config:  # a baseline assigned one subnet: its slice comes back
+        arch = Subnet(config["arch-d"], config["arch-e"], config["arch-w"])
+        received = slice_state(received, {k: v for k, v in subnet_shapes(CFG, arch).items() if k in received})
+    return {k: 0.5 * v + 0.1 * (pid + 1) + 0.01 * server_round for k, v in received.items()}
+
+
+def _valid(msg: Message, server_round: int = 1) -> Message:
+    pid = msg.metadata.dst_node_id - 100
+    return _reply(msg, _trained(msg, server_round), {"num-examples": EXAMPLES[pid], "train-loss": 1.0})
+
+
+def _hostile(kind: str, msg: Message, cfg, full: dict) -> Message | None:
+    pid = msg.metadata.dst_node_id - 100
+    state, metrics = _trained(msg, 1), {"num-examples": EXAMPLES[pid], "train-loss": 1.0}
+    name = next(iter(state))
+    if kind == "error":
+        reply = Message(error=Error(0, "client raised"), reply_to=msg)
+        reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
+        return reply
+    if kind == "no-answer":  # timed out or disconnected: the grid returns nothing for it
+        return None
+    if kind == "wrong-shape":
+        state[name] = state[name][..., :1]
+    elif kind == "beyond-bounds":
+        state = slice_subnet(cfg, full, cfg.max_subnet())
+    elif kind == "nan":
+        state[name] = state[name].copy()
+        state[name].flat[0] = np.nan
+    elif kind == "inf":
+        state[name] = state[name].copy()
+        state[name].flat[-1] = np.inf
+    elif kind == "missing-key":
+        del state[name]
+    elif kind == "no-arrays":
+        state = None
+    elif kind == "absurd-num-examples":
+        metrics["num-examples"] = 10 ** 12
+    elif kind == "negative-num-examples":
+        metrics["num-examples"] = -5
+    elif kind == "wrong-labels":
+        metrics["labels"] = [0, 1000]
+    return _reply(msg, state, metrics)
+
+
+FAULTS = ["error", "no-answer", "wrong-shape", "beyond-bounds", "nan", "inf", "missing-key", "no-arrays",
+          "absurd-num-examples", "negative-num-examples", "wrong-labels"]
+
+
+@pytest.mark.parametrize("kind", FAULTS)
+def test_a_faulty_client_is_left_out_and_the_aggregate_equals_that_of_the_valid_replies(flower_ids, cpu_cfg,
+                                                                                       cpu_cache, kind):
+    full = _initial(cpu_cfg)
+    strategy = _feast(cpu_cfg, cpu_cache, min_reply_fraction=0.5)
+    messages = list(strategy.configure_train(1, state_to_record(full), ConfigRecord(), grid=None))
+    bad = next(m for m in messages if m.metadata.dst_node_id == 100)  # the smallest budget: routed a strict slice
+    replies = [_valid(m) if m is not bad else _hostile(kind, m, cpu_cfg, full) for m in messages]
+    record, metrics = strategy.aggregate_train(1, [r for r in replies if r is not None])
+
+    clean = _feast(cpu_cfg, cpu_cache)
+    clean_messages = [m for m in clean.configure_train(1, state_to_record(full), ConfigRecord(), grid=None)
+                      if m.metadata.dst_node_id != 100]
+    clean.routed.pop(0)
+    clean.rounds[1].sampled = [1, 2]
+    expected, _ = clean.aggregate_train(1, [_valid(m) for m in clean_messages])
+
+    merged, wanted = record_to_state(record), record_to_state(expected)
+    assert merged.keys() == wanted.keys()
+    for k in merged:
+        np.testing.assert_array_equal(merged[k], wanted[k], err_msg=k)
+    counted = "failed" if kind in ("error", "no-answer") else "rejected"
+    assert metrics[counted] == 1 and metrics["replies"] == 2
+    assert strategy.rounds[1].__dict__[counted] == [0]
+
+
+def _run_rounds(strategy, initial: dict, first_round: int, last_round: int) -> dict:
+    class Grid:  # answers every message at once with the stand-in training
+        def send_and_receive(self, messages, timeout):
+            return [_valid(m, m.content.config_records["config"]["server-round"]) for m in messages]
+
+    strategy.start(Grid(), state_to_record(initial), num_rounds=last_round, first_round=first_round)
+    return strategy.global_state
+
+
+@pytest.mark.parametrize("kind", ["feast", "deepfednas"])
+def test_a_strategy_restored_from_its_checkpoint_state_continues_exactly(flower_ids, cpu_cfg, cpu_cache, kind):
+    def make():
+        if kind == "feast":
+            return _feast(cpu_cfg, cpu_cache)
+        budgets = {0: cpu_cache.min_macs, 1: 3e6, 2: cpu_cache.max_macs}
+        return SuperFedNASStrategy(cpu_cfg, cpu_cache, budgets, {p: 100 + p for p in budgets}, clients_per_round=2,
+                                   seed=0, num_rounds=4, subnet_source="cache", examples_of_partition=EXAMPLES)
+
+    initial = _initial(cpu_cfg)
+    straight = make()
+    final = _run_rounds(straight, initial, 1, 4)
+
+    first = make()
+    after_two = _run_rounds(first, initial, 1, 2)
+    saved = first.checkpoint_state()
+    resumed = make()
+    resumed.restore_state(saved)
+    continued = _run_rounds(resumed, after_two, 3, 4)
+
+    for k in final:
+        np.testing.assert_array_equal(continued[k], final[k], err_msg=k)
+    assert {r: log_.to_dict() for r, log_ in resumed.rounds.items()} == \
+           {r: log_.to_dict() for r, log_ in straight.rounds.items()}
+    assert not np.array_equal(after_two["stem_conv.weight"], final["stem_conv.weight"])  # rounds 3-4 did work
+
+
+def test_checkpoint_round_trip_restores_state_metrics_and_rng(tmp_path, cpu_cfg):
+    run = validate_run_config({"num-server-rounds": 4, "output-dir": str(tmp_path / "a")})
+    state = _initial(cpu_cfg)
+    torch.manual_seed(3), np.random.seed(3), random.seed(3)
+    np.random.normal()  # numpy now holds a cached Gaussian, part of its state
+    rng = capture_rng()
+    path = write_round_checkpoint(tmp_path, 2, run, 8, state, {"rounds": {1: {"x": [1, 2]}}},
+                                  {"rows": [{"round": 2, "test_accuracy": 0.5}], "last": {}})
+    expected_draws = (torch.rand(3), np.random.normal(size=3), random.random())
+    torch.manual_seed(99), np.random.seed(99), random.seed(99)
+
+    # resuming with another output folder and checkpoint cadence is allowed
+    resumed_run = validate_run_config({"num-server-rounds": 4, "output-dir": str(tmp_path / "b"),
+                                       "checkpoint-every": 1, "resume-from": str(tmp_path)})
+    blob = load_round_checkpoint(tmp_path, resumed_run, 8)
+    assert blob["round"] == 2 and blob["metrics"]["rows"][0]["test_accuracy"] == 0.5
+    assert blob["strategy"] == {"rounds": {1: {"x": [1, 2]}}}
+    for k in state:
+        np.testing.assert_array_equal(blob["global_state"][k], state[k])
+    restore_rng(blob["rng"])
+    assert torch.equal(torch.rand(3), expected_draws[0])
+    np.testing.assert_array_equal(np.random.normal(size=3), expected_draws[1])
+    assert random.random() == expected_draws[2]
+    assert rng["python"][1] == blob["rng"]["python"][1]
+    assert path == tmp_path / "checkpoint.pt"
+
+
+def test_resume_refuses_a_different_run_and_bad_files(tmp_path, cpu_cfg):
+    run = validate_run_config({"num-server-rounds": 4})
+    write_round_checkpoint(tmp_path, 2, run, 8, _initial(cpu_cfg), {}, {})
+    with pytest.raises(ValueError, match=r"lr: checkpoint 0.05 vs now 0.1"):
+        load_round_checkpoint(tmp_path, validate_run_config({"num-server-rounds": 4, "lr": 0.1}), 8)
+    with pytest.raises(ValueError, match="8 clients, this one 4"):
+        load_round_checkpoint(tmp_path, run, 4)
+    with pytest.raises(ValueError, match="no checkpoint.pt"):
+        load_round_checkpoint(tmp_path / "nowhere", run, 8)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="not a readable checkpoint"):
+        load_round_checkpoint(tmp_path / "broken", run, 8)
+    with pytest.raises(ValueError, match="resume-from='relative': must be an absolute path"):
+        validate_run_config({"resume-from": "relative"})
+    with pytest.raises(ValueError, match="does not checkpoint"):
+        validate_run_config({"resume-from": str(tmp_path), "method": "fedtopo"})
