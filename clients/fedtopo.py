@@ -53,13 +53,18 @@ def topology_loss(logits: torch.Tensor, labels: torch.Tensor, topology: torch.Te
     return F.cross_entropy(logits + log_w, labels)
 
 
-# -- training, embedding, evaluation -------------------------------------------------------------------------------
+# -- training, embedding, evaluation (on the model's device: CUDA when the client has a GPU) ------------------------
+def _device_of(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
 def local_train(model: torch.nn.Module, data: ImageData, settings: LocalSettings, loss_fn) -> dict:
     """SGD on the client's data; ``loss_fn(logits, features, labels)`` is the method's objective."""
     generator = torch.Generator().manual_seed(settings.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
                                 weight_decay=settings.weight_decay)
     model.train()
+    device = _device_of(model)
     steps, loss_sum = 0, 0.0
     for _ in range(settings.epochs):
         order = torch.randperm(len(data), generator=generator)
@@ -72,8 +77,9 @@ def local_train(model: torch.nn.Module, data: ImageData, settings: LocalSettings
             images = data.images[idx]
             if settings.crop_flip:
                 images = crop_flip(images, generator)
-            logits, features = model(normalize(images), with_features=True)
-            loss = loss_fn(logits, features, data.labels[idx])
+            # augmentation stays on the CPU (seeded there); the batch moves to the model's device
+            logits, features = model(normalize(images).to(device), with_features=True)
+            loss = loss_fn(logits, features, data.labels[idx].to(device))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP_NORM)
@@ -90,11 +96,12 @@ def embed(model: torch.nn.Module, data: ImageData, max_samples: int = 0, seed: i
     if max_samples and len(data) > max_samples:
         data = data.subset(np.sort(np.random.default_rng(seed).choice(len(data), max_samples, replace=False)))
     model.eval()
+    device = _device_of(model)
     logits, feats = [], []
     for start in range(0, len(data), batch_size):
-        out, f = model(normalize(data.images[start: start + batch_size]), with_features=True)
-        logits.append(out)
-        feats.append(f)
+        out, f = model(normalize(data.images[start: start + batch_size]).to(device), with_features=True)
+        logits.append(out.cpu())
+        feats.append(f.cpu())
     return torch.cat(logits), torch.cat(feats), data.labels
 
 
@@ -102,10 +109,11 @@ def embed(model: torch.nn.Module, data: ImageData, max_samples: int = 0, seed: i
 def evaluate(model: torch.nn.Module, data: ImageData, batch_size: int = 256) -> tuple[int, int]:
     """(correct, total) with the plain head."""
     model.eval()
+    device = _device_of(model)
     correct = 0
     for start in range(0, len(data), batch_size):
-        out = model(normalize(data.images[start: start + batch_size]))
-        correct += int((out.argmax(1) == data.labels[start: start + batch_size]).sum())
+        out = model(normalize(data.images[start: start + batch_size]).to(device))
+        correct += int((out.argmax(1).cpu() == data.labels[start: start + batch_size]).sum())
     return correct, len(data)
 
 
@@ -126,4 +134,4 @@ def fedtopo_loss(global_arrays: dict, beta: float):
     if topology is None:
         return lambda logits, feats, labels: F.cross_entropy(logits, labels)
     topology = torch.from_numpy(np.asarray(topology, dtype=np.float32))
-    return lambda logits, feats, labels: topology_loss(logits, labels, topology, beta)
+    return lambda logits, feats, labels: topology_loss(logits, labels, topology.to(logits.device), beta)

@@ -18,8 +18,8 @@ def plain_ce(logits, feats, labels):
 
 
 def head_upload(model) -> dict[str, np.ndarray]:
-    return {"head.weight": model.head.weight.detach().numpy().copy(),
-            "head.bias": model.head.bias.detach().numpy().copy()}
+    return {"head.weight": model.head.weight.detach().cpu().numpy().copy(),
+            "head.bias": model.head.bias.detach().cpu().numpy().copy()}
 
 
 def load_head(model, global_arrays: dict) -> None:
@@ -51,8 +51,8 @@ def fd_loss(global_arrays: dict, lam: float):
     targets_of = torch.softmax(soft, dim=1)
 
     def loss(logits, feats, labels):
-        keep = has[labels].float()
-        distill = -(targets_of[labels] * F.log_softmax(logits, dim=1)).sum(1)
+        keep = has.to(logits.device)[labels].float()
+        distill = -(targets_of.to(logits.device)[labels] * F.log_softmax(logits, dim=1)).sum(1)
         return F.cross_entropy(logits, labels) + lam * (keep * distill).sum() / keep.sum().clamp(min=1)
     return loss
 
@@ -64,7 +64,7 @@ def proto_loss(global_arrays: dict, lam: float):
         return plain_ce
 
     def loss(logits, feats, labels):
-        keep = has[labels].float()
-        mse = ((feats - protos[labels]) ** 2).mean(1)
+        keep = has.to(feats.device)[labels].float()
+        mse = ((feats - protos.to(feats.device)[labels]) ** 2).mean(1)
         return F.cross_entropy(logits, labels) + lam * (keep * mse).sum() / keep.sum().clamp(min=1)
     return loss

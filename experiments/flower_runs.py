@@ -29,15 +29,22 @@ def format_run_config(values: dict) -> str:
     return " ".join(parts)
 
 
-def flwr_run(run_config: str | dict, federation: str = "num-supernodes=8 client-resources-num-cpus=1",
-             env: dict | None = None, timeout: float = 3600, log_file: Path | None = None) -> tuple[str, str]:
-    """Start a run, stream it to completion, and return (run id, final status such as 'finished:completed')."""
+def flwr_run(run_config: str | dict, federation: str | None = "num-supernodes=8 client-resources-num-cpus=1",
+             env: dict | None = None, timeout: float = 3600, log_file: Path | None = None,
+             superlink: str | None = None) -> tuple[str, str]:
+    """Start a run, stream it to completion, and return (run id, final status such as 'finished:completed').
+
+    `superlink` names a SuperLink connection in $FLWR_HOME/config.toml (a real deployment, see fl_app/deploy.py);
+    None uses the default (local simulation). `federation=None` sends no `--federation-config` (a deployment's
+    SuperNodes are real processes, not simulation settings)."""
     if isinstance(run_config, dict):
         run_config = format_run_config(run_config)
     env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", **(env or {})}
-    proc = subprocess.run(["flwr", "run", str(APP_DIR), "--stream", "--run-config", run_config,
-                           "--federation-config", federation], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    connection = [superlink] if superlink else []
+    command = ["flwr", "run", str(APP_DIR), *connection, "--stream", "--run-config", run_config]
+    if federation is not None:
+        command += ["--federation-config", federation]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     output = proc.stdout + proc.stderr
     if log_file is not None:
         log_file.write_text(output)
@@ -47,8 +54,8 @@ def flwr_run(run_config: str | dict, federation: str = "num-supernodes=8 client-
     run_id = found.group(1)
     status = "unknown"
     for _ in range(30):  # the status settles right after the stream ends
-        listing = subprocess.run(["flwr", "ls", "--run-id", run_id, "--format", "json"], env=env,
-                                 capture_output=True, text=True, timeout=60)
+        listing = subprocess.run(["flwr", "ls", *connection, "--run-id", run_id, "--format", "json"], env=env,
+                                 capture_output=True, text=True, timeout=60, check=False)
         status = json.loads(listing.stdout)["runs"][0]["status"]
         if status.startswith("finished"):
             break

@@ -7,6 +7,8 @@ or an image folder with ``train/`` and ``test/`` subfolders of class folders).
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -35,6 +37,7 @@ DATASETS = {
     "tinyimagenet": DatasetSpec("zh-plus/tiny-imagenet", "image", "label", 200, test_split="valid"),
 }
 DATA_SOURCES = ("sample", "hub", "local")
+DECODE_VERSION = 1  # part of the decoded-cache key: bump when _decode changes what it produces
 
 
 @dataclass
@@ -92,14 +95,54 @@ def _load_hf(dataset_name: str, source: str, data_path: str):
 @lru_cache(maxsize=4)
 def load_dataset(dataset_name: str, source: str = "sample", data_path: str = "",
                  image_hw: int = 32) -> tuple[ImageData, ImageData]:
-    """(train, test) for a named dataset; cached per process so a simulated client decodes it once."""
+    """(train, test) for a named dataset; cached per process so a simulated client decodes it once, and for files
+    on disk (sample, local parquet) also across processes (``decoded_cache_dir``)."""
     if dataset_name not in DATASETS:
         raise ValueError(f"dataset='{dataset_name}': allowed values are {sorted(DATASETS)}")
     if source not in DATA_SOURCES:
         raise ValueError(f"data-source='{source}': allowed values are {list(DATA_SOURCES)}")
+    cache_file = _decoded_cache_file(dataset_name, source, data_path, image_hw)
+    if cache_file is not None and cache_file.is_file():
+        with np.load(cache_file) as cached:
+            return tuple(ImageData(torch.from_numpy(cached[f"{split}_images"]),
+                                   torch.from_numpy(cached[f"{split}_labels"])) for split in ("train", "test"))
     dataset, test_split = _load_hf(dataset_name, source, data_path)
     spec = DATASETS[dataset_name]
-    return _decode(dataset["train"], spec, image_hw), _decode(dataset[test_split], spec, image_hw)
+    train, test = _decode(dataset["train"], spec, image_hw), _decode(dataset[test_split], spec, image_hw)
+    if cache_file is not None:
+        _write_decoded(cache_file, train, test)
+    return train, test
+
+
+def decoded_cache_dir() -> Path:
+    """Where decoded images are kept between processes (every simulated client and the server would otherwise
+    decode the same PNGs): ``$FL_APP_CACHE`` or ``~/.cache/fl_app``."""
+    return Path(os.environ.get("FL_APP_CACHE", Path.home() / ".cache" / "fl_app")) / "decoded"
+
+
+def _decoded_cache_file(dataset_name: str, source: str, data_path: str, image_hw: int) -> Path | None:
+    """A file named after the parquet files it was decoded from (path, size, modification time); None for
+    sources that are not plain files here (hub, image folders)."""
+    if source == "sample":
+        files = [bundled_file(f"data/cifar10-sample/{split}.parquet") for split in ("train", "test")]
+    elif source == "local" and (Path(data_path).expanduser() / "train.parquet").is_file():
+        files = [Path(data_path).expanduser() / f"{split}.parquet" for split in ("train", "test")]
+    else:
+        return None
+    key = "|".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files if f.is_file())
+    digest = hashlib.sha256(f"{DECODE_VERSION}|{dataset_name}|{image_hw}|{key}".encode()).hexdigest()[:20]
+    return decoded_cache_dir() / f"{dataset_name}-{image_hw}px-{digest}.npz"
+
+
+def _write_decoded(path: Path, train: ImageData, test: ImageData) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")  # renamed into place: readers never see half a file
+        np.savez(tmp, train_images=train.images.numpy(), train_labels=train.labels.numpy(),
+                 test_images=test.images.numpy(), test_labels=test.labels.numpy())
+        os.replace(tmp, path)
+    except OSError:  # a read-only home is no reason to fail a run: decode again next time
+        pass
 
 
 def stratified_holdout(labels: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:

@@ -25,6 +25,7 @@ from clients.fedtopo import evaluate, fedtopo_loss, fedtopo_upload, local_train
 from clients.fedtopo_baselines import class_means_upload, fd_loss, head_upload, load_head, plain_ce, proto_loss
 from fl_app.config import RunConfig
 from fl_app.data import DATASETS, ImageData, load_dataset, split_train, stratified_holdout
+from fl_app.device import preferred_device
 from fl_app.models.hetero import architecture_of, client_model
 from fl_app.outputs import prepare_output_dir, write_csv, write_json
 from fl_app.partition import make_partitioner, partition_indices
@@ -78,8 +79,8 @@ def load_client_model(run: RunConfig, pid: int, state_dir: str):
         model = client_model(run["model-family"], pid, num_classes, run["feature-dim"])
     path = Path(state_dir) / f"client-{pid}.pt"
     if path.exists():
-        model.load_state_dict(torch.load(path, weights_only=True))
-    return model
+        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    return model.to(preferred_device())
 
 
 def save_client_model(model, pid: int, state_dir: str) -> None:

@@ -1,4 +1,4 @@
-"""A run's output folder: metrics.csv, summary.json, the supernet checkpoint and the accuracy-vs-MACs plot.
+"""A run's output folder: metrics.csv (tiers), rounds.csv (per round), summary.json, the supernet, the plot.
 
 Files are written to a temporary name and renamed, so an interrupted run never leaves a half-written file, and a
 folder that already holds results is refused before training starts.
@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import time
 from pathlib import Path
 
 import torch
 
-RESULT_FILES = ("metrics.csv", "summary.json", "supernet.pt", "accuracy_vs_macs.png", "checkpoint.pt")
+RESULT_FILES = ("metrics.csv", "rounds.csv", "summary.json", "supernet.pt", "accuracy_vs_macs.png", "checkpoint.pt")
 
 
 def prepare_output_dir(requested: str, method: str, dataset: str, seed: int) -> Path:
@@ -29,6 +30,19 @@ def prepare_output_dir(requested: str, method: str, dataset: str, seed: int) -> 
                          "choose a new folder so they are not overwritten")
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def memory_mb() -> tuple[float, float]:
+    """(resident, peak resident) memory of this process in MiB (Linux /proc; peak only elsewhere)."""
+    try:
+        with open("/proc/self/status") as status:
+            fields = dict(line.split(":", 1) for line in status if ":" in line)
+        return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+    except (OSError, KeyError):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return math.nan, peak
 
 
 def _atomic_write(path: Path, write) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import io
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import numpy as np
 import torch
@@ -29,13 +29,33 @@ def state_to_record(state: Mapping[str, np.ndarray | torch.Tensor], dtype: str =
 
 def record_to_state(record: ArrayRecord, dtype: str = "float32") -> dict[str, np.ndarray]:
     """Decode to float32 numpy arrays."""
-    state = {}
-    for name, array in record.items():
-        value = array.numpy()
-        if dtype == "bfloat16" and value.dtype == np.int16:
-            value = torch.from_numpy(value.copy()).view(torch.bfloat16).float().numpy()
-        state[name] = value.astype(np.float32, copy=False)
-    return state
+    return {name: _decode(array, dtype) for name, array in record.items()}
+
+
+def _decode(array: Array, dtype: str) -> np.ndarray:
+    value = array.numpy()
+    if dtype == "bfloat16" and value.dtype == np.int16:
+        value = torch.from_numpy(value.copy()).view(torch.bfloat16).float().numpy()
+    return value.astype(np.float32, copy=False)
+
+
+class RecordState(Mapping):
+    """A read-only name -> float32 array view of an ArrayRecord that decodes one array when it is read.
+
+    Aggregating several replies through this view holds one decoded tensor per reply at a time instead of every
+    reply's whole decoded model."""
+
+    def __init__(self, record: ArrayRecord, dtype: str = "float32"):
+        self.record, self.dtype = record, dtype
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return _decode(self.record[name], self.dtype)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.record)
+
+    def __len__(self) -> int:
+        return len(self.record)
 
 
 def record_bytes(record: ArrayRecord) -> int:

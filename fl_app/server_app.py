@@ -17,7 +17,8 @@ from fl_app.config import SUPERNET_METHODS, RunConfig, validate_run_config
 from fl_app.evaluation import TierEvaluator
 from fl_app.federation import Federation, dataset_for, partition_rows, server_splits
 from fl_app.models.elastic_resnet import ElasticResNet
-from fl_app.outputs import plot_accuracy_vs_macs, prepare_output_dir, save_checkpoint, write_csv, write_json
+from fl_app.outputs import (memory_mb, plot_accuracy_vs_macs, prepare_output_dir, save_checkpoint, write_csv,
+                            write_json)
 from fl_app.payload import record_to_state, state_to_record
 from strategies.fedavg_min import FedAvgMinStrategy
 from strategies.feast import FeastStrategy
@@ -131,7 +132,15 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
         restore_rng(resumed["rng"])
         log(INFO, "Resuming from %s after round %d", run["resume-from"], resumed["round"])
 
-    def checkpoint(server_round: int) -> None:
+    round_started = time.time()
+
+    def round_done(server_round: int) -> None:
+        nonlocal round_started
+        log_ = strategy.rounds[server_round]
+        log_.seconds, round_started = time.time() - round_started, time.time()
+        log_.server_rss_mb, log_.server_peak_rss_mb = memory_mb()
+        log(INFO, "round %d: %.1fs, server memory %.0f MiB (peak %.0f)", server_round, log_.seconds,
+            log_.server_rss_mb, log_.server_peak_rss_mb)
         every = run["checkpoint-every"]
         if every and server_round % every == 0 and server_round < run["num-server-rounds"]:
             path = write_round_checkpoint(out_dir, server_round, run, num_clients, strategy.global_state,
@@ -142,7 +151,7 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
     started = time.time()
     result = strategy.start(grid, state_to_record(initial), num_rounds=run["num-server-rounds"],
                             timeout=run["round-timeout"], evaluate_fn=evaluator, first_round=first_round,
-                            round_done=checkpoint)
+                            round_done=round_done)
     elapsed = time.time() - started
 
     final_state = strategy.global_state or record_to_state(result.arrays)
@@ -164,6 +173,11 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
         "run_config": run.to_dict(),
     }
     write_csv(out_dir / "metrics.csv", evaluator.rows)
+    write_csv(out_dir / "rounds.csv", [
+        {"round": r, "sampled": len(l.sampled), "replies": len(l.sampled) - len(l.failed) - len(l.rejected),
+         "failed": len(l.failed), "rejected": len(l.rejected), "train_loss": l.train_loss, "bytes_down": l.bytes_down,
+         "bytes_up": l.bytes_up, "seconds": l.seconds, "server_rss_mb": l.server_rss_mb,
+         "server_peak_rss_mb": l.server_peak_rss_mb} for r, l in sorted(rounds.items())])
     save_checkpoint(out_dir / "supernet.pt", {
         "supernet": strategy.model_cfg.to_dict(), "state_dict": {k: torch.from_numpy(v) for k, v in final_state.items()},
         "run_config": run.to_dict(), "num_clients": num_clients, "budgets": summary["budgets"],

@@ -14,7 +14,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from fl_app.payload import record_bytes, record_to_state, state_to_record
+from fl_app.payload import RecordState, record_bytes, record_to_state, state_to_record
 from fl_app.slicing import slice_state, state_numel, subnet_shapes
 from fl_app.subnets import SubnetCache
 from fl_app.supernet import Subnet, SupernetConfig
@@ -36,6 +36,9 @@ class RoundLog:
     bytes_down: int = 0
     bytes_up: int = 0
     train_loss: float = math.nan
+    seconds: float = math.nan  # wall time of the whole round (training, aggregation, evaluation)
+    server_rss_mb: float = math.nan  # server process memory after the round: resident and peak so far
+    server_peak_rss_mb: float = math.nan
     answered: set[int] = field(default_factory=set)
 
     def to_dict(self) -> dict:
@@ -86,6 +89,8 @@ class FeastStrategy(Strategy):
         self.global_state: dict[str, np.ndarray] = {}
         self.routed: dict[int, tuple[Subnet, Subnet | None]] = {}  # partition id -> (bounds, arch) this round
         self.rounds: dict[int, RoundLog] = {}
+        self._returned: ArrayRecord | None = None  # the record aggregate_train handed back (decoded: global_state)
+        self._view: tuple[int, dict] | None = None  # (round, wire view of global_state) built by configure_train
 
     # -- what each client gets ------------------------------------------------------------------------------------
     @property
@@ -142,8 +147,10 @@ class FeastStrategy(Strategy):
     # -- rounds -------------------------------------------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        self.global_state = record_to_state(arrays)
+        if arrays is not self._returned:  # the loop hands back what we returned: no need to decode it again
+            self.global_state = record_to_state(arrays)
         view = self.to_wire_view(self.global_state, server_round)
+        self._view = (server_round, view)
         log_ = self.rounds.setdefault(server_round, RoundLog())
         log_.sampled = sample_partitions(self.node_of_partition, self.clients_per_round, self.seed, server_round)
         self.routed = {}
@@ -167,7 +174,8 @@ class FeastStrategy(Strategy):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         log_ = self.rounds.setdefault(server_round, RoundLog())
-        view = self.to_wire_view(self.global_state, server_round)
+        view = self._view[1] if self._view and self._view[0] == server_round else \
+            self.to_wire_view(self.global_state, server_round)
         accepted, losses = [], []
         for pid, reply in log_.screen(server_round, replies, self.node_of_partition):
             record = reply.content.array_records.get("arrays")
@@ -177,7 +185,7 @@ class FeastStrategy(Strategy):
                 log_.rejected.append(pid)
                 continue
             log_.bytes_up += record_bytes(record)
-            state = record_to_state(record, self.payload_dtype)
+            state = RecordState(record, self.payload_dtype)  # decoded tensor by tensor when read
             bounds, arch = self.routed[pid]
             expected = self.routed_shapes(bounds)
             if arch is not None:  # a single trained subnet comes back: its slice of what was routed
@@ -200,7 +208,9 @@ class FeastStrategy(Strategy):
             "failed": len(log_.failed), "rejected": len(log_.rejected),
             "bytes-down": log_.bytes_down, "bytes-up": log_.bytes_up,
         })
-        return state_to_record(self.global_state), metrics
+        self._view = None
+        self._returned = state_to_record(self.global_state)
+        return self._returned, metrics
 
     # -- the round loop ---------------------------------------------------------------------------------------
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,

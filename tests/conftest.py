@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-from pathlib import Path
-
 import pytest
 import torch
 
+from experiments.flower_env import free_port as _free_port  # noqa: F401  (tests import it)
+from experiments.flower_env import isolated_env, stop_local_superlink
 from fl_app.subnets import SubnetCache
 from fl_app.supernet import load_supernet_config
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _own_decoded_cache(tmp_path_factory):
+    """Decoded images go to a folder of this test session (and of the Flower runs it starts), not the user's."""
+    import os
+
+    os.environ["FL_APP_CACHE"] = str(tmp_path_factory.mktemp("fl_app_cache"))
 
 
 @pytest.fixture(autouse=True)
@@ -40,32 +45,10 @@ def flower_ids():
     TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def flwr_env(tmp_path_factory):
     """Environment for `flwr run` with its own FLWR_HOME and free SuperLink ports; at the end the local SuperLink
-    (detached in its own session) and the simulations it spawned (another process group) are stopped by PID."""
-    home = tmp_path_factory.mktemp("flwr_home")
-    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
-           "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port())}
+    and the simulations it spawned are stopped by PID (experiments/flower_env.py)."""
+    env = isolated_env(tmp_path_factory.mktemp("flwr_home"))
     yield env
-    markers = (str(home), f"127.0.0.1:{env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']}")
-    groups = set()
-    for pid_dir in Path("/proc").glob("[0-9]*"):
-        try:
-            cmdline = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            if any(m in cmdline for m in markers) and ("flower-superlink" in cmdline or "flwr-simulation" in cmdline):
-                groups.add(os.getpgid(int(pid_dir.name)))
-        except (OSError, ProcessLookupError):
-            continue
-    for group in groups - {os.getpgrp()}:
-        try:
-            os.killpg(group, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    stop_local_superlink(env)

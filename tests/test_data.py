@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 from PIL import Image
 
-from fl_app.data import load_dataset, split_train
+from fl_app.data import decoded_cache_dir, load_dataset, split_train
 from fl_app.resources import bundled_file
 
 
@@ -61,3 +62,22 @@ def test_held_out_splits_are_disjoint_and_seeded():
     assert np.bincount(labels[a.validation]).min() >= 8  # stratified
     with pytest.raises(ValueError, match="leaves no training data"):
         split_train(labels, 900, 100, seed=0)
+
+
+def test_decoded_images_are_cached_across_processes_keyed_by_the_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("FL_APP_CACHE", str(tmp_path / "cache"))
+    for split in ("train", "test"):
+        table = pq.read_table(bundled_file(f"data/cifar10-sample/{split}.parquet")).slice(0, 40)
+        pq.write_table(table, tmp_path / f"{split}.parquet")
+    load_dataset.cache_clear()
+    train, test = load_dataset("cifar10", "local", str(tmp_path))
+    assert len(list(decoded_cache_dir().iterdir())) == 1
+    load_dataset.cache_clear()  # as in a new process: read from the cache, the same tensors
+    again_train, again_test = load_dataset("cifar10", "local", str(tmp_path))
+    assert torch.equal(train.images, again_train.images) and torch.equal(test.labels, again_test.labels)
+    # other files are another key, never the stale cache
+    pq.write_table(pq.read_table(tmp_path / "test.parquet").slice(0, 10), tmp_path / "test.parquet")
+    load_dataset.cache_clear()
+    _, smaller = load_dataset("cifar10", "local", str(tmp_path))
+    assert len(smaller) == 10 and len(list(decoded_cache_dir().iterdir())) == 2
+    load_dataset.cache_clear()

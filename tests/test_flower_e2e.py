@@ -5,6 +5,7 @@ One SuperLink (own FLWR_HOME, free ports; the `flwr_env` fixture) serves the ses
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import subprocess
@@ -52,6 +53,12 @@ def test_feast_run_succeeds_and_writes_results(feast_run):
     rows = (out / "metrics.csv").read_text().strip().splitlines()
     assert len(rows) == 1 + 2 * 3  # header + rounds x tiers
     assert (out / "accuracy_vs_macs.png").read_bytes()[:4] == b"\x89PNG"
+    with open(out / "rounds.csv") as handle:
+        per_round = list(csv.DictReader(handle))
+    assert [int(r["round"]) for r in per_round] == [1, 2]
+    assert all(int(r["sampled"]) == int(r["replies"]) == 2 and float(r["seconds"]) > 0 for r in per_round)
+    assert all(float(r["server_peak_rss_mb"]) >= float(r["server_rss_mb"]) > 50 for r in per_round)
+    assert sum(int(r["bytes_down"]) for r in per_round) == summary["bytes_down"]
     state = torch.load(out / "supernet.pt", weights_only=True)["state_dict"]
     assert "classifier.weight" in state
 

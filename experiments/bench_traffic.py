@@ -1,0 +1,58 @@
+"""Download bytes per round at paper scale: FEAST routing, the full supernet to everyone, routing with bfloat16.
+
+    python -m experiments.bench_traffic                         # 100 clients, 10 per round, 100 rounds
+
+Budgets come from the Zipf draw of the run (``draw_budgets``), clients per round from the strategy's seeded sampler
+(``sample_partitions``), each sampled client is sent the sub-supernet its budget routes (``route_bounds``); bytes are
+what the arrays occupy in the message (``payload_bytes`` = ``ArrayRecord.count_bytes``). Uploads equal downloads
+(FEAST clients return what they were sent). Prints one JSON line with the mean bytes per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from experiments.traffic import routed_traffic
+from fl_app.subnets import SubnetCache, draw_budgets
+from fl_app.supernet import load_supernet_config
+from strategies.feast import sample_partitions
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--supernet", default="paper", help="cpu, paper or a JSON path")
+    parser.add_argument("--cache", default=None, help="cpu, paper or a CSV path (default: named like --supernet)")
+    parser.add_argument("--clients", type=int, default=100)
+    parser.add_argument("--per-round", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-macs", type=float, default=1.5e9, help="largest budget (0 = cache maximum)")
+    args = parser.parse_args(argv)
+
+    cfg = load_supernet_config(args.supernet)
+    cache = SubnetCache.load(cfg, args.cache or args.supernet)
+    budgets = draw_budgets(args.clients, cache.min_macs, args.max_macs or cache.max_macs, 1.2, args.seed)
+    per_round = {"full": [], "routed": [], "routed_bf16": []}
+    for server_round in range(1, args.rounds + 1):
+        sampled = sample_partitions(range(args.clients), args.per_round, args.seed, server_round)
+        traffic = routed_traffic(cfg, cache, budgets[sampled])
+        for key in per_round:
+            per_round[key].append(traffic[key])
+    mean = {key: float(np.mean(values)) for key, values in per_round.items()}
+    result = {
+        "supernet": args.supernet, "clients": args.clients, "per_round": args.per_round, "rounds": args.rounds,
+        "bytes_routed": round(mean["routed"]), "bytes_full": round(mean["full"]),
+        "bytes_routed_bf16": round(mean["routed_bf16"]),
+        "ratio_full_to_routed": round(mean["full"] / mean["routed"], 3),
+        "ratio_full_to_routed_bf16": round(mean["full"] / mean["routed_bf16"], 3),
+        "bytes_routed_min_round": int(min(per_round["routed"])), "bytes_routed_max_round": int(max(per_round["routed"])),
+    }
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

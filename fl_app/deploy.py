@@ -1,0 +1,542 @@
+"""Run the app on a real Flower deployment: one SuperLink with TLS and SuperNode authentication, N SuperNodes.
+
+One function per step, usable from tests and scripts; the CLI wraps the same steps:
+
+    python -m fl_app.deploy certs deploy/certs                      # ca.crt, server.pem, server.key
+    python -m fl_app.deploy keys deploy/keys --nodes 2              # supernode-<i> / supernode-<i>.pub
+    python -m fl_app.deploy superlink --certs deploy/certs --state deploy/superlink --port 9093
+    python -m fl_app.deploy connection deployment --address 127.0.0.1:9093 --root-certificates deploy/certs/ca.crt
+    python -m fl_app.deploy register deploy/keys/supernode-0.pub deploy/keys/supernode-1.pub --connection deployment
+    python -m fl_app.deploy supernode --superlink 127.0.0.1:9093 --ca deploy/certs/ca.crt \\
+        --key deploy/keys/supernode-0 --partition-id 0 --num-partitions 2 --port 9094
+    flwr run . deployment --stream
+
+`python -m fl_app.deploy recipe --dir deploy --nodes 2` prints the whole sequence as plain Flower commands.
+`superlink` and `supernode` replace the Python process with the Flower command (logs in the foreground, Ctrl-C
+stops it); `--print` only prints the command.
+
+Key formats (Flower 1.42): the SuperLink's TLS files are PEM (CA certificate, server certificate, PKCS#8 key);
+SuperNode authentication keys are NIST elliptic-curve (P-384) keys, the private key in OpenSSH format and the
+public key as an OpenSSH `ecdsa-sha2-nistp384 ...` line (what `ssh-keygen -t ecdsa -b 384` writes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import ipaddress
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import tomli_w
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+CA_CERT, SERVER_CERT, SERVER_KEY = "ca.crt", "server.pem", "server.key"
+DEFAULT_SUPERLINK_PORT = 9093
+DEFAULT_SUPERNODE_PORT = 9094
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. TLS certificates for the SuperLink
+# ---------------------------------------------------------------------------------------------------------------
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fl-app deployment"),
+                      x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _write_key(path: Path, key) -> None:
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    path.chmod(0o600)
+
+
+def make_certs(out_dir: str | Path, hosts: tuple[str, ...] | list[str] = (), days: int = 365) -> dict[str, Path]:
+    """A local CA and a SuperLink server certificate signed by it, valid for localhost, 127.0.0.1, ::1 and `hosts`
+    (DNS names or IP addresses the SuperNodes and the `flwr` CLI use to reach the SuperLink).
+    Returns {"ca": ca.crt, "cert": server.pem, "key": server.key}; the CA's own key stays in ca.key."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+    start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
+
+    ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    ca_name = _name("fl-app deployment CA")
+    ca_cert = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+               .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(start).not_valid_after(end)
+               .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+               .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                            content_commitment=False, key_encipherment=False,
+                                            data_encipherment=False, key_agreement=False, encipher_only=False,
+                                            decipher_only=False), critical=True)
+               .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+               .sign(ca_key, hashes.SHA256()))
+
+    names: list[x509.GeneralName] = []
+    for host in dict.fromkeys([*LOOPBACK_NAMES, *hosts]):  # ordered, without duplicates
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    server_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    server_cert = (x509.CertificateBuilder().subject_name(_name("localhost")).issuer_name(ca_name)
+                   .public_key(server_key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(start).not_valid_after(end)
+                   .add_extension(x509.SubjectAlternativeName(names), critical=False)
+                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                   .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+                   .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                                  critical=False)
+                   .sign(ca_key, hashes.SHA256()))
+
+    paths = {"ca": out / CA_CERT, "cert": out / SERVER_CERT, "key": out / SERVER_KEY}
+    paths["ca"].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(out / "ca.key", ca_key)
+    paths["cert"].write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(paths["key"], server_key)
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. SuperNode authentication keys
+# ---------------------------------------------------------------------------------------------------------------
+def make_node_key(private_path: str | Path) -> tuple[Path, Path]:
+    """One SuperNode key pair: an EC P-384 private key in OpenSSH format at `private_path` and its public key
+    (`ecdsa-sha2-nistp384 ...`) at `private_path`.pub. Returns (private, public)."""
+    private_path = Path(private_path)
+    private_path.parent.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP384R1())
+    private_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                               serialization.NoEncryption()))
+    private_path.chmod(0o600)
+    public_path = private_path.with_name(private_path.name + ".pub")
+    public_path.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                          serialization.PublicFormat.OpenSSH) + b"\n")
+    return private_path, public_path
+
+
+def make_node_keys(out_dir: str | Path, nodes: int, prefix: str = "supernode", start: int = 0
+                   ) -> list[tuple[Path, Path]]:
+    """`nodes` key pairs named <prefix>-<i> / <prefix>-<i>.pub, i = start .. start+nodes-1 (i = partition id)."""
+    return [make_node_key(Path(out_dir) / f"{prefix}-{i}") for i in range(start, start + nodes)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. SuperLink
+# ---------------------------------------------------------------------------------------------------------------
+def superlink_command(state_dir: str | Path, certs_dir: str | Path | None = None, port: int = DEFAULT_SUPERLINK_PORT,
+                      host: str = "127.0.0.1", insecure: bool = False) -> list[str]:
+    """`flower-superlink` with TLS and SuperNode authentication (or, only for a local test, `--insecure` and no
+    node authentication), its state in `state_dir`/state.db and no runtime `uv sync` of app dependencies.
+    In Flower 1.42 one HTTP(S) port serves the Fleet, Control and Runtime APIs."""
+    command = ["flower-superlink", "--host", host, "--port", str(port),
+               "--database", str(Path(state_dir).resolve() / "state.db"),
+               "--disable-runtime-dependency-installation"]
+    if insecure:
+        return command + ["--insecure"]
+    certs = Path(certs_dir).resolve()
+    return command + ["--ssl-ca-certfile", str(certs / CA_CERT), "--ssl-certfile", str(certs / SERVER_CERT),
+                      "--ssl-keyfile", str(certs / SERVER_KEY), "--enable-supernode-auth"]
+
+
+def flower_env(flwr_home: str | Path | None = None, base: dict | None = None) -> dict:
+    """Environment for Flower processes: FLWR_HOME (apps, config.toml) and no runtime dependency installation."""
+    env = {**(os.environ if base is None else base), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    if flwr_home is not None:
+        env["FLWR_HOME"] = str(Path(flwr_home).resolve())
+    return env
+
+
+def start_process(command: list[str], log_file: str | Path, env: dict | None = None,
+                  cwd: str | Path | None = None) -> subprocess.Popen:
+    """Start a Flower process in its own session (stop it with `stop_processes`), output to `log_file`."""
+    log_file = Path(log_file)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                cwd=cwd, start_new_session=True)
+
+
+def start_superlink(state_dir: str | Path, certs_dir: str | Path | None = None,
+                    port: int = DEFAULT_SUPERLINK_PORT, host: str = "127.0.0.1", env: dict | None = None,
+                    insecure: bool = False) -> subprocess.Popen:
+    """Start the SuperLink (log in `state_dir`/superlink.log) and return its Popen."""
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    return start_process(superlink_command(state_dir, certs_dir, port, host, insecure),
+                         state_dir / "superlink.log", env=env, cwd=state_dir)
+
+
+def wait_for_port(host: str, port: int, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
+    """Wait until something accepts TCP connections on host:port; fail early if `proc` exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process {proc.args[0]} exited with {proc.returncode} before opening port {port}")
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout:.0f} s")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. The `flwr` CLI's connection to the SuperLink ($FLWR_HOME/config.toml)
+# ---------------------------------------------------------------------------------------------------------------
+def write_connection(flwr_home: str | Path, name: str, address: str, root_certificates: str | Path | None = None,
+                     insecure: bool = False, default: bool = False) -> Path:
+    """Add/replace `[superlink.<name>]` in $FLWR_HOME/config.toml (address, absolute root-certificates path, or
+    `insecure = true` for a local test). `flwr run . <name>`, `flwr ls <name>`, `flwr supernode ... <name>` and
+    `flwr stop <run-id> <name>` then use it; `default=True` makes it the connection used when none is named."""
+    path = Path(flwr_home) / "config.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    config = tomllib.loads(path.read_text()) if path.exists() else {}
+    superlink = config.setdefault("superlink", {})
+    if "local" not in superlink:  # what `flwr` itself writes into a fresh config.toml
+        superlink.setdefault("default", "local")
+        superlink["local"] = {"address": ":local:"}
+    entry: dict = {"address": address}
+    if insecure:
+        entry["insecure"] = True
+    else:
+        if root_certificates is None:
+            raise ValueError("a TLS connection needs root_certificates (the CA certificate)")
+        entry["root-certificates"] = str(Path(root_certificates).resolve())
+    superlink[name] = entry
+    if default:
+        superlink["default"] = name
+    path.write_text(tomli_w.dumps(config))
+    return path
+
+
+def flwr_cli(args: list[str], env: dict | None = None, timeout: float = 120.0) -> subprocess.CompletedProcess:
+    """Run `flwr <args>` and return the completed process (text output)."""
+    return subprocess.run(["flwr", *args], env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, check=False)
+
+
+def _json_tail(text: str) -> dict:
+    """The JSON object `flwr ... --format json` prints (after any banner lines)."""
+    start = text.find("{")
+    if start < 0:
+        raise ValueError(f"no JSON in flwr output:\n{text[-2000:]}")
+    return json.loads(text[start:])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 5. Register SuperNode public keys (needs the SuperLink running with --enable-supernode-auth)
+# ---------------------------------------------------------------------------------------------------------------
+def register_node(public_key: str | Path, connection: str, env: dict | None = None, name: str | None = None,
+                  timeout: float = 120.0) -> int:
+    """`flwr supernode register <public key> <connection>`; returns the node id the SuperLink assigned."""
+    args = ["supernode", "register", str(public_key), connection, "--format", "json"]
+    if name:
+        args += ["--name", name]
+    proc = flwr_cli(args, env=env, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"flwr supernode register failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
+    result = _json_tail(proc.stdout)
+    if not result.get("success"):
+        raise RuntimeError(f"flwr supernode register failed: {result}")
+    return int(result["node-id"])
+
+
+def list_nodes(connection: str, env: dict | None = None, timeout: float = 120.0) -> list[dict]:
+    """`flwr supernode list <connection> --format json` -> the SuperLink's registered nodes."""
+    proc = flwr_cli(["supernode", "list", connection, "--format", "json"], env=env, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"flwr supernode list failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
+    return _json_tail(proc.stdout)["nodes"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 6. SuperNodes
+# ---------------------------------------------------------------------------------------------------------------
+def node_config(partition_id: int, num_partitions: int, budget_macs: float | None = None) -> str:
+    """The `--node-config` string the app reads (`budget-macs` is FEAST's optional per-node budget)."""
+    text = f"partition-id={partition_id} num-partitions={num_partitions}"
+    return text if budget_macs is None else f"{text} budget-macs={float(budget_macs)!r}"
+
+
+def supernode_command(superlink: str, partition_id: int, num_partitions: int, port: int,
+                      root_certificates: str | Path | None = None, private_key: str | Path | None = None,
+                      budget_macs: float | None = None, insecure: bool = False,
+                      max_retries: int | None = None) -> list[str]:
+    """`flower-supernode` for one partition: TLS towards the SuperLink (`root_certificates` = the CA), its
+    authentication key, and its own `--port` for the local ClientApp runtime API (one per SuperNode on a host).
+    `insecure=True` (no TLS, no key) is only for a local test against an `--insecure` SuperLink."""
+    command = ["flower-supernode", "--superlink", superlink, "--port", str(port),
+               "--node-config", node_config(partition_id, num_partitions, budget_macs)]
+    if max_retries is not None:
+        command += ["--max-retries", str(max_retries)]
+    if insecure:
+        return command + ["--insecure"]
+    if root_certificates is None or private_key is None:
+        raise ValueError("a secure SuperNode needs root_certificates and private_key")
+    return command + ["--root-certificates", str(Path(root_certificates).resolve()),
+                      "--auth-supernode-private-key", str(Path(private_key).resolve())]
+
+
+def start_supernode(log_file: str | Path, superlink: str, partition_id: int, num_partitions: int, port: int,
+                    root_certificates: str | Path | None = None, private_key: str | Path | None = None,
+                    budget_macs: float | None = None, env: dict | None = None, insecure: bool = False,
+                    max_retries: int | None = None) -> subprocess.Popen:
+    """Start one SuperNode (see `supernode_command`) and return its Popen."""
+    command = supernode_command(superlink, partition_id, num_partitions, port, root_certificates, private_key,
+                                budget_macs, insecure, max_retries)
+    return start_process(command, log_file, env=env, cwd=Path(log_file).parent)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 7. Stopping everything
+# ---------------------------------------------------------------------------------------------------------------
+def _proc_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) for all processes (Linux /proc)."""
+    table = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            table[int(entry.name)] = (ppid, cmdline)
+        except (OSError, ValueError, IndexError):
+            continue
+    return table
+
+
+def related_pids(roots: list[int], markers: tuple[str, ...] = ()) -> set[int]:
+    """`roots`, all their descendants, and any process whose command line contains one of `markers` (e.g. the
+    SuperLink's address: detached SuperExec/ServerApp processes name it) and its descendants."""
+    table = _proc_table()
+    found = {pid for pid in roots if pid in table}
+    patterns = [re.compile(re.escape(m) + r"(?![\w.-])") for m in markers]  # 127.0.0.1:80 is not :8080
+    found |= {pid for pid, (_, cmd) in table.items()
+              if ("flwr" in cmd or "flower" in cmd) and any(pt.search(cmd) for pt in patterns)}
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    stack = list(found)
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found - {os.getpid()}
+
+
+def stop_processes(procs: list[subprocess.Popen], markers: tuple[str, ...] = (), timeout: float = 15.0) -> None:
+    """Stop `procs`, everything they spawned (Flower detaches SuperExec, ServerApp and ClientApp processes into
+    their own sessions) and Flower processes whose command line names one of `markers` (e.g. "127.0.0.1:9093":
+    catches ones already orphaned). Order: the spawned processes, then `procs` in reverse start order (SuperNodes
+    sign off while their SuperLink still runs: one killed hard stays "online" on the SuperLink for up to two
+    heartbeat intervals, ~60 s, and is refused if restarted in that time), then whatever still names a marker.
+    SIGTERM to each process and its group, SIGKILL after `timeout`; never this process or its group."""
+    roots = [p.pid for p in procs if p.poll() is None]
+    _terminate(related_pids(roots, markers) - set(roots), groups=False, timeout=min(timeout, 5.0), procs=procs)
+    for p in reversed(procs):
+        if p.poll() is None:
+            _terminate(related_pids([p.pid]) | {p.pid}, groups=True, timeout=timeout, procs=procs)
+    if markers:
+        _terminate(related_pids([], markers), groups=True, timeout=timeout, procs=procs)
+    for p in procs:
+        try:
+            p.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _terminate(pids: set[int], groups: bool, timeout: float, procs: list[subprocess.Popen]) -> None:
+    own_group = os.getpgrp()
+    pgids = set()
+    if groups:
+        for pid in pids:
+            try:
+                pgids.add(os.getpgid(pid))
+            except ProcessLookupError:
+                pass
+    pgids.discard(own_group)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for group in pgids:
+            try:
+                os.killpg(group, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for p in procs:
+                p.poll()  # reap our own children
+            if all(_is_zombie(pid) for pid in pids):
+                return
+            time.sleep(0.2)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2] == "Z"
+    except (OSError, ValueError, IndexError):
+        return True
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The whole sequence as shell commands
+# ---------------------------------------------------------------------------------------------------------------
+def recipe(deploy_dir: str | Path, nodes: int, connection: str | None = None, superlink_host: str = "127.0.0.1",
+           superlink_port: int = DEFAULT_SUPERLINK_PORT, first_node_port: int = DEFAULT_SUPERNODE_PORT,
+           budgets: list[float] | None = None, insecure_local_test: bool = False) -> str:
+    """The commands for a deployment with `nodes` SuperNodes on one host (start each long-running one in its own
+    terminal). `insecure_local_test=True` gives the local-test-only variant without TLS and node authentication."""
+    d = Path(deploy_dir)
+    connection = connection or ("local-test" if insecure_local_test else "deployment")
+    address = f"{superlink_host}:{superlink_port}"
+    me = "python -m fl_app.deploy"
+    q = shlex.join
+    lines = ["# SuperLink and SuperNodes: no `uv sync` of app dependencies at run time",
+             "export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1"]
+    if insecure_local_test:
+        lines += ["# LOCAL TEST ONLY: no TLS, no SuperNode authentication",
+                  f"mkdir -p {d / 'insecure-superlink'}",
+                  q(superlink_command(d / "insecure-superlink", None, superlink_port, superlink_host,
+                                      insecure=True)) + " &"]
+        lines += [q(supernode_command(address, i, nodes, first_node_port + i, insecure=True)) + " &"
+                  for i in range(nodes)]
+        lines += [f"{me} connection {connection} --address {address} --insecure",
+                  f"flwr run . {connection} --stream"]
+        return "\n".join(lines)
+    lines += [f"{me} certs {d / 'certs'}" + ("" if superlink_host in LOOPBACK_NAMES else f" --host {superlink_host}"),
+              f"{me} keys {d / 'keys'} --nodes {nodes}",
+              f"mkdir -p {d / 'superlink'}",
+              q(superlink_command(d / "superlink", d / "certs", superlink_port, superlink_host)) + " &",
+              f"{me} connection {connection} --address {address} --root-certificates {d / 'certs' / CA_CERT}",
+              *[f"flwr supernode register {d / 'keys' / f'supernode-{i}.pub'} {connection}" for i in range(nodes)]]
+    lines += [q(supernode_command(address, i, nodes, first_node_port + i, d / "certs" / CA_CERT,
+                                  d / "keys" / f"supernode-{i}", budgets[i] if budgets else None)) + " &"
+              for i in range(nodes)]
+    lines += [f"flwr run . {connection} --stream", f"flwr ls {connection}"]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------------------------
+def _exec_or_print(command: list[str], print_only: bool) -> None:
+    print(shlex.join(command), flush=True)
+    if not print_only:
+        os.environ["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+        os.execvp(command[0], command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m fl_app.deploy", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="step", required=True)
+
+    p = sub.add_parser("certs", help="local CA + SuperLink TLS certificate (ca.crt, server.pem, server.key)")
+    p.add_argument("out_dir")
+    p.add_argument("--host", action="append", default=[],
+                   help="extra DNS name / IP for the server certificate (repeatable); localhost and 127.0.0.1 "
+                        "are always included")
+    p.add_argument("--days", type=int, default=365)
+
+    p = sub.add_parser("keys", help="SuperNode authentication key pairs (EC P-384, OpenSSH format)")
+    p.add_argument("out_dir")
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--prefix", default="supernode")
+    p.add_argument("--start", type=int, default=0, help="first index in the file names (default 0)")
+
+    p = sub.add_parser("superlink", help="run flower-superlink with TLS + SuperNode authentication (foreground)")
+    p.add_argument("--certs", help="folder with ca.crt, server.pem, server.key")
+    p.add_argument("--state", required=True, help="folder for the SuperLink database (state.db)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 to accept remote SuperNodes)")
+    p.add_argument("--port", type=int, default=DEFAULT_SUPERLINK_PORT)
+    p.add_argument("--insecure-local-test", action="store_true",
+                   help="LOCAL TEST ONLY: no TLS and no SuperNode authentication")
+    p.add_argument("--print", action="store_true", help="only print the command")
+
+    p = sub.add_parser("connection", help="write the `flwr` CLI's SuperLink connection into $FLWR_HOME/config.toml")
+    p.add_argument("name")
+    p.add_argument("--address", required=True, help="SuperLink HOST:PORT")
+    p.add_argument("--root-certificates", help="the CA certificate (ca.crt)")
+    p.add_argument("--insecure", action="store_true", help="LOCAL TEST ONLY: plain HTTP")
+    p.add_argument("--default", action="store_true", help="make it the default connection")
+    p.add_argument("--flwr-home", default=os.environ.get("FLWR_HOME", str(Path.home() / ".flwr")))
+
+    p = sub.add_parser("register", help="flwr supernode register for each public key")
+    p.add_argument("public_keys", nargs="+")
+    p.add_argument("--connection", required=True)
+
+    p = sub.add_parser("supernode", help="run one flower-supernode (foreground)")
+    p.add_argument("--superlink", required=True, help="SuperLink HOST:PORT")
+    p.add_argument("--ca", help="CA certificate (ca.crt)")
+    p.add_argument("--key", help="this SuperNode's private key")
+    p.add_argument("--partition-id", type=int, required=True)
+    p.add_argument("--num-partitions", type=int, required=True)
+    p.add_argument("--budget-macs", type=float, help="FEAST: this node's MACs budget")
+    p.add_argument("--port", type=int, help="local ClientApp runtime API port (default 9094 + partition id)")
+    p.add_argument("--insecure-local-test", action="store_true",
+                   help="LOCAL TEST ONLY: no TLS, no authentication key")
+    p.add_argument("--print", action="store_true", help="only print the command")
+
+    p = sub.add_parser("recipe", help="print the whole sequence of commands")
+    p.add_argument("--dir", default="deploy")
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--connection", help="connection name (default: deployment, or local-test when insecure)")
+    p.add_argument("--host", default="127.0.0.1", help="SuperLink host name/IP as the SuperNodes reach it")
+    p.add_argument("--port", type=int, default=DEFAULT_SUPERLINK_PORT)
+    p.add_argument("--budgets", help="comma-separated MACs budget per node (FEAST)")
+    p.add_argument("--insecure-local-test", action="store_true")
+
+    args = parser.parse_args(argv)
+    if args.step == "certs":
+        for path in make_certs(args.out_dir, args.host, args.days).values():
+            print(path)
+    elif args.step == "keys":
+        for private, public in make_node_keys(args.out_dir, args.nodes, args.prefix, args.start):
+            print(private, public)
+    elif args.step == "superlink":
+        if not args.insecure_local_test and not args.certs:
+            parser.error("superlink needs --certs (or --insecure-local-test)")
+        Path(args.state).mkdir(parents=True, exist_ok=True)
+        _exec_or_print(superlink_command(args.state, args.certs, args.port, args.host, args.insecure_local_test),
+                       args.print)
+    elif args.step == "connection":
+        if not args.insecure and not args.root_certificates:
+            parser.error("connection needs --root-certificates (or --insecure for a local test)")
+        print(write_connection(args.flwr_home, args.name, args.address, args.root_certificates, args.insecure,
+                               args.default))
+    elif args.step == "register":
+        for key in args.public_keys:
+            print(f"{key}: node id {register_node(key, args.connection)}")
+    elif args.step == "supernode":
+        if not args.insecure_local_test and not (args.ca and args.key):
+            parser.error("supernode needs --ca and --key (or --insecure-local-test)")
+        port = args.port if args.port is not None else DEFAULT_SUPERNODE_PORT + args.partition_id
+        _exec_or_print(supernode_command(args.superlink, args.partition_id, args.num_partitions, port, args.ca,
+                                         args.key, args.budget_macs, args.insecure_local_test), args.print)
+    elif args.step == "recipe":
+        budgets = [float(b) for b in args.budgets.split(",")] if args.budgets else None
+        print(recipe(args.dir, args.nodes, args.connection, args.host, args.port, budgets=budgets,
+                     insecure_local_test=args.insecure_local_test))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

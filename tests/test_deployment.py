@@ -1,0 +1,131 @@
+"""A real deployment on loopback: `flower-superlink` with TLS and SuperNode authentication, two registered
+`flower-supernode`s (partition 0 and 1) and `flwr run` against it; a third SuperNode with an unregistered key is
+refused. Every process (and what it spawns) is stopped by PID in the fixture's finalizer, even on failure.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from experiments.flower_runs import APP_DIR, flwr_run
+from fl_app import deploy
+
+ROOT = Path(__file__).resolve().parents[1]
+CONNECTION = "tls-deployment"
+RUN_CONFIG = {"num-server-rounds": 2, "eval-every": 2, "max-local-steps": 3, "calib-size": 64, "val-size": 64}
+NUM_NODES = 2
+
+
+def _free_ports(n: int) -> list[int]:
+    """n distinct free loopback ports (held open together while picking, so none repeats)."""
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _wait_for(condition, timeout: float, what: str, interval: float = 1.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"{what} not reached after {timeout:.0f} s")
+
+
+@pytest.fixture
+def tls_deployment(tmp_path, request):
+    """CA + server certificate, 3 node key pairs (2 registered), a TLS SuperLink with node authentication and the
+    `flwr` connection to it. SuperNodes are started by the test through `d.start_supernode` so they are tracked."""
+    started = time.monotonic()
+    procs: list = []
+    superlink_port, *node_ports = _free_ports(1 + NUM_NODES + 1)
+    address = f"127.0.0.1:{superlink_port}"
+    markers = (address, *(f"127.0.0.1:{port}" for port in node_ports))  # SuperExecs name these addresses
+
+    def stop_all():
+        deploy.stop_processes(procs, markers=markers)
+        print(f"[test_deployment] wall time with teardown {time.monotonic() - started:.1f} s")
+
+    request.addfinalizer(stop_all)
+
+    home = tmp_path / "flwr_home"
+    env = deploy.flower_env(home)
+    certs = deploy.make_certs(tmp_path / "certs")
+    keys = deploy.make_node_keys(tmp_path / "keys", NUM_NODES + 1)  # the last one is never registered
+
+    superlink = deploy.start_superlink(tmp_path / "superlink", tmp_path / "certs", superlink_port, env=env)
+    procs.append(superlink)
+    deploy.wait_for_port("127.0.0.1", superlink_port, timeout=90, proc=superlink)
+    deploy.write_connection(home, CONNECTION, address, certs["ca"])
+    node_ids = [deploy.register_node(public, CONNECTION, env=env, name=f"partition-{i}")
+                for i, (_, public) in enumerate(keys[:NUM_NODES])]
+
+    def start_supernode(index: int, partition_id: int, num_partitions: int, **kwargs):
+        proc = deploy.start_supernode(tmp_path / f"supernode-{index}" / "supernode.log", address, partition_id,
+                                      num_partitions, node_ports[index], certs["ca"], keys[index][0], env=env,
+                                      **kwargs)
+        procs.append(proc)
+        return proc
+
+    yield SimpleNamespace(tmp=tmp_path, env=env, address=address, node_ids=node_ids, superlink=superlink,
+                          start_supernode=start_supernode, started=started)
+
+
+def test_tls_deployment_runs_and_refuses_unregistered_supernode(tls_deployment):
+    d = tls_deployment
+    assert APP_DIR == ROOT  # `flwr run` submits this repository's app
+
+    # Registered but not yet connected.
+    listed = deploy.list_nodes(CONNECTION, env=d.env)
+    assert sorted(int(n["node-id"]) for n in listed) == sorted(d.node_ids)
+
+    # A SuperNode whose public key was never registered is refused and exits.
+    intruder = d.start_supernode(NUM_NODES, partition_id=NUM_NODES, num_partitions=NUM_NODES + 1, max_retries=2)
+    returncode = intruder.wait(timeout=90)
+    intruder_log = (d.tmp / f"supernode-{NUM_NODES}" / "supernode.log").read_text()
+    assert returncode != 0, intruder_log[-2000:]
+    assert "Failed to initialize the connection to the SuperLink" in intruder_log, intruder_log[-2000:]
+
+    # The two registered SuperNodes connect.
+    nodes = [d.start_supernode(i, partition_id=i, num_partitions=NUM_NODES) for i in range(NUM_NODES)]
+
+    def all_online():
+        for proc in nodes:
+            assert proc.poll() is None, f"a SuperNode exited with {proc.returncode}"
+        listing = deploy.list_nodes(CONNECTION, env=d.env)
+        return len(listing) == NUM_NODES and all(n["status"] == "online" for n in listing)
+
+    _wait_for(all_online, timeout=90, what="both SuperNodes online")
+
+    out = d.tmp / "out"
+    run_id, status = flwr_run({**RUN_CONFIG, "output-dir": str(out)}, federation=None, env=d.env, timeout=900,
+                              log_file=d.tmp / "flwr_run.log", superlink=CONNECTION)
+    server_log = (d.tmp / "flwr_run.log").read_text()
+    assert status == "finished:completed", server_log[-3000:]
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_clients"] == NUM_NODES
+    assert summary["failed_replies"] == 0
+    assert summary["tiers"] and all(0 <= t["accuracy"] <= 1 for t in summary["tiers"])
+
+    # `flwr ls` on the deployment connection shows the run; the SuperLink never listed the refused SuperNode.
+    listing = deploy.flwr_cli(["ls", CONNECTION, "--run-id", run_id, "--format", "json"], env=d.env)
+    assert json.loads(listing.stdout[listing.stdout.find("{"):])["runs"][0]["status"] == "finished:completed"
+    assert sorted(int(n["node-id"]) for n in deploy.list_nodes(CONNECTION, env=d.env)) == sorted(d.node_ids)
+
+    print(f"\n[test_deployment] run {run_id}: {status}, pwa={summary['population_weighted_accuracy']}, "
+          f"wall time {time.monotonic() - d.started:.1f} s")

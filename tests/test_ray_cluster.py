@@ -1,0 +1,179 @@
+"""Simulation on an existing Ray cluster: a Ray head started here (own temp dir, free ports), a local SuperLink
+started with RAY_ADDRESS pointing at it (own FLWR_HOME, free ports), one tiny FEAST run.
+
+The proof that the clients ran on that cluster: the Ray workers hosting the ClientApp actors write their logs into
+the head's temp dir (`session_latest/logs/worker-*.out` starting with `:actor_name:ClientAppActor`), and the
+simulation's Ray driver log appears there too. Without RAY_ADDRESS the simulation starts a private Ray instance
+under /tmp/ray and nothing appears in the head's temp dir.
+
+Everything started here is stopped by process group at the end: the SuperLink and its simulations as for every
+`flwr run` test (experiments/flower_env.py), and the Ray head (`ray start` runs in its own session; its daemons and
+workers stay in that group). `ray stop` is not used: it would stop every Ray instance on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.flower_env import free_port, isolated_env, stop_local_superlink
+from experiments.flower_runs import flwr_run
+
+RUN_CONFIG = ("num-server-rounds=1 clients-per-round=2 max-local-steps=2 batch-size=16 eval-every=1 val-size=64 "
+              "calib-size=64 checkpoint-every=0")
+FEDERATION = "num-supernodes=2 client-resources-num-cpus=1"
+# Ray puts unix sockets under <temp-dir>/session_<date>_<pid>/sockets/; AF_UNIX paths are limited to 107 bytes
+MAX_RAY_TEMP_DIR_LEN = 45
+
+
+def _process_groups(marker: str) -> set[int]:
+    """Process groups of processes whose command line contains `marker`."""
+    groups = set()
+    for pid_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if marker in cmdline:
+                groups.add(os.getpgid(int(pid_dir.name)))
+        except (OSError, ProcessLookupError):
+            continue
+    return groups - {os.getpgrp()}
+
+
+def _live_members(groups: set[int]) -> list[int]:
+    """Pids in `groups` that are not zombies."""
+    alive = []
+    for pid_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (pid_dir / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, ...
+            if int(fields[2]) in groups and fields[0] != "Z":
+                alive.append(int(pid_dir.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return alive
+
+
+def _stop_groups(groups: set[int], grace: float = 5.0) -> None:
+    """SIGTERM every group, wait up to `grace` seconds, SIGKILL what is left (Ray's GCS server and autoscaler
+    monitor were still running 16 s after a SIGTERM here)."""
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while _live_members(groups) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _ray_executable() -> str | None:
+    beside = Path(sys.executable).with_name("ray")
+    return str(beside) if beside.exists() else shutil.which("ray")
+
+
+@pytest.fixture
+def ray_head(tmp_path_factory):
+    """A one-node Ray cluster on this machine; yields (address, its temp dir)."""
+    ray = _ray_executable()
+    if ray is None:
+        pytest.skip("the `ray` command is not installed")
+    temp_dir = tmp_path_factory.mktemp("ray")
+    own_dir = None
+    if len(str(temp_dir)) > MAX_RAY_TEMP_DIR_LEN:  # e.g. a long --basetemp: keep the socket paths short
+        own_dir = temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
+    port = free_port()
+    command = [ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
+               "--num-gpus", "0", "--object-store-memory", "100000000", "--include-dashboard=false",
+               "--disable-usage-stats", "--temp-dir", str(temp_dir),
+               # the defaults (10001, 8265, 52365) are fixed ports: another Ray head on this machine would clash
+               "--ray-client-server-port", str(free_port()), "--dashboard-port", str(free_port()),
+               "--dashboard-agent-listen-port", str(free_port())]
+    log = tmp_path_factory.getbasetemp() / f"{temp_dir.name}-start.log"
+    started = time.monotonic()
+    with open(log, "w") as out:
+        # own session: the GCS, raylet, agents and every worker stay in this process group
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        try:
+            code = proc.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            code = None
+        assert code == 0, f"ray start failed ({code}):\n{log.read_text()[-3000:]}"
+        print(f"\nray head on port {port} started in {time.monotonic() - started:.1f} s, temp dir {temp_dir}")
+        yield f"127.0.0.1:{port}", temp_dir
+    finally:
+        stopping = time.monotonic()
+        _stop_groups({proc.pid} | _process_groups(f"{temp_dir}/"))
+        print(f"ray head stopped in {time.monotonic() - stopping:.1f} s")
+        if own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster_flwr_env(ray_head, tmp_path):
+    """Like conftest's `flwr_env`, plus RAY_ADDRESS: the local SuperLink that `flwr run` starts in this fresh
+    FLWR_HOME (on its own ports), and every simulation it spawns, joins the Ray head instead of starting a private
+    Ray instance."""
+    address, _ = ray_head
+    home = tmp_path / "flwr_home"
+    home.mkdir()
+    env = isolated_env(home, RAY_ADDRESS=address)
+    try:
+        yield env
+    finally:
+        stop_local_superlink(env)
+
+
+def _client_actor_logs(ray_temp_dir: Path) -> list[Path]:
+    """Stdout logs of the Ray workers that hosted a ClientApp actor (first lines `:job_id:...`,
+    `:actor_name:ClientAppActor`)."""
+    found = []
+    for path in sorted((ray_temp_dir / "session_latest" / "logs").glob("worker-*.out")):
+        try:
+            if ":actor_name:ClientAppActor" in path.read_text(errors="replace")[:1000]:
+                found.append(path)
+        except OSError:
+            continue
+    return found
+
+
+def test_simulation_runs_on_an_existing_ray_cluster(ray_head, cluster_flwr_env, tmp_path):
+    started = time.monotonic()
+    _, ray_temp_dir = ray_head
+    logs = ray_temp_dir / "session_latest" / "logs"
+    assert logs.is_dir()
+    assert not _client_actor_logs(ray_temp_dir)  # nothing has run on the cluster yet
+    assert not list(logs.glob("python-core-driver-*.log"))
+
+    out = tmp_path / "out"
+    run_id, status = flwr_run(f"{RUN_CONFIG} output-dir='{out}'", FEDERATION, env=cluster_flwr_env, timeout=600,
+                              log_file=tmp_path / "flwr_run.log")
+    run_seconds = time.monotonic() - started
+    assert status == "finished:completed", (tmp_path / "flwr_run.log").read_text()[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 1
+
+    # the simulation's Ray driver connected to this head, and the ClientApp actors lived in its workers
+    deadline = time.monotonic() + 30  # worker logs are written when an actor starts; allow for slow flushing
+    while not _client_actor_logs(ray_temp_dir) and time.monotonic() < deadline:
+        time.sleep(1)
+    actors = _client_actor_logs(ray_temp_dir)
+    drivers = list(logs.glob("python-core-driver-*.log"))
+    assert drivers, f"no Ray driver connected to the head: {sorted(p.name for p in logs.iterdir())}"
+    assert actors, f"no ClientAppActor ran on the head: {sorted(p.name for p in logs.iterdir())}"
+    print(f"run {run_id}: {status}; {len(actors)} ClientAppActor worker(s) and {len(drivers)} driver(s) on the "
+          f"cluster; flwr run took {run_seconds:.1f} s")
