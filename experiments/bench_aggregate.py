@@ -23,6 +23,8 @@ import time
 
 import numpy as np
 
+from experiments.traffic import supernet_parser
+
 
 def _rss_mb(field: str) -> float:
     with open("/proc/self/status") as status:
@@ -89,12 +91,8 @@ def measure(side: str, supernet: str, cache: str, clients: int, seed: int, max_m
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--supernet", default="paper", help="cpu, paper or a JSON path")
-    parser.add_argument("--cache", default=None, help="cpu, paper or a CSV path (default: named like --supernet)")
-    parser.add_argument("--clients", type=int, default=10)
+    parser = supernet_parser(__doc__, clients=10)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-macs", type=float, default=1.5e9, help="largest budget (0 = cache maximum)")
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per side; the fastest counts")
     parser.add_argument("--side", choices=["sparse", "dense"], help=argparse.SUPPRESS)  # one measurement, internal
     args = parser.parse_args(argv)

@@ -20,6 +20,7 @@ side by side; its floats differ from the plain loop's, since thread counts chang
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import subprocess
@@ -61,10 +62,12 @@ def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = Non
                               train.subset(splits.validation), test, run["eval-every"], run["num-server-rounds"],
                               lambda s: s)
     lr_of_round = cosine_lr(run)
+    started, client_seconds = time.perf_counter(), 0.0
     for server_round in range(1, run["num-server-rounds"] + 1):
         updates = []
         for pid in sample_partitions(range(num_clients), run.clients_per_round(num_clients), run["seed"],
                                      server_round):
+            client_started = time.perf_counter()
             bounds = fed.cache.route_bounds(budgets[pid])
             routed = slice_state(state, subnet_shapes(fed.cfg, bounds))
             model = ElasticResNet(fed.cfg, bounds)
@@ -76,12 +79,14 @@ def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = Non
             trained = {k: v.numpy() for k, v in slice_state(model.state_dict(), {k: v.shape for k, v in
                                                                                  routed.items()}).items()}
             updates.append((trained, len(data)))
+            client_seconds += time.perf_counter() - client_started
         state = sparse_average(state, updates)
         evaluator(server_round, state)
     if state_out is not None:
         np.savez(state_out, **state)
     return {"tiers": evaluator.last["tiers"], "population_weighted_accuracy": evaluator.last[
-        "population_weighted_accuracy"]}
+        "population_weighted_accuracy"], "rounds_s": round(time.perf_counter() - started, 1),
+            "client_s": round(client_seconds, 1)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -111,6 +116,8 @@ def main(argv: list[str] | None = None) -> dict:
                               "--state-out", str(plain_state)], capture_output=True, text=True, check=True)
         result["plain_s"] = round(time.perf_counter() - started, 1)
         plain = json.loads(out.stdout.strip().splitlines()[-1])
+        result["plain_rounds_s"] = plain["rounds_s"]  # the round loop alone (training, aggregation, evaluation)
+        result["plain_client_s"] = plain["client_s"]  # of which the clients' work
 
         subprocess.run(["flwr", "ls"], env=env, capture_output=True, timeout=300)  # start the local SuperLink
         federations = {"flower_s": f"num-supernodes={args.clients} client-resources-num-cpus={cores}"}
@@ -125,6 +132,9 @@ def main(argv: list[str] | None = None) -> dict:
                 raise RuntimeError(f"the Flower run ended {status}")
             summary = json.loads((out_dir / "summary.json").read_text())
             result[key.replace("_s", "_rounds_s")] = summary["wall_seconds"]  # the ServerApp's round loop
+            with open(out_dir / "rounds.csv") as handle:  # the clients' own time inside their ClientApp calls
+                result[key.replace("_s", "_client_s")] = round(sum(float(r["client_seconds"])
+                                                                   for r in csv.DictReader(handle)), 1)
             if key == "flower_s":
                 result["flower_accuracy"] = [t["accuracy"] for t in summary["tiers"]]
                 result["plain_accuracy"] = [t["accuracy"] for t in plain["tiers"]]

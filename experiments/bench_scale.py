@@ -44,11 +44,12 @@ def main(argv: list[str] | None = None) -> dict:
                   "gamma": 0.0, "data-source": "local", "data-path": str(args.data_path.resolve()),
                   "checkpoint-every": 0, "output-dir": str(out_dir.resolve())}
         started = time.perf_counter()
+        log_file = Path(tmp) / "flwr.log"
         _, status = flwr_run(format_run_config(values), f"num-supernodes={args.clients} client-resources-num-cpus=1",
-                             env=env, timeout=3 * 3600)
+                             env=env, timeout=3 * 3600, log_file=log_file)
         wall = time.perf_counter() - started
         if status != "finished:completed":
-            raise RuntimeError(f"the run ended {status}")
+            raise RuntimeError(f"the run ended {status}:\n{log_file.read_text()[-4000:]}")
         with open(out_dir / "rounds.csv") as handle:
             rows = {int(r["round"]): r for r in csv.DictReader(handle)}
     seconds = [float(rows[r]["seconds"]) for r in sorted(rows)]

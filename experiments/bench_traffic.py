@@ -10,26 +10,21 @@ what the arrays occupy in the message (``payload_bytes`` = ``ArrayRecord.count_b
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import numpy as np
 
-from experiments.traffic import routed_traffic
+from experiments.traffic import routed_traffic, supernet_parser
 from fl_app.subnets import SubnetCache, draw_budgets
 from fl_app.supernet import load_supernet_config
 from strategies.feast import sample_partitions
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--supernet", default="paper", help="cpu, paper or a JSON path")
-    parser.add_argument("--cache", default=None, help="cpu, paper or a CSV path (default: named like --supernet)")
-    parser.add_argument("--clients", type=int, default=100)
+    parser = supernet_parser(__doc__, clients=100)
     parser.add_argument("--per-round", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-macs", type=float, default=1.5e9, help="largest budget (0 = cache maximum)")
     args = parser.parse_args(argv)
 
     cfg = load_supernet_config(args.supernet)

@@ -86,7 +86,6 @@ def main() -> None:
         run = validate_run_config({**base, **overrides, "output-dir": str(run_dir)})
         t0, c0 = time.time(), time.process_time()
         summary = run_in_process(run, args.clients)
-        shutil.rmtree(run_dir / "client-models", ignore_errors=True)  # client weights are not results
         summaries[label] = summary
         rows.append({"variant": label, "method": run["method"],
                      "mean_client_accuracy": round(summary["mean_client_accuracy"], 4),

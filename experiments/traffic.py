@@ -33,14 +33,20 @@ def routed_traffic(cfg, cache: SubnetCache, budgets) -> dict:
     return {"full": full * len(budgets), "routed": routed["float32"], "routed_bf16": routed["bfloat16"]}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def supernet_parser(doc: str, clients: int) -> argparse.ArgumentParser:
+    """The options every paper-scale script shares: supernet, subnet cache, number of clients, largest budget."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--supernet", default="paper", help="cpu, paper or a JSON path")
     parser.add_argument("--cache", default=None, help="cpu, paper or a CSV path (default: named like --supernet)")
-    parser.add_argument("--clients", type=int, default=100)
+    parser.add_argument("--clients", type=int, default=clients)
+    parser.add_argument("--max-macs", type=float, default=1.5e9, help="largest budget (0 = cache maximum)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = supernet_parser(__doc__, clients=100)
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--zipf-a", type=float, default=1.2)
-    parser.add_argument("--max-macs", type=float, default=1.5e9, help="largest budget (0 = cache maximum)")
     parser.add_argument("--levels", type=int, default=0, help="budget ranks (0 = one per client)")
     args = parser.parse_args(argv)
 

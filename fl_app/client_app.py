@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from functools import lru_cache
 
 import numpy as np
@@ -44,21 +45,38 @@ def local_seed(seed: int, server_round: int, partition_id: int) -> int:
     return int(np.random.SeedSequence([seed, server_round, partition_id]).generate_state(1)[0])
 
 
+def use_node_threads(context: Context) -> None:
+    # the node config's num-threads, else what Ray gave the actor (OMP_NUM_THREADS), else one: several simulated
+    # clients share the CPU cores and oversubscribed OpenMP threads slow small convolutions down by an order of magnitude
+    torch.set_num_threads(int(context.node_config.get("num-threads", os.environ.get("OMP_NUM_THREADS", 1))))
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    # one intra-op thread per simulated client unless told otherwise: several clients share the CPU cores and
-    # oversubscribed OpenMP threads slow small convolutions down by an order of magnitude
-    torch.set_num_threads(int(context.node_config.get("num-threads", os.environ.get("OMP_NUM_THREADS", 1))))
+    use_node_threads(context)
     run = validate_run_config(dict(context.run_config))
     pid, num = node_partition(context)
     if pid in run.faulty_partitions:
         raise RuntimeError(f"fault injection: partition {pid} is listed in faulty-partitions")
-    return CLIENT_TRAINING[run["method"]](msg, run, pid, num)
+    return CLIENT_TRAINING[run["method"]](msg, run, pid, num, context)
 
 
-def train_feast(msg: Message, run: RunConfig, pid: int, num: int) -> Message:
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Client-side evaluation (the model-heterogeneous methods; FEAST evaluates its tiers on the server)."""
+    use_node_threads(context)
+    run = validate_run_config(dict(context.run_config))
+    if run["method"] not in CLIENT_EVALUATION:
+        raise ValueError(f"method='{run['method']}' evaluates on the server, not on clients")
+    pid, num = node_partition(context)
+    return CLIENT_EVALUATION[run["method"]](msg, run, pid, num, context)
+
+
+def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
     """FEAST and the supernet / width-sliced baselines: the server says what is routed and, for the baselines,
-    which single subnet to train; FEAST clients plan their max/min/random step themselves."""
+    which single subnet to train; FEAST clients plan their max/min/random step themselves. Stateless between rounds
+    (``context`` unused): everything arrives with the message."""
+    started = time.perf_counter()
     fed = _federation(tuple(sorted(run.values.items())), num)
     config = msg.content.config_records["config"]
     dtype = str(config["payload-dtype"])
@@ -89,12 +107,14 @@ def train_feast(msg: Message, run: RunConfig, pid: int, num: int) -> Message:
     trained = slice_state(model.state_dict(), {k: v for k, v in returned.items() if k in received})
     reply = RecordDict({
         "arrays": state_to_record(trained, dtype),
-        "metrics": MetricRecord({"num-examples": len(data), "partition-id": pid, "labels": labels, **metrics}),
+        "metrics": MetricRecord({"num-examples": len(data), "partition-id": pid, "labels": labels, **metrics,
+                                 "client-seconds": time.perf_counter() - started}),
     })
     return Message(reply, reply_to=msg)
 
 
 # method -> client training; every method in fl_app.config.METHODS has an entry
-from fl_app.fedtopo_app import HETERO_METHODS, train_hetero  # noqa: E402  (model-heterogeneous methods)
+from fl_app.fedtopo_app import HETERO_METHODS, evaluate_hetero, train_hetero  # noqa: E402  (model-heterogeneous)
 
 CLIENT_TRAINING = {**dict.fromkeys(SUPERNET_METHODS, train_feast), **dict.fromkeys(HETERO_METHODS, train_hetero)}
+CLIENT_EVALUATION = dict.fromkeys(HETERO_METHODS, evaluate_hetero)

@@ -3,7 +3,7 @@
 Client i trains ``family[i % 8]`` on a Dirichlet(dirichlet-alpha) share of the training set (the plain Dirichlet
 partitioner, whatever ``partitioner`` says: the γ-allocation is FEAST's), split 80/20 (``test-fraction``) into local
 train and local test sets that follow the same label distribution. Models never leave the clients: a client keeps
-its model in ``state-dir`` (named by the server, per partition id) between rounds.
+its model between rounds in its node's ``context.state`` (in simulation and in a deployment alike).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.app import Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 
 from clients.feast import LocalSettings
@@ -71,24 +71,23 @@ def _seed(*parts: int) -> int:
     return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
 
 
-def load_client_model(run: RunConfig, pid: int, state_dir: str):
-    """This client's model: its saved state, or a seeded fresh one before its first round."""
+MODEL_STATE = "hetero-model"  # the ArrayRecord in context.state that holds a client's model between rounds
+
+
+def load_client_model(run: RunConfig, pid: int, state: RecordDict):
+    """This client's model from its node state, or a seeded fresh one before its first round; on the node's
+    preferred device."""
     num_classes = DATASETS[run["dataset"]].num_classes
     with torch.random.fork_rng():
         torch.manual_seed(_seed(run["seed"], 7, pid))
         model = client_model(run["model-family"], pid, num_classes, run["feature-dim"])
-    path = Path(state_dir) / f"client-{pid}.pt"
-    if path.exists():
-        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    if MODEL_STATE in state.array_records:
+        model.load_state_dict(state.array_records[MODEL_STATE].to_torch_state_dict())
     return model.to(preferred_device())
 
 
-def save_client_model(model, pid: int, state_dir: str) -> None:
-    path = Path(state_dir) / f"client-{pid}.pt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(model.state_dict(), tmp)
-    tmp.replace(path)
+def save_client_model(model, state: RecordDict) -> None:
+    state[MODEL_STATE] = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
 
 
 def client_loss(run: RunConfig, model, global_arrays: dict):
@@ -118,16 +117,21 @@ def client_upload(run: RunConfig, model, data: ImageData, seed: int) -> dict[str
     return {}
 
 
-def train_hetero(msg: Message, run: RunConfig, pid: int, num: int) -> Message:
-    """One client step of a model-heterogeneous method: train and upload, or (task=evaluate) score the local test."""
+def evaluate_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
+    """Score this client's own model on its local test split."""
+    _, test = client_data(run, pid, num)
+    correct, total = evaluate(load_client_model(run, pid, context.state), test)
+    return Message(RecordDict({"metrics": MetricRecord({"correct": correct, "num-test": total,
+                                                        "partition-id": pid})}), reply_to=msg)
+
+
+def train_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
+    """One client step of a model-heterogeneous method: train the node's own model and upload what the method
+    shares (never the weights, except LG-FedAvg's head)."""
     config = msg.content.config_records["config"]
-    state_dir, server_round = str(config["state-dir"]), int(config["server-round"])
-    train, test = client_data(run, pid, num)
-    model = load_client_model(run, pid, state_dir)
-    if config["task"] == "evaluate":
-        correct, total = evaluate(model, test)
-        return Message(RecordDict({"metrics": MetricRecord({"correct": correct, "num-test": total,
-                                                            "partition-id": pid})}), reply_to=msg)
+    server_round = int(config["server-round"])
+    train, _ = client_data(run, pid, num)
+    model = load_client_model(run, pid, context.state)
     dtype = str(config["payload-dtype"])
     record = msg.content.array_records.get("arrays")
     global_arrays = record_to_state(record, dtype) if record is not None else {}
@@ -135,7 +139,7 @@ def train_hetero(msg: Message, run: RunConfig, pid: int, num: int) -> Message:
     loss_fn = client_loss(run, model, global_arrays)
     metrics = local_train(model, train, LocalSettings.from_run(run, float(config["lr"]), seed), loss_fn)
     upload = client_upload(run, model, train, seed)
-    save_client_model(model, pid, state_dir)
+    save_client_model(model, context.state)
     return Message(RecordDict({
         "upload": state_to_record(upload, dtype),
         "metrics": MetricRecord({"num-examples": len(train), "partition-id": pid, **metrics}),
@@ -150,9 +154,9 @@ def lr_of_round(run: RunConfig):
     return lambda r: base * 0.5 * (1 + math.cos(math.pi * (r - 1) / rounds))
 
 
-def build_strategy(run: RunConfig, node_of_partition: dict[int, int], state_dir: str):
+def build_strategy(run: RunConfig, node_of_partition: dict[int, int]):
     method = run["method"]
-    common = dict(clients_per_round=run.clients_per_round(len(node_of_partition)), seed=run["seed"], state_dir=state_dir,
+    common = dict(clients_per_round=run.clients_per_round(len(node_of_partition)), seed=run["seed"],
                   num_rounds=run["num-server-rounds"], eval_every=run["eval-every"],
                   payload_dtype=run["payload-dtype"], min_reply_fraction=run["min-reply-fraction"],
                   lr_of_round=lr_of_round(run))
@@ -197,8 +201,7 @@ def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
     num_clients = len(nodes)
     node_of_partition = {pid: info["node_id"] for pid, info in nodes.items()}
     out_dir = prepare_output_dir(run["output-dir"], run["method"], run["dataset"], run["seed"])
-    state_dir = str((out_dir / "client-models").resolve())
-    strategy = build_strategy(run, node_of_partition, state_dir)
+    strategy = build_strategy(run, node_of_partition)
     archs = [architecture_of(run["model-family"], pid) for pid in range(num_clients)]
     log(INFO, "%s on %s: %d clients (%s family), Dirichlet α=%s, output %s", run["method"], run["dataset"],
         num_clients, run["model-family"], run["dirichlet-alpha"], out_dir)
@@ -234,12 +237,16 @@ def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
 
 # -- in-process driving (tests, experiments): the same strategy and client functions, without Ray -------------------
 class InProcessGrid:
-    """A Grid stand-in that delivers each message to ``train_hetero`` of its partition, in order."""
+    """A Grid stand-in that delivers each message to ``train_hetero`` / ``evaluate_hetero`` of its partition, in
+    order, with one persistent ``Context`` per node (as a SuperNode keeps one per run)."""
 
     def __init__(self, run: RunConfig, num_clients: int, first_node_id: int = 100):
         self.run, self.num_clients = run, num_clients
         self.node_of_partition = {pid: first_node_id + pid for pid in range(num_clients)}
         self.partition_of_node = {n: p for p, n in self.node_of_partition.items()}
+        self.contexts = {pid: Context(run_id=1, node_id=node, state=RecordDict(), run_config={},
+                                      node_config={"partition-id": pid, "num-partitions": num_clients})
+                         for pid, node in self.node_of_partition.items()}
 
     def nodes(self) -> dict[int, dict]:
         return {pid: {"node_id": node} for pid, node in self.node_of_partition.items()}
@@ -250,7 +257,9 @@ class InProcessGrid:
     def send_and_receive(self, messages, timeout=None):
         replies = []
         for msg in messages:
-            reply = train_hetero(msg, self.run, self.partition_of_node[msg.metadata.dst_node_id], self.num_clients)
+            pid = self.partition_of_node[msg.metadata.dst_node_id]
+            handler = evaluate_hetero if msg.metadata.message_type == MessageType.EVALUATE else train_hetero
+            reply = handler(msg, self.run, pid, self.num_clients, self.contexts[pid])
             reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
             replies.append(reply)
         return replies
@@ -269,7 +278,7 @@ def message_identity():
         TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
 
 
-def run_in_process(run: RunConfig, num_clients: int) -> dict:
-    grid = InProcessGrid(run, num_clients)
+def run_in_process(run: RunConfig, num_clients: int, grid: InProcessGrid | None = None) -> dict:
+    grid = grid or InProcessGrid(run, num_clients)
     with message_identity():
         return run_hetero(grid, run, grid.nodes())

@@ -91,4 +91,6 @@ def make_partitioner(name: str, num_partitions: int, seed: int, alpha: float, ga
 def partition_indices(labels: np.ndarray, partitioner: Partitioner) -> list[np.ndarray]:
     """Indices into ``labels`` of every partition (partitioners work on a Dataset; an index column carries them)."""
     partitioner.dataset = Dataset.from_dict({"label": labels, "row": np.arange(len(labels))})
+    if isinstance(partitioner, GammaPartitioner):  # its indices directly: no Dataset.select per partition
+        return list(partitioner.partition_indices())
     return [np.asarray(partitioner.load_partition(i)["row"]) for i in range(partitioner.num_partitions)]

@@ -14,12 +14,15 @@ from flwr.serverapp import Grid, ServerApp
 
 from fl_app.checkpoint import load_round_checkpoint, restore_rng, write_round_checkpoint
 from fl_app.config import SUPERNET_METHODS, RunConfig, validate_run_config
+from fl_app.data import DATASETS
 from fl_app.evaluation import TierEvaluator
 from fl_app.federation import Federation, dataset_for, partition_rows, server_splits
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.outputs import (memory_mb, plot_accuracy_vs_macs, prepare_output_dir, save_checkpoint, write_csv,
                             write_json)
 from fl_app.payload import record_to_state, state_to_record
+from fl_app.slicing import subnet_shapes
+from fl_app.supernet import load_supernet_config
 from strategies.fedavg_min import FedAvgMinStrategy
 from strategies.feast import FeastStrategy
 from strategies.heterofl import FedRolexStrategy, HeteroFLStrategy
@@ -28,21 +31,41 @@ from strategies.superfednas import SuperFedNASStrategy
 app = ServerApp()
 
 
-def discover_nodes(grid: Grid, timeout: float = 60.0) -> dict[int, dict]:
-    """Ask every connected node for its partition id (and optional budget); returns partition id -> info."""
+def discover_nodes(grid: Grid, timeout: float = 60.0, while_waiting=None) -> dict[int, dict]:
+    """Ask every connected node for its partition id (and optional budget); returns partition id -> info.
+
+    The queries go out as soon as a node is seen; ``while_waiting()`` (the server's own preparation) runs while the
+    nodes start their ClientApps and answer, and nodes that connected meanwhile are asked too. ``timeout`` bounds the
+    wait for a first node and, counted after the preparation, the wait for the answers."""
     deadline = time.time() + timeout
-    node_ids: list[int] = []
-    while time.time() < deadline:  # in a deployment SuperNodes may still be connecting
-        node_ids = sorted(grid.get_node_ids())
-        time.sleep(1.0)
-        if node_ids and sorted(grid.get_node_ids()) == node_ids:
-            break
-    if not node_ids:
+    while not grid.get_node_ids() and time.time() < deadline:  # in a deployment SuperNodes may still be connecting
+        time.sleep(0.2)
+    asked: set[int] = set()
+    pending: set[str] = set()  # ids of queries without a reply yet (a pulled reply is gone from the grid)
+    replies: list[Message] = []
+
+    def ask_new_nodes() -> None:
+        new = sorted(set(grid.get_node_ids()) - asked)
+        asked.update(new)
+        pending.update(grid.push_messages([
+            Message(RecordDict({"config": ConfigRecord({})}), message_type=MessageType.QUERY, dst_node_id=n)
+            for n in new]))
+
+    ask_new_nodes()
+    if while_waiting is not None:
+        while_waiting()
+    ask_new_nodes()
+    if not asked:
         raise RuntimeError("no SuperNode connected")
-    queries = [Message(RecordDict({"config": ConfigRecord({})}), message_type=MessageType.QUERY, dst_node_id=n)
-               for n in node_ids]
+    deadline = time.time() + timeout  # many simulated nodes share few actors: answers may take a while
+    while pending and time.time() < deadline:
+        pulled = list(grid.pull_messages(pending))
+        pending.difference_update(reply.metadata.reply_to_message_id for reply in pulled)
+        replies += pulled
+        if pending:
+            time.sleep(0.1)
     nodes = {}
-    for reply in grid.send_and_receive(queries, timeout=timeout):
+    for reply in replies:
         if reply.has_error():
             raise RuntimeError(f"node {reply.metadata.src_node_id} did not answer the partition query: "
                                f"{reply.error.reason}")
@@ -51,6 +74,9 @@ def discover_nodes(grid: Grid, timeout: float = 60.0) -> dict[int, dict]:
         if pid in nodes:
             raise ValueError(f"two SuperNodes claim partition-id={pid} (node-config)")
         nodes[pid] = {"node_id": reply.metadata.src_node_id, **info}
+    if len(nodes) < len(asked):
+        raise RuntimeError(f"{len(asked) - len(nodes)} of {len(asked)} nodes did not answer the partition query "
+                           f"within {timeout:.0f}s")
     return nodes
 
 
@@ -64,7 +90,8 @@ def cosine_lr(run: RunConfig):
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     run = validate_run_config(dict(context.run_config))
-    nodes = discover_nodes(grid)
+    nodes = discover_nodes(grid, timeout=run["round-timeout"],
+                           while_waiting=lambda: SERVER_PREPARE.get(run["method"], lambda r: None)(run))
     if sorted(nodes) != list(range(len(nodes))):
         raise ValueError(f"partition-id values {sorted(nodes)} must be 0..{len(nodes) - 1} (node-config)")
     SERVER_RUNS[run["method"]](grid, run, nodes)
@@ -98,6 +125,13 @@ def strategy_tiers(run: RunConfig, fed: Federation, strategy: FeastStrategy):
     if isinstance(strategy, FedAvgMinStrategy):
         return fed.cache.entries[:1]
     return fed.tiers(run)
+
+
+def prepare_feast(run: RunConfig) -> None:
+    """Decode the dataset and build the subnet shapes (the meta-device model) before the nodes have answered."""
+    cfg = load_supernet_config(run["supernet"], n_classes=DATASETS[run["dataset"]].num_classes)
+    dataset_for(run, cfg)
+    subnet_shapes(cfg, cfg.max_subnet())
 
 
 def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
@@ -176,7 +210,8 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
     write_csv(out_dir / "rounds.csv", [
         {"round": r, "sampled": len(l.sampled), "replies": len(l.sampled) - len(l.failed) - len(l.rejected),
          "failed": len(l.failed), "rejected": len(l.rejected), "train_loss": l.train_loss, "bytes_down": l.bytes_down,
-         "bytes_up": l.bytes_up, "seconds": l.seconds, "server_rss_mb": l.server_rss_mb,
+         "bytes_up": l.bytes_up, "seconds": l.seconds, "client_seconds": l.client_seconds,
+         "server_rss_mb": l.server_rss_mb,
          "server_peak_rss_mb": l.server_peak_rss_mb} for r, l in sorted(rounds.items())])
     save_checkpoint(out_dir / "supernet.pt", {
         "supernet": strategy.model_cfg.to_dict(), "state_dict": {k: torch.from_numpy(v) for k, v in final_state.items()},
@@ -196,3 +231,5 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
 from fl_app.fedtopo_app import HETERO_METHODS, run_hetero  # noqa: E402  (model-heterogeneous methods)
 
 SERVER_RUNS = {**dict.fromkeys(SUPERNET_METHODS, run_feast), **dict.fromkeys(HETERO_METHODS, run_hetero)}
+# work a server run can do before it knows its nodes, done while they start up (results are cached per process)
+SERVER_PREPARE = dict.fromkeys(SUPERNET_METHODS, prepare_feast)

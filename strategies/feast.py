@@ -37,6 +37,7 @@ class RoundLog:
     bytes_up: int = 0
     train_loss: float = math.nan
     seconds: float = math.nan  # wall time of the whole round (training, aggregation, evaluation)
+    client_seconds: float = 0.0  # sum of the accepted clients' own time in their ClientApp function
     server_rss_mb: float = math.nan  # server process memory after the round: resident and peak so far
     server_peak_rss_mb: float = math.nan
     answered: set[int] = field(default_factory=set)
@@ -197,12 +198,13 @@ class FeastStrategy(Strategy):
                 continue
             accepted.append((pid, state, metrics))
             losses.append(float(metrics.get("train-loss", math.nan)))
+            log_.client_seconds += float(metrics.get("client-seconds", 0.0))
         log_.close(server_round, len(accepted), self.min_reply_fraction)
         weights = self.reply_weights(server_round, [(pid, metrics) for pid, _, metrics in accepted])
         updates = [(state, w) for (_, state, _), w in zip(accepted, weights)]
         masks = [self.reply_mask(pid, metrics) for pid, _, metrics in accepted]
         self.global_state = self.from_wire_view(sparse_average(view, updates, masks), server_round)
-        log_.train_loss = float(np.nanmean(losses)) if losses else math.nan
+        log_.train_loss = float(np.nanmean(losses)) if np.isfinite(losses).any() else math.nan
         metrics = MetricRecord({
             "train-loss": log_.train_loss, "replies": len(accepted),
             "failed": len(log_.failed), "rejected": len(log_.rejected),

@@ -66,17 +66,17 @@ def merge_topologies(topologies: np.ndarray, masks: np.ndarray, counts: np.ndarr
 class HeteroStrategy(Strategy):
     """Per-client TRAIN messages carrying the method's broadcast; ``aggregate_uploads`` is the method's merge.
 
-    Evaluation rounds send every client a TRAIN-type message with ``task = "evaluate"`` (the ClientApp dispatches
-    by method, not by message type); each client scores its own model on its own local test split.
+    Evaluation rounds send every client an EVALUATE message; each client scores its own model (kept in its node
+    state) on its own local test split.
     """
 
     name = "local"
 
     def __init__(self, node_of_partition: dict[int, int], num_classes: int, *, clients_per_round: int, seed: int,
-                 state_dir: str, num_rounds: int, eval_every: int = 1, payload_dtype: str = "float32",
+                 num_rounds: int, eval_every: int = 1, payload_dtype: str = "float32",
                  min_reply_fraction: float = 1.0, lr_of_round=None):
         self.node_of_partition, self.num_classes = node_of_partition, num_classes
-        self.clients_per_round, self.seed, self.state_dir = clients_per_round, seed, state_dir
+        self.clients_per_round, self.seed = clients_per_round, seed
         self.num_rounds, self.eval_every = num_rounds, eval_every
         self.payload_dtype, self.min_reply_fraction = payload_dtype, min_reply_fraction
         self.lr_of_round = lr_of_round or (lambda r: 0.0)
@@ -96,9 +96,9 @@ class HeteroStrategy(Strategy):
         """Merge (partition id, uploaded arrays, num-examples) into ``self.global_arrays``."""
 
     # -- training rounds -----------------------------------------------------------------------------------------
-    def _config(self, server_round: int, task: str) -> ConfigRecord:
-        return ConfigRecord({"task": task, "server-round": server_round, "lr": float(self.lr_of_round(server_round)),
-                             "state-dir": self.state_dir, "payload-dtype": self.payload_dtype})
+    def _config(self, server_round: int) -> ConfigRecord:
+        return ConfigRecord({"server-round": server_round, "lr": float(self.lr_of_round(server_round)),
+                             "payload-dtype": self.payload_dtype})
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -109,7 +109,7 @@ class HeteroStrategy(Strategy):
         messages = []
         for pid in log_.sampled:
             log_.bytes_down += record_bytes(payload)
-            content = RecordDict({"arrays": payload, "config": self._config(server_round, "train")})
+            content = RecordDict({"arrays": payload, "config": self._config(server_round)})
             messages.append(Message(content, message_type=MessageType.TRAIN, dst_node_id=self.node_of_partition[pid]))
         return messages
 
@@ -142,8 +142,8 @@ class HeteroStrategy(Strategy):
     def configure_evaluate(self, server_round, arrays, config, grid):
         if not self.evaluates(server_round):
             return []
-        return [Message(RecordDict({"config": self._config(server_round, "evaluate")}),
-                        message_type=MessageType.TRAIN, dst_node_id=node)
+        return [Message(RecordDict({"config": self._config(server_round)}),
+                        message_type=MessageType.EVALUATE, dst_node_id=node)
                 for _, node in sorted(self.node_of_partition.items())]
 
     def aggregate_evaluate(self, server_round, replies):

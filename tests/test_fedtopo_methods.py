@@ -10,8 +10,8 @@ import pytest
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fl_app.config import validate_run_config
-from fl_app.fedtopo_app import (HETERO_METHODS, build_strategy, client_data, client_rows, load_client_model,
-                                run_in_process, train_hetero)
+from fl_app.fedtopo_app import (HETERO_METHODS, MODEL_STATE, InProcessGrid, build_strategy, client_data, client_rows,
+                                evaluate_hetero, load_client_model, run_in_process, train_hetero)
 from fl_app.payload import record_bytes, record_to_state, state_to_record
 from strategies.fedtopo import merge_topologies, uniform_topology
 
@@ -41,12 +41,11 @@ def _eval_reply(msg: Message, correct: int, total: int) -> Message:
 def test_fedtopo_strategy_broadcasts_merges_and_scores(flower_ids, tmp_path):
     run = _run(tmp_path, **{"clients-per-round": 2, "topo-kappa": 5.0, "eval-every": 2})
     nodes = {pid: 100 + pid for pid in range(3)}
-    strategy = build_strategy(run, nodes, str(tmp_path / "state"))
+    strategy = build_strategy(run, nodes)
     messages = list(strategy.configure_train(1, state_to_record({}), ConfigRecord(), grid=None))
     assert len(messages) == 2 and all(m.metadata.message_type == MessageType.TRAIN for m in messages)
     sent = record_to_state(messages[0].content.array_records["arrays"])
     np.testing.assert_allclose(sent["topology"], uniform_topology(10), rtol=1e-6)  # before any merge
-    assert messages[0].content.config_records["config"]["task"] == "train"
 
     rng = np.random.default_rng(0)
     uploads = []
@@ -70,7 +69,7 @@ def test_fedtopo_strategy_broadcasts_merges_and_scores(flower_ids, tmp_path):
     assert list(strategy.configure_evaluate(1, None, ConfigRecord(), None)) == []  # eval-every = 2
     evals = list(strategy.configure_evaluate(2, None, ConfigRecord(), None))
     assert sorted(m.metadata.dst_node_id for m in evals) == [100, 101, 102]
-    assert evals[0].content.config_records["config"]["task"] == "evaluate"
+    assert all(m.metadata.message_type == MessageType.EVALUATE for m in evals)
     row = strategy.aggregate_evaluate(2, [_eval_reply(evals[0], 9, 10), _eval_reply(evals[1], 1, 10),
                                           _eval_reply(evals[2], 30, 80)])
     assert row["mean_client_accuracy"] == pytest.approx((0.9 + 0.1 + 0.375) / 3)
@@ -81,7 +80,7 @@ def test_fedtopo_strategy_broadcasts_merges_and_scores(flower_ids, tmp_path):
 
 def test_lg_fedavg_and_fd_strategies(flower_ids, tmp_path):
     nodes = {0: 100, 1: 101}
-    lg = build_strategy(_run(tmp_path, method="lg-fedavg", **{"clients-per-round": 2}), nodes, str(tmp_path))
+    lg = build_strategy(_run(tmp_path, method="lg-fedavg", **{"clients-per-round": 2}), nodes)
     msgs = list(lg.configure_train(1, state_to_record({}), ConfigRecord(), grid=None))
     assert record_to_state(msgs[0].content.array_records["arrays"]) == {}  # nothing to share yet
     heads = [{"head.weight": np.full((10, 64), v, np.float32), "head.bias": np.full(10, v, np.float32)}
@@ -89,7 +88,7 @@ def test_lg_fedavg_and_fd_strategies(flower_ids, tmp_path):
     lg.aggregate_train(1, [_reply(msgs[0], heads[0], 10), _reply(msgs[1], heads[1], 30)])
     np.testing.assert_allclose(lg.global_arrays["head.weight"], 3.25)  # (10·1 + 30·4) / 40
 
-    fd = build_strategy(_run(tmp_path, method="fd", **{"clients-per-round": 2}), nodes, str(tmp_path))
+    fd = build_strategy(_run(tmp_path, method="fd", **{"clients-per-round": 2}), nodes)
     msgs = list(fd.configure_train(1, state_to_record({}), ConfigRecord(), grid=None))
     means = np.zeros((10, 10), np.float32)
     means[3] = 2.0
@@ -119,18 +118,17 @@ def test_client_partitions_are_seeded_disjoint_and_locally_distributed(tmp_path)
     assert np.abs(share_train - share_test).max() < 0.05  # the test split follows the client's own labels
 
 
-def _train_message(run_cfg, pid: int, state_dir: str, arrays: dict, server_round: int = 1, task: str = "train"):
-    config = ConfigRecord({"task": task, "server-round": server_round, "lr": 0.05, "state-dir": state_dir,
-                           "payload-dtype": "float32"})
-    return Message(RecordDict({"arrays": state_to_record(arrays), "config": config}),
-                   message_type=MessageType.TRAIN, dst_node_id=100 + pid)
+def _message(pid: int, arrays: dict, server_round: int = 1, message_type: str = MessageType.TRAIN):
+    config = ConfigRecord({"server-round": server_round, "lr": 0.05, "payload-dtype": "float32"})
+    return Message(RecordDict({"arrays": state_to_record(arrays), "config": config}), message_type=message_type,
+                   dst_node_id=100 + pid)
 
 
 def test_fedtopo_client_uploads_only_the_topology_and_keeps_its_model(flower_ids, tmp_path):
     run = _run(tmp_path, **{"proto-max-samples": 0})
-    state_dir = str(tmp_path / "state")
-    before = {k: v.clone() for k, v in load_client_model(run, 1, state_dir).state_dict().items()}
-    reply = train_hetero(_train_message(run, 1, state_dir, {"topology": uniform_topology(10)}), run, 1, NUM_CLIENTS)
+    context = InProcessGrid(run, NUM_CLIENTS).contexts[1]
+    before = {k: v.clone() for k, v in load_client_model(run, 1, context.state).state_dict().items()}
+    reply = train_hetero(_message(1, {"topology": uniform_topology(10)}), run, 1, NUM_CLIENTS, context)
     upload = record_to_state(reply.content.array_records["upload"])
     assert set(upload) == {"topology", "mask", "counts"}  # no weights leave the client
     train, test = client_data(run, 1, NUM_CLIENTS)
@@ -138,9 +136,9 @@ def test_fedtopo_client_uploads_only_the_topology_and_keeps_its_model(flower_ids
     held = counts > 0
     assert (upload["mask"] > 0).tolist() == held.tolist() and upload["counts"].tolist() == counts.tolist()
     np.testing.assert_allclose(upload["topology"][held].sum(1), 1.0, atol=1e-5)
-    after = load_client_model(run, 1, state_dir).state_dict()
-    assert any(not np.allclose(before[k].numpy(), after[k].numpy()) for k in before)  # saved and reloaded
-    reply = train_hetero(_train_message(run, 1, state_dir, {}, task="evaluate"), run, 1, NUM_CLIENTS)
+    after = load_client_model(run, 1, context.state).state_dict()
+    assert any(not np.allclose(before[k].numpy(), after[k].numpy()) for k in before)  # kept in the node state
+    reply = evaluate_hetero(_message(1, {}, message_type=MessageType.EVALUATE), run, 1, NUM_CLIENTS, context)
     metrics = reply.content.metric_records["metrics"]
     assert metrics["num-test"] == len(test) and 0 <= metrics["correct"] <= len(test)
 
@@ -148,7 +146,8 @@ def test_fedtopo_client_uploads_only_the_topology_and_keeps_its_model(flower_ids
 @pytest.mark.parametrize("method", HETERO_METHODS)
 def test_every_method_runs_a_two_round_simulation(flower_ids, tmp_path, method):
     run = _run(tmp_path, method=method)
-    summary = run_in_process(run, NUM_CLIENTS)
+    grid = InProcessGrid(run, NUM_CLIENTS)
+    summary = run_in_process(run, NUM_CLIENTS, grid)
     out = tmp_path / "out"
     saved = json.loads((out / "summary.json").read_text())
     for key in ("method", "dataset", "rounds", "seed", "mean_client_accuracy", "pooled_accuracy", "bytes_up",
@@ -159,8 +158,9 @@ def test_every_method_runs_a_two_round_simulation(flower_ids, tmp_path, method):
     assert 0 <= saved["mean_client_accuracy"] <= 1 and 0 <= saved["pooled_accuracy"] <= 1
     assert len((out / "metrics.csv").read_text().strip().splitlines()) == 3
     assert (out / "accuracy_per_round.png").read_bytes()[:4] == b"\x89PNG"
-    assert sorted(p.name for p in (out / "client-models").iterdir()) == \
-        sorted(f"client-{p}.pt" for p in {p for r in (1, 2) for p in _sampled(run, r)})
+    # every client that trained keeps its model in its node state; the others never built one
+    assert sorted(p for p, c in grid.contexts.items() if MODEL_STATE in c.state.array_records) == \
+        sorted({p for r in (1, 2) for p in _sampled(run, r)})
     if method == "local":
         assert summary["bytes_up"] == summary["bytes_down"] == 0
     else:
@@ -198,4 +198,4 @@ def test_bad_fedtopo_values_are_named(override, fragment):
 
 def test_clients_per_round_above_the_federation_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"clients-per-round=3: must be <= the number of clients \(2"):
-        build_strategy(_run(tmp_path), {0: 100, 1: 101}, str(tmp_path))
+        build_strategy(_run(tmp_path), {0: 100, 1: 101})

@@ -138,6 +138,20 @@ def test_resume_with_another_config_fails_before_training_and_keeps_the_checkpoi
     assert (straight / "checkpoint.pt").read_bytes() == saved
 
 
+def test_a_failing_client_is_counted_and_the_round_completes_with_the_others(flwr_env, tmp_path):
+    from strategies.feast import sample_partitions
+
+    faulty = sample_partitions(range(4), 2, 0, 1)[0]  # sampled in round 1 (seed 0, 2 of 4 clients)
+    out = tmp_path / "partial"
+    _, status = flwr_run(flwr_env, f"{TINY} faulty-partitions='{faulty}' min-reply-fraction=0.5 output-dir='{out}'")
+    assert status == "finished:completed"
+    with open(out / "rounds.csv") as handle:
+        per_round = {int(r["round"]): r for r in csv.DictReader(handle)}
+    assert int(per_round[1]["failed"]) == 1 and int(per_round[1]["replies"]) == 1
+    expected_failures = sum(faulty in sample_partitions(range(4), 2, 0, r) for r in (1, 2))
+    assert json.loads((out / "summary.json").read_text())["failed_replies"] == expected_failures
+
+
 def test_failing_clients_make_a_failed_run(flwr_env, tmp_path):
     _, status = flwr_run(flwr_env, f"{TINY} faulty-partitions='0,1,2,3' output-dir='{tmp_path / 'fail'}'")
     assert status == "finished:failed"

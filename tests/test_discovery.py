@@ -1,0 +1,61 @@
+"""Node discovery: partition queries go out at once, the server prepares meanwhile, late nodes are asked too."""
+
+from __future__ import annotations
+
+import pytest
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.common import Error
+
+from fl_app.server_app import discover_nodes
+
+
+class SlowGrid:
+    """Nodes answer one reply per pull; a reply, once pulled, is gone (asking for it again is an error), as on
+    Flower's grids. ``late`` nodes connect while the server prepares."""
+
+    def __init__(self, nodes: dict[int, int], late: dict[int, int] | None = None):
+        self.nodes, self.late = dict(nodes), dict(late or {})
+        self.waiting: dict[str, Message] = {}
+        self.delivered: set[str] = set()
+
+    def connect_late_nodes(self):
+        self.nodes.update(self.late)
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+    def push_messages(self, messages):
+        ids = []
+        for msg in messages:
+            mid = f"q{msg.metadata.dst_node_id}"
+            msg.metadata.__dict__["_message_id"] = mid
+            reply = Message(RecordDict({"config": ConfigRecord({"partition-id": self.nodes[msg.metadata.dst_node_id],
+                                                                "num-partitions": 3})}), reply_to=msg)
+            reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
+            self.waiting[mid] = reply
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, ids):
+        out = []
+        for mid in ids:
+            if mid in self.delivered:
+                gone = Message(error=Error(3, "Message Unavailable"), reply_to=self.waiting[mid])
+                out.append(gone)
+            elif mid in self.waiting and not out:
+                self.delivered.add(mid)
+                out.append(self.waiting[mid])
+        return out
+
+
+def test_every_node_is_found_across_several_pulls_and_late_nodes_are_asked(flower_ids):
+    grid = SlowGrid({10: 0, 11: 1}, late={12: 2})
+    prepared = []
+    nodes = discover_nodes(grid, timeout=10, while_waiting=lambda: (prepared.append(True), grid.connect_late_nodes()))
+    assert prepared == [True]
+    assert {pid: info["node_id"] for pid, info in nodes.items()} == {0: 10, 1: 11, 2: 12}
+
+
+def test_two_nodes_claiming_one_partition_are_refused(flower_ids):
+    with pytest.raises(ValueError, match="two SuperNodes claim partition-id=0"):
+        discover_nodes(SlowGrid({10: 0, 11: 0}), timeout=10)
