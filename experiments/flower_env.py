@@ -11,10 +11,22 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def free_ports(n: int) -> list[int]:
+    """n distinct free loopback ports (held open together while picking, so none repeats)."""
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def isolated_env(home: Path, **extra: str) -> dict:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from experiments.flower_env import free_port as _free_port  # noqa: F401  (tests import it)
 from experiments.flower_env import isolated_env, stop_local_superlink
 from fl_app.subnets import SubnetCache
 from fl_app.supernet import load_supernet_config

@@ -6,13 +6,13 @@ refused. Every process (and what it spawns) is stopped by PID in the fixture's f
 from __future__ import annotations
 
 import json
-import socket
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from experiments.flower_env import free_ports
 from experiments.flower_runs import APP_DIR, flwr_run
 from fl_app import deploy
 
@@ -20,20 +20,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CONNECTION = "tls-deployment"
 RUN_CONFIG = {"num-server-rounds": 2, "eval-every": 2, "max-local-steps": 3, "calib-size": 64, "val-size": 64}
 NUM_NODES = 2
-
-
-def _free_ports(n: int) -> list[int]:
-    """n distinct free loopback ports (held open together while picking, so none repeats)."""
-    sockets = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _wait_for(condition, timeout: float, what: str, interval: float = 1.0):
@@ -52,7 +38,7 @@ def tls_deployment(tmp_path, request):
     `flwr` connection to it. SuperNodes are started by the test through `d.start_supernode` so they are tracked."""
     started = time.monotonic()
     procs: list = []
-    superlink_port, *node_ports = _free_ports(1 + NUM_NODES + 1)
+    superlink_port, *node_ports = free_ports(1 + NUM_NODES + 1)
     address = f"127.0.0.1:{superlink_port}"
     markers = (address, *(f"127.0.0.1:{port}" for port in node_ports))  # SuperExecs name these addresses
 
