@@ -31,12 +31,13 @@ from strategies.superfednas import SuperFedNASStrategy
 app = ServerApp()
 
 
-def discover_nodes(grid: Grid, timeout: float = 60.0, while_waiting=None) -> dict[int, dict]:
+def discover_nodes(grid: Grid, timeout: float = 60.0, while_waiting=None, settle: float = 1.0) -> dict[int, dict]:
     """Ask every connected node for its partition id (and optional budget); returns partition id -> info.
 
     The queries go out as soon as a node is seen; ``while_waiting()`` (the server's own preparation) runs while the
-    nodes start their ClientApps and answer, and nodes that connected meanwhile are asked too. ``timeout`` bounds the
-    wait for a first node and, counted after the preparation, the wait for the answers."""
+    nodes start their ClientApps and answer. Nodes that connect later are asked too, until every query is answered
+    and no new node has appeared for ``settle`` seconds (SuperNodes of a deployment connect one by one).
+    ``timeout`` bounds the wait for a first node and, counted after the preparation, the wait for the answers."""
     deadline = time.time() + timeout
     while not grid.get_node_ids() and time.time() < deadline:  # in a deployment SuperNodes may still be connecting
         time.sleep(0.2)
@@ -44,26 +45,32 @@ def discover_nodes(grid: Grid, timeout: float = 60.0, while_waiting=None) -> dic
     pending: set[str] = set()  # ids of queries without a reply yet (a pulled reply is gone from the grid)
     replies: list[Message] = []
 
-    def ask_new_nodes() -> None:
-        new = sorted(set(grid.get_node_ids()) - asked)
-        asked.update(new)
-        pending.update(grid.push_messages([
-            Message(RecordDict({"config": ConfigRecord({})}), message_type=MessageType.QUERY, dst_node_id=n)
-            for n in new]))
+    last_new = time.time()
 
-    ask_new_nodes()
-    if while_waiting is not None:
-        while_waiting()
+    def ask_new_nodes() -> None:
+        nonlocal last_new
+        new = sorted(set(grid.get_node_ids()) - asked)
+        if new:
+            asked.update(new)
+            last_new = time.time()
+            pending.update(grid.push_messages([
+                Message(RecordDict({"config": ConfigRecord({})}), message_type=MessageType.QUERY, dst_node_id=n)
+                for n in new]))
+
     ask_new_nodes()
     if not asked:
         raise RuntimeError("no SuperNode connected")
+    if while_waiting is not None:
+        while_waiting()
     deadline = time.time() + timeout  # many simulated nodes share few actors: answers may take a while
-    while pending and time.time() < deadline:
-        pulled = list(grid.pull_messages(pending))
+    while time.time() < deadline:
+        ask_new_nodes()
+        pulled = list(grid.pull_messages(pending)) if pending else []
         pending.difference_update(reply.metadata.reply_to_message_id for reply in pulled)
         replies += pulled
-        if pending:
-            time.sleep(0.1)
+        if not pending and time.time() - last_new >= settle:
+            break
+        time.sleep(0.1)
     nodes = {}
     for reply in replies:
         if reply.has_error():

@@ -13,8 +13,9 @@ class SlowGrid:
     """Nodes answer one reply per pull; a reply, once pulled, is gone (asking for it again is an error), as on
     Flower's grids. ``late`` nodes connect while the server prepares."""
 
-    def __init__(self, nodes: dict[int, int], late: dict[int, int] | None = None):
-        self.nodes, self.late = dict(nodes), dict(late or {})
+    def __init__(self, nodes: dict[int, int], late: dict[int, int] | None = None,
+                 latest: dict[int, int] | None = None):
+        self.nodes, self.late, self.latest = dict(nodes), dict(late or {}), dict(latest or {})
         self.waiting: dict[str, Message] = {}
         self.delivered: set[str] = set()
 
@@ -22,6 +23,9 @@ class SlowGrid:
         self.nodes.update(self.late)
 
     def get_node_ids(self):
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls == 4:  # one more node connects while the answers come in
+            self.nodes.update(self.latest)
         return list(self.nodes)
 
     def push_messages(self, messages):
@@ -30,7 +34,7 @@ class SlowGrid:
             mid = f"q{msg.metadata.dst_node_id}"
             msg.metadata.__dict__["_message_id"] = mid
             reply = Message(RecordDict({"config": ConfigRecord({"partition-id": self.nodes[msg.metadata.dst_node_id],
-                                                                "num-partitions": 3})}), reply_to=msg)
+                                                                "num-partitions": 4})}), reply_to=msg)
             reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
             self.waiting[mid] = reply
             ids.append(mid)
@@ -49,11 +53,12 @@ class SlowGrid:
 
 
 def test_every_node_is_found_across_several_pulls_and_late_nodes_are_asked(flower_ids):
-    grid = SlowGrid({10: 0, 11: 1}, late={12: 2})
+    grid = SlowGrid({10: 0, 11: 1}, late={12: 2}, latest={13: 3})
     prepared = []
-    nodes = discover_nodes(grid, timeout=10, while_waiting=lambda: (prepared.append(True), grid.connect_late_nodes()))
+    nodes = discover_nodes(grid, timeout=10, settle=0.5,
+                           while_waiting=lambda: (prepared.append(True), grid.connect_late_nodes()))
     assert prepared == [True]
-    assert {pid: info["node_id"] for pid, info in nodes.items()} == {0: 10, 1: 11, 2: 12}
+    assert {pid: info["node_id"] for pid, info in nodes.items()} == {0: 10, 1: 11, 2: 12, 3: 13}
 
 
 def test_two_nodes_claiming_one_partition_are_refused(flower_ids):
