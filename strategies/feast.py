@@ -203,7 +203,8 @@ class FeastStrategy(Strategy):
         weights = self.reply_weights(server_round, [(pid, metrics) for pid, _, metrics in accepted])
         updates = [(state, w) for (_, state, _), w in zip(accepted, weights)]
         masks = [self.reply_mask(pid, metrics) for pid, _, metrics in accepted]
-        self.global_state = self.from_wire_view(sparse_average(view, updates, masks), server_round)
+        self.global_state = self.from_wire_view(sparse_average(view, updates, masks, tensors_checked=True),
+                                                server_round)
         log_.train_loss = float(np.nanmean(losses)) if np.isfinite(losses).any() else math.nan
         metrics = MetricRecord({
             "train-loss": log_.train_loss, "replies": len(accepted),

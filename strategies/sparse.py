@@ -39,9 +39,12 @@ def update_problem(global_state: State, state: State, weight: float,
 
 
 def sparse_average(global_state: State, updates: Sequence[tuple[State, float]],
-                   masks: Sequence[Mapping[str, np.ndarray] | None] | None = None) -> dict[str, np.ndarray]:
+                   masks: Sequence[Mapping[str, np.ndarray] | None] | None = None,
+                   tensors_checked: bool = False) -> dict[str, np.ndarray]:
     """Every element becomes the weighted average of the updates whose slice covers it; uncovered elements keep
-    the global value. Updates that fail ``update_problem`` are logged and left out.
+    the global value. Updates that fail ``update_problem`` are logged and left out; with ``tensors_checked`` the
+    caller has already run ``update_problem`` on every update's tensors and only the weights are checked here
+    (updates decoded lazily are then read once more, not twice).
 
     ``masks[i]``, optional, narrows what update i covers inside its slice: name -> boolean array broadcastable to
     the slice (HeteroFL counts a classifier row only for clients holding that label).
@@ -49,7 +52,7 @@ def sparse_average(global_state: State, updates: Sequence[tuple[State, float]],
     masks = list(masks) if masks is not None else [None] * len(updates)
     valid = []
     for i, ((state, weight), mask) in enumerate(zip(updates, masks)):
-        problem = update_problem(global_state, state, weight)
+        problem = update_problem(global_state, {} if tensors_checked else state, weight)
         if problem:
             log(WARNING, "sparse_average: update %d rejected: %s", i, problem)
         else:

@@ -54,3 +54,23 @@ def test_update_problem_reasons():
     assert "routed" in update_problem(g, {"w": np.ones((1, 1))}, 1, expected_shapes={"w": (2, 1)})
     assert "missing" in update_problem(g, {}, 1, expected_shapes={"w": (2, 1)})
     assert update_problem(g, {"w": np.ones((2, 1))}, 3, expected_shapes={"w": (2, 1)}) is None
+
+
+def test_checked_updates_are_read_once_and_their_weights_still_checked():
+    class Counting(dict):
+        reads = 0
+
+        def __getitem__(self, name):
+            Counting.reads += 1
+            return dict.__getitem__(self, name)
+
+    g = {"w": np.zeros(3, dtype=np.float32), "b": np.zeros(2, dtype=np.float32)}
+    updates = [(Counting(w=np.ones(2, dtype=np.float32), b=np.ones(1, dtype=np.float32)), 1.0),
+               (Counting(w=np.full(3, 4.0, dtype=np.float32)), 3.0),
+               (Counting(w=np.full(3, 9.0, dtype=np.float32)), 0.0)]  # weight 0: rejected either way
+    checked = sparse_average(g, updates, tensors_checked=True)
+    assert Counting.reads == 3  # one read per tensor of the two valid updates, none for validation
+    unchecked = sparse_average(g, updates)
+    for name in g:
+        np.testing.assert_array_equal(checked[name], unchecked[name])
+    np.testing.assert_allclose(checked["w"], [(1 + 12) / 4, (1 + 12) / 4, 4.0])
