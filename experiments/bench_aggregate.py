@@ -24,14 +24,7 @@ import time
 import numpy as np
 
 from experiments.traffic import supernet_parser
-
-
-def _rss_mb(field: str) -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
+from fl_app.outputs import memory_mb
 
 
 def _reset_peak() -> None:
@@ -75,7 +68,7 @@ def measure(side: str, supernet: str, cache: str, clients: int, seed: int, max_m
                    for record, w in replies]
         del global_state
     gc.collect()
-    base = _rss_mb("VmRSS")
+    base, _ = memory_mb()
     _reset_peak()
     started = time.perf_counter()
     if side == "dense":
@@ -84,7 +77,7 @@ def measure(side: str, supernet: str, cache: str, clients: int, seed: int, max_m
         updates = [(RecordState(record), w) for record, w in replies]
         result = state_to_record(sparse_average(global_state, updates))
     seconds = time.perf_counter() - started
-    peak = _rss_mb("VmHWM")
+    _, peak = memory_mb()
     assert len(result) > 0
     return {"seconds": seconds, "peak_rss_mb": peak - base, "peak_total_rss_mb": peak, "model_mb": model_mb,
             "replies_mb": reply_mb}

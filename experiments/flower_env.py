@@ -35,17 +35,23 @@ def isolated_env(home: Path, **extra: str) -> dict:
             **extra}
 
 
-def stop_processes(markers: tuple[str, ...], programs: tuple[str, ...] = ("flower-superlink", "flwr-simulation")):
-    """SIGTERM the process groups of running ``programs`` whose command line contains one of ``markers``."""
+def process_groups(markers: tuple[str, ...], programs: tuple[str, ...] = ()) -> set[int]:
+    """Process groups (never this process's own) of running processes whose command line contains one of
+    ``markers`` and, when ``programs`` are given, one of them."""
     groups = set()
     for pid_dir in Path("/proc").glob("[0-9]*"):
         try:
-            cmdline = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            if any(m in cmdline for m in markers) and any(p in cmdline for p in programs):
+            cmdline = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if any(m in cmdline for m in markers) and (not programs or any(p in cmdline for p in programs)):
                 groups.add(os.getpgid(int(pid_dir.name)))
         except (OSError, ProcessLookupError):
             continue
-    for group in groups - {os.getpgrp()}:
+    return groups - {os.getpgrp()}
+
+
+def stop_processes(markers: tuple[str, ...], programs: tuple[str, ...] = ("flower-superlink", "flwr-simulation")):
+    """SIGTERM the process groups of running ``programs`` whose command line contains one of ``markers``."""
+    for group in process_groups(markers, programs):
         try:
             os.killpg(group, signal.SIGTERM)
         except ProcessLookupError:

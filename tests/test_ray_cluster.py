@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.flower_env import free_port, isolated_env, stop_local_superlink
+from experiments.flower_env import free_port, isolated_env, process_groups, stop_local_superlink
 from experiments.flower_runs import flwr_run
 
 RUN_CONFIG = ("num-server-rounds=1 clients-per-round=2 max-local-steps=2 batch-size=16 eval-every=1 val-size=64 "
@@ -33,19 +33,6 @@ RUN_CONFIG = ("num-server-rounds=1 clients-per-round=2 max-local-steps=2 batch-s
 FEDERATION = "num-supernodes=2 client-resources-num-cpus=1"
 # Ray puts unix sockets under <temp-dir>/session_<date>_<pid>/sockets/; AF_UNIX paths are limited to 107 bytes
 MAX_RAY_TEMP_DIR_LEN = 45
-
-
-def _process_groups(marker: str) -> set[int]:
-    """Process groups of processes whose command line contains `marker`."""
-    groups = set()
-    for pid_dir in Path("/proc").glob("[0-9]*"):
-        try:
-            cmdline = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if marker in cmdline:
-                groups.add(os.getpgid(int(pid_dir.name)))
-        except (OSError, ProcessLookupError):
-            continue
-    return groups - {os.getpgrp()}
 
 
 def _live_members(groups: set[int]) -> list[int]:
@@ -117,7 +104,7 @@ def ray_head(tmp_path_factory):
         yield f"127.0.0.1:{port}", temp_dir
     finally:
         stopping = time.monotonic()
-        _stop_groups({proc.pid} | _process_groups(f"{temp_dir}/"))
+        _stop_groups({proc.pid} | process_groups((f"{temp_dir}/",)))
         print(f"ray head stopped in {time.monotonic() - stopping:.1f} s")
         if own_dir is not None:
             shutil.rmtree(own_dir, ignore_errors=True)
