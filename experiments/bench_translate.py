@@ -1,23 +1,30 @@
 """Translate vs prefill latency for contexts of 128-1024 tokens; prints one JSON line.
 
-Models: the tiny-gpt2 (source) and tiny-qwen2 (target) architectures of kvtranslate with 2,048 positions and
-random weights (latency does not depend on the weights), their own byte-level BPE tokenizers (512 / 1024
-entries), and a MoT translator with the demo's settings (4 experts, hidden 128, k=2). Batch 1, one thread.
-translate_ms counts token alignment, RoPE handling, the translator and building the target cache from an
+`--shapes tiny` (default): the tiny-gpt2 (source) and tiny-qwen2 (target) architectures of kvtranslate with
+2,048 positions. `--shapes real`: the architectures of GPT-2 (124M, 12 layers x 768) and Qwen2.5-0.5B
+(24 layers x 896, 14 query / 2 KV heads, RoPE, 151,936-entry vocabulary), built from their published config
+values (GPT-2 with 2,048 learned positions so that 1,024-token contexts fit its finer tokenizer),
+since no hub is reachable here. Weights are random in both cases (latency does not depend on them);
+texts are tokenised with the tiny models' own byte-level BPE tokenizers (the ids fit every vocabulary), so the
+alignment work is real. Translator: MoT with the demo's settings (4 experts, hidden 128, k=2). Batch 1, one
+thread. translate_ms counts token alignment, RoPE handling, the translator and building the target cache from an
 already-computed source cache; prefill_ms is the target's forward over the same context.
 """
+import argparse
 import json
 import os
 import random
 import sys
 
 import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kvtranslate.corpus import make_item  # noqa: E402
 from kvtranslate.evaluate import time_translate_vs_prefill  # noqa: E402
 from kvtranslate.models import build_tiny  # noqa: E402
+from kvtranslate.tokenization import train_tokenizer  # noqa: E402
 from kvtranslate.train import TRAIN_DEFAULTS, build_translator  # noqa: E402
 
 
@@ -29,17 +36,41 @@ def passage_with_tokens(tokenizer, n_tokens, seed=0):
     return text[:ids["offset_mapping"][n_tokens - 1][1]]
 
 
-def main():
+def real_shaped_models():
+    """GPT-2 (124M) and Qwen2.5-0.5B architectures from their published config values, random weights."""
+    source_tok, target_tok = train_tokenizer(512), train_tokenizer(1024)
+    source = GPT2LMHeadModel(GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=2048, vocab_size=50257))
+    target = Qwen2ForCausalLM(Qwen2Config(
+        num_hidden_layers=24, hidden_size=896, num_attention_heads=14, num_key_value_heads=2,
+        intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
+        rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"}))
+    return (source.eval(), source_tok), (target.eval(), target_tok)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shapes", choices=("tiny", "real"), default="tiny",
+                        help="tiny: the demo's tiny architectures; real: GPT-2 (124M) -> Qwen2.5-0.5B architectures")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per length (median reported)")
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    source, source_tok = build_tiny("tiny-gpt2", positions=2048)
-    target, target_tok = build_tiny("tiny-qwen2", positions=2048)
+    if args.shapes == "tiny":
+        (source, source_tok), (target, target_tok) = (build_tiny("tiny-gpt2", positions=2048),
+                                                      build_tiny("tiny-qwen2", positions=2048))
+        names = ("tiny-gpt2 arch (2048 positions)", "tiny-qwen2 arch (2048 positions)")
+    else:
+        (source, source_tok), (target, target_tok) = real_shaped_models()
+        names = ("gpt2 arch (124M, random weights)", "Qwen2.5-0.5B arch (random weights)")
+    repeats = args.repeats or (10 if args.shapes == "tiny" else 3)
     translator = build_translator(source, target, TRAIN_DEFAULTS).eval()
-    result = dict(tokens=[], translate_ms=[], prefill_ms=[], source="tiny-gpt2 arch (2048 positions)",
-                  target="tiny-qwen2 arch (2048 positions)", translator="mot, 4 experts", threads=1)
+    params = lambda m: sum(p.numel() for p in m.parameters())
+    result = dict(shapes=args.shapes, tokens=[], translate_ms=[], prefill_ms=[], source=names[0], target=names[1],
+                  translator="mot, 4 experts", translator_params=params(translator), target_params=params(target),
+                  threads=1, repeats=repeats)
     for n in (128, 256, 512, 1024):
         text = passage_with_tokens(target_tok, n)
-        t = time_translate_vs_prefill(source, source_tok, target, target_tok, translator, text, repeats=10)
+        t = time_translate_vs_prefill(source, source_tok, target, target_tok, translator, text, repeats)
         result["tokens"].append(t["tokens"])
         result["translate_ms"].append(round(t["translate_ms"], 2))
         result["prefill_ms"].append(round(t["prefill_ms"], 2))

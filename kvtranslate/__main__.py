@@ -54,7 +54,9 @@ def cmd_pretrain(args):
             # models that share a tokenizer reuse the one saved with its owner
             owner = os.path.join(args.out, TINY_SPECS[name]["tokenizer"])
             shared = load_tokenizer(owner) if owner != os.path.join(args.out, name) and os.path.isdir(owner) else None
-            pretrain(name, out_dir=args.out, log=log, tokenizer=shared, steps=steps, seed=args.seed)
+            pretrain(name, out_dir=args.out, log=log, tokenizer=shared, steps=steps, seed=args.seed,
+                     batch=args.batch, questions=args.questions, recall_prob=args.recall_prob,
+                     answer_weight=args.answer_weight)
 
 
 def parse_steps(values, models):
@@ -90,7 +92,7 @@ def cmd_train(args):
 
 def cmd_eval(args):
     from .corpus import make_dataset
-    from .evaluate import closed_set_accuracy, extractive_f1
+    from .evaluate import binding_accuracy, closed_set_correct, extractive_f1
     from .models import load_model
     from .train import encode_pair_items, load_translator
     source, source_tok = load_model(args.source)
@@ -102,9 +104,10 @@ def cmd_eval(args):
         tr = translator if mode == "translated" else None
         if mode == "translated" and tr is None:
             raise ValueError("--modes translated needs --translator DIR")
-        acc = closed_set_accuracy(data, mode, source, source_tok, target, target_tok, tr, args.frac)
+        correct = closed_set_correct(data, mode, source, source_tok, target, target_tok, tr, args.frac)
         f1, em, _ = extractive_f1(data, mode, source, source_tok, target, target_tok, tr, args.frac)
-        results[mode] = dict(acc=acc, f1=f1, em=em)
+        results[mode] = dict(acc=sum(correct) / len(correct), binding_acc=binding_accuracy(data, correct), f1=f1,
+                             em=em)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "eval.json"), "w") as f:
         json.dump(results, f, indent=1)
@@ -125,6 +128,14 @@ def main(argv=None):
     p = sub.add_parser("pretrain", help="build and pretrain the tiny models on the synthetic corpus")
     p.add_argument("--models", nargs="+", choices=sorted(TINY_SPECS), default=list(TINY_SPECS))
     p.add_argument("--steps", nargs="+", default=["3000"], help="steps for all models, or NAME=STEPS pairs")
+    from .pretrain import DEFAULTS as P
+    p.add_argument("--batch", type=int, default=P["batch"])
+    p.add_argument("--questions", type=int, default=P["questions"],
+                   help="question/answer turns after each passage, each about a different fact")
+    p.add_argument("--recall-prob", type=float, default=P["recall_prob"],
+                   help="share of passages whose facts all have the asked attribute (binding drills)")
+    p.add_argument("--answer-weight", type=float, default=P["answer_weight"],
+                   help="extra loss weight of answer tokens (0: every token counts once)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=CHECKPOINT_DIR, help="checkpoint folder (default: the committed one)")
     p.set_defaults(func=cmd_pretrain)

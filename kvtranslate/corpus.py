@@ -74,6 +74,7 @@ class QAItem:
     label: int = 0          # index of the answer in options
     attribute: str = ""
     facts: list = field(default_factory=list)  # (person, attribute, value) of every fact in the passage
+    person: str = ""        # whom the question is about
 
 
 def make_item(rng, n_facts, split="all", n_options=4, max_people=None):
@@ -107,16 +108,46 @@ def make_item(rng, n_facts, split="all", n_options=4, max_people=None):
     rng.shuffle(options)
     return QAItem(passage=" " + " ".join(f[3] for f in facts), question=f"\nQ: {question}\nA:",
                   answer=" " + value, options=[" " + o for o in options], label=options.index(value),
-                  attribute=attr, facts=[f[:3] for f in facts])
+                  attribute=attr, facts=[f[:3] for f in facts], person=person)
 
 
-def questions_about(rng, item, n, split="eval"):
-    """Up to n items sharing item's passage, each asking a different fact of it (multi-question documents)."""
+def make_recall_item(rng, n_facts, split="all"):
+    """A passage whose facts all share one attribute, each about a different person ("The job of A is x. The job
+    of B is y. ..."): the type of the asked value gives no hint, only binding it to the asked name does."""
+    names = split_names(split)
+    attr = rng.choice(ATTRIBUTES)
+    facts = []
+    for person in rng.sample(names, n_facts):
+        value = rng.choice(VALUES[attr])
+        template = rng.choice(split_templates(TEMPLATES[attr][0], split))
+        facts.append((person, attr, value, template.format(n=person, v=value)))
+    person, _, value, _ = rng.choice(facts)
+    question = rng.choice(split_templates(TEMPLATES[attr][1], split)).format(n=person)
+    return QAItem(passage=" " + " ".join(f[3] for f in facts), question=f"\nQ: {question}\nA:",
+                  answer=" " + value, options=[" " + value], label=0, attribute=attr, facts=[f[:3] for f in facts],
+                  person=person)
+
+
+def has_same_type_distractor(item):
+    """Whether the passage holds another value of the asked type: only then does answering need the value
+    bound to the asked name (with a single value of that type, matching the type is enough)."""
+    return sum(f[1] == item.attribute for f in item.facts) >= 2
+
+
+def asked_fact(item):
+    """The (person, attribute, value) fact that item's question asks about."""
+    return next(f for f in item.facts if f[0] == item.person and f[1] == item.attribute)
+
+
+def questions_about(rng, item, n, split="eval", skip_asked=False):
+    """Up to n items sharing item's passage, each asking a different fact of it (multi-question documents);
+    skip_asked leaves out the fact item's own question asks."""
     out = []
-    for person, attr, value in rng.sample(item.facts, min(n, len(item.facts))):
+    facts = [f for f in item.facts if f != asked_fact(item)] if skip_asked else item.facts
+    for person, attr, value in rng.sample(facts, min(n, len(facts))):
         q = rng.choice(split_templates(TEMPLATES[attr][1], split)).format(n=person)
         out.append(QAItem(passage=item.passage, question=f"\nQ: {q}\nA:", answer=" " + value,
-                          options=[" " + value], label=0, attribute=attr, facts=item.facts))
+                          options=[" " + value], label=0, attribute=attr, facts=item.facts, person=person))
     return out
 
 

@@ -15,8 +15,8 @@ import time
 import torch
 
 from .corpus import make_dataset, make_item, make_long_dataset, questions_about
-from .evaluate import (closed_set_accuracy, extractive_f1, injection_errors, multi_agent,
-                       time_translate_vs_prefill)
+from .evaluate import (binding_accuracy, closed_set_accuracy, closed_set_correct, extractive_f1, injection_errors,
+                       multi_agent, time_translate_vs_prefill)
 from .models import load_model
 from .train import encode_pair_items, save_translator, train_translator
 
@@ -58,8 +58,11 @@ def run_pair(source_name, target_name, cfg, out_dir, seed, log, save_translators
     args = (source, source_tok, target, target_tok)
     res = dict(pair=pair, cross_tokenizer=source_tok.get_vocab() != target_tok.get_vocab())
     t0 = time.time()
-    res["direct_acc"] = closed_set_accuracy(eval_data, "direct", *args)
+    direct = closed_set_correct(eval_data, "direct", *args)
+    res["direct_acc"] = sum(direct) / len(direct)
     res["no_context_acc"] = closed_set_accuracy(eval_data, "no-context", *args)
+    res["binding_items"] = sum(e["needs_binding"] for e in eval_data)
+    res["direct_binding_acc"] = binding_accuracy(eval_data, direct)
     res["direct_f1"], res["direct_em"], _ = extractive_f1(eval_data, "direct", *args)
     res["no_context_f1"], _, _ = extractive_f1(eval_data, "no-context", *args)
     res["direct_long_f1"], _, _ = extractive_f1(long_data, "direct", *args)
@@ -75,10 +78,11 @@ def run_pair(source_name, target_name, cfg, out_dir, seed, log, save_translators
         if save_translators:
             save_translator(translator, tcfg, os.path.join(out_dir, "translators", pair.replace("->", "__"), name))
         details["train"][name] = history
-        acc = closed_set_accuracy(eval_data, "translated", *args, translator)
+        correct = closed_set_correct(eval_data, "translated", *args, translator)
         f1, em, preds = extractive_f1(eval_data, "translated", *args, translator)
         long_f1, _, _ = extractive_f1(long_data, "translated", *args, translator)
-        details["variants"][name] = dict(acc=acc, f1=f1, em=em, long_f1=long_f1,
+        details["variants"][name] = dict(acc=sum(correct) / len(correct),
+                                         binding_acc=binding_accuracy(eval_data, correct), f1=f1, em=em, long_f1=long_f1,
                                          params=sum(p.numel() for p in translator.parameters()),
                                          train_seconds=history[-1]["seconds"], examples=preds[:5])
         study = {}
@@ -92,7 +96,7 @@ def run_pair(source_name, target_name, cfg, out_dir, seed, log, save_translators
     res.update(mot_acc=v["mot"]["acc"], single_acc=v["single"]["acc"], shared_latent_acc=v["shared-latent"]["acc"],
                mot_f1=v["mot"]["f1"], single_f1=v["single"]["f1"], shared_latent_f1=v["shared-latent"]["f1"],
                mot_noccl_acc=v["mot-noccl"]["acc"], mot_noccl_f1=v["mot-noccl"]["f1"],
-               mot_long_f1=v["mot"]["long_f1"])
+               mot_long_f1=v["mot"]["long_f1"], mot_binding_acc=v["mot"]["binding_acc"])
     # retention: long-context cache-augmented generation, translated / direct quality
     res["retention"] = res["mot_long_f1"] / max(res["direct_long_f1"], 1e-9)
     res["retention_short_f1"] = res["mot_f1"] / max(res["direct_f1"], 1e-9)

@@ -46,14 +46,26 @@ def prefix_and_tails(mode, examples, source, source_tok, target, target_tok, tra
 
 
 @torch.no_grad()
-def closed_set_accuracy(data, mode, source, source_tok, target, target_tok, translator=None, frac=1.0, batch=32):
-    correct = 0
+def closed_set_correct(data, mode, source, source_tok, target, target_tok, translator=None, frac=1.0, batch=32):
+    """Per example: whether the highest-likelihood option is the answer."""
+    correct = []
     for i in range(0, len(data), batch):
         chunk = data[i:i + batch]
         kv, kv_mask, tails = prefix_and_tails(mode, chunk, source, source_tok, target, target_tok, translator, frac)
         scores = option_logprobs(target, kv, kv_mask, tails, [e["options"] for e in chunk], target_tok.pad_token_id)
-        correct += sum(int(s.argmax()) == e["label"] for s, e in zip(scores, chunk))
-    return correct / len(data)
+        correct += [int(s.argmax()) == e["label"] for s, e in zip(scores, chunk)]
+    return correct
+
+
+def closed_set_accuracy(*args, **kwargs):
+    correct = closed_set_correct(*args, **kwargs)
+    return sum(correct) / len(correct)
+
+
+def binding_accuracy(data, correct):
+    """Accuracy on the examples whose passage holds another value of the asked type (None if there are none)."""
+    picked = [c for c, e in zip(correct, data) if e["needs_binding"]]
+    return sum(picked) / len(picked) if picked else None
 
 
 @torch.no_grad()

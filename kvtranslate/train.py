@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from .align import align_offsets, char_offsets, padded_alignment
 from .cache import prefill_kv
-from .corpus import make_dataset
+from .corpus import has_same_type_distractor, make_dataset
 from .losses import context_correction_loss, kv_reconstruction_loss, prefix_kv
 from .models import family_of, kv_geometry
 from .scoring import pad_left
@@ -36,7 +36,8 @@ def encode_pair_items(source_tok, target_tok, items):
         if e["context"] != tgt_ids:
             raise ValueError("context tokenisation with offsets differs from plain tokenisation")
         out.append(dict(src=src_ids, tgt=tgt_ids, align=align_offsets(src_off, tgt_off), question=e["question"],
-                        answer=e["answer"], options=e["options"], label=item.label, gold=item.answer.strip()))
+                        answer=e["answer"], options=e["options"], label=item.label, gold=item.answer.strip(),
+                        needs_binding=has_same_type_distractor(item)))
     return out
 
 

@@ -1,0 +1,101 @@
+"""Can a tiny kvtranslate architecture learn content-based retrieval on this CPU budget? Prints one JSON line.
+
+Binding a value to a name ("The job of Timi is baker. ... What is the job of Timi?") needs attention that
+matches content (the asked name) and copies what sits next to the match: an induction-style circuit. This
+probe trains a fresh tiny model on the bare version of that task, multi-query associative recall: a sequence
+of `--pairs` (key, value, separator) triples over 300 keys and 300 values, then `--queries` queries
+(marker, key) -> value, loss on the values only. A control task (copy the token 3 positions back, which needs
+attention by position only) shows that the same model and optimiser learn attention quickly when no content
+matching is needed. Chance on recall is about 1 / pairs once the model knows which values are in the context.
+
+    python experiments/probe_recall.py --model tiny-qwen2 --steps 1500
+"""
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from kvtranslate.models import TINY_SPECS, build_tiny, forward  # noqa: E402
+from kvtranslate.tokenization import train_tokenizer  # noqa: E402
+
+KEYS, VALUES, SEP, MARK = range(100, 400), range(400, 700), 5, 6
+
+
+def recall_batch(rng, batch, pairs, queries):
+    rows, targets = [], []
+    for _ in range(batch):
+        keys = rng.sample(KEYS, pairs)
+        values = [rng.choice(VALUES) for _ in keys]
+        seq = [t for k, v in zip(keys, values) for t in (k, v, SEP)]
+        tgt = [-100] * len(seq)
+        for _ in range(queries):
+            i = rng.randrange(pairs)
+            seq += [MARK, keys[i], values[i]]
+            tgt += [-100, values[i], -100]  # the logits at the key's position predict the value
+        rows.append(seq)
+        targets.append(tgt)
+    return torch.tensor(rows), torch.tensor(targets)
+
+
+def copy_batch(gen, batch, length=40, offset=3):
+    ids = torch.randint(KEYS.start, VALUES.stop, (batch, length), generator=gen)
+    tgt = torch.full_like(ids, -100)
+    tgt[:, offset:] = ids[:, :-offset]
+    return ids, tgt
+
+
+def train_probe(model, make_batch, steps, lr, every):
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98))
+    curve = []
+    for step in range(steps):
+        ids, tgt = make_batch()
+        logits = forward(model, ids, torch.ones_like(ids), use_cache=False).logits
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if (step + 1) % every == 0:
+            sel = tgt != -100
+            acc = (logits.argmax(-1)[sel] == tgt[sel]).float().mean().item()
+            curve.append(dict(step=step + 1, loss=round(loss.item(), 3), acc=round(acc, 3)))
+    return curve
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=sorted(TINY_SPECS), default="tiny-qwen2")
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--control-steps", type=int, default=300)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--pairs", type=int, default=4)
+    parser.add_argument("--queries", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    tokenizer = train_tokenizer(1024)  # ids only; every probe token id must fit the vocabulary
+    spec = dict(TINY_SPECS[args.model], vocab=1024)
+    TINY_SPECS[args.model] = spec
+    result = dict(model=args.model, spec=spec, **{k: v for k, v in vars(args).items() if k != "model"})
+    start = time.time()
+    model, _ = build_tiny(args.model, args.seed, tokenizer)
+    gen = torch.Generator().manual_seed(args.seed)
+    result["control_copy"] = train_probe(model, lambda: copy_batch(gen, args.batch), args.control_steps, args.lr,
+                                         every=100)
+    model, _ = build_tiny(args.model, args.seed, tokenizer)
+    rng = random.Random(args.seed)
+    result["recall"] = train_probe(model, lambda: recall_batch(rng, args.batch, args.pairs, args.queries),
+                                   args.steps, args.lr, every=250)
+    result["minutes"] = round((time.time() - start) / 60, 2)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""The pretraining data and loss: recall passages, follow-up questions, answer masks, weighted loss."""
+import random
+
+import torch
+import torch.nn.functional as F
+
+from kvtranslate.corpus import asked_fact, has_same_type_distractor, make_dataset, make_recall_item, questions_about
+from kvtranslate.pretrain import lm_loss, training_batch
+from kvtranslate.tokenization import train_tokenizer
+
+TOKENIZER = train_tokenizer(512)
+
+
+def test_recall_item_has_only_same_type_facts_about_different_people():
+    rng = random.Random(3)
+    for n in (2, 4, 6):
+        item = make_recall_item(rng, n)
+        people = [f[0] for f in item.facts]
+        assert len(item.facts) == n and len(set(people)) == n
+        assert {f[1] for f in item.facts} == {item.attribute}
+        person, _, value = asked_fact(item)
+        assert item.answer == " " + value and person in item.question and person == item.person
+        assert has_same_type_distractor(item)
+
+
+def test_follow_up_questions_never_repeat_the_asked_fact():
+    rng = random.Random(0)
+    for item in make_dataset(50, seed=4, min_facts=2, max_facts=6):
+        asked = asked_fact(item)
+        follow = questions_about(rng, item, 5, "all", skip_asked=True)
+        assert len(follow) == min(5, len(item.facts) - 1)
+        assert all(asked_fact(q) != asked and asked_fact(q) in item.facts for q in follow)
+
+
+def test_training_batch_marks_exactly_the_answer_tokens():
+    ids, mask, answer_mask = training_batch(TOKENIZER, random.Random(1), 8, 4, 0.0, 24, questions=3)
+    eos = TOKENIZER.eos_token_id
+    for row, m, a in zip(ids, mask, answer_mask):
+        tokens = row[m.bool()].tolist()
+        marked = row[a.bool()].tolist()
+        # every turn ends its answer with EOS, and answers are marked only inside the real tokens
+        assert (a <= m).all() and marked.count(eos) == tokens.count(eos) >= 1
+        text = TOKENIZER.decode(tokens)
+        assert text.count("\nQ:") == marked.count(eos)
+        # the marked tokens decode to the answers that follow each "A:"
+        answers = [part.split("<|endoftext|>")[0] for part in text.split("\nA:")[1:]]
+        assert TOKENIZER.decode([t for t in marked if t != eos]) == "".join(answers)
+
+
+def test_answer_weighted_loss_matches_hand_computation():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 7)
+    ids = torch.randint(0, 7, (2, 5))
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    answer = torch.tensor([[0, 0, 1, 1, 0], [0, 1, 1, 0, 0]])
+    per = F.cross_entropy(logits[:, :-1].reshape(-1, 7), ids[:, 1:].reshape(-1), reduction="none").view(2, 4)
+    weight = mask[:, 1:] * (1 + 2.0 * answer[:, 1:])
+    expected = (per * weight).sum() / weight.sum()
+    assert torch.allclose(lm_loss(logits, ids, mask, answer, 2.0), expected)
+    plain = F.cross_entropy(logits[:, :-1].reshape(-1, 7), ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100).reshape(-1),
+                            ignore_index=-100)
+    assert torch.allclose(lm_loss(logits, ids, mask, answer, 0.0), plain)
+
+
+def test_binding_accuracy_counts_only_items_with_a_same_type_distractor():
+    from kvtranslate.evaluate import binding_accuracy
+    data = [dict(needs_binding=b) for b in (True, False, True, True, False)]
+    assert binding_accuracy(data, [True, True, False, False, False]) == 1 / 3
+    assert binding_accuracy(data[1:2], [False]) is None
