@@ -169,8 +169,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # the machine is shared; every command runs on one thread
     if args.command == "pretrain":
+        from .pretrain import DEFAULTS, check_config
         try:
             args.steps = parse_steps(args.steps, args.models)
+            for steps in (args.steps.values() if isinstance(args.steps, dict) else [args.steps]):
+                check_config({**DEFAULTS, "steps": steps, "batch": args.batch, "questions": args.questions,
+                              "recall_prob": args.recall_prob, "answer_weight": args.answer_weight})
         except ValueError as e:
             parser.error(str(e))
     args.func(args)

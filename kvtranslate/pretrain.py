@@ -31,6 +31,25 @@ DEFAULTS = dict(steps=4000, batch=32, lr=3e-3, warmup=200, max_facts=6, curricul
                 long_facts=24, questions=1, answer_weight=0.0, recall_prob=0.0, seed=0)
 
 
+def check_config(cfg):
+    """Clear errors for settings the training loop cannot use, raised before any model is built."""
+    unknown = sorted(set(cfg) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown pretraining settings {unknown}; allowed: {sorted(DEFAULTS)}")
+    rules = dict(steps=(lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
+                 batch=(lambda v: isinstance(v, int) and v >= 4, "an integer >= 4 (long batches are batch // 4)"),
+                 questions=(lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
+                 max_facts=(lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
+                 recall_prob=(lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]"),
+                 long_prob=(lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]"),
+                 answer_weight=(lambda v: v >= 0.0, "a number >= 0"),
+                 lr=(lambda v: v > 0.0, "a number > 0"))
+    for key, (ok, allowed) in rules.items():
+        if not ok(cfg[key]):
+            raise ValueError(f"pretraining setting {key} (--{key.replace('_', '-')}) must be {allowed}, "
+                             f"got {cfg[key]!r}")
+
+
 def curriculum_facts(progress, max_facts, curriculum):
     return 1 + int((max_facts - 1) * min(1.0, progress / curriculum))
 
@@ -100,6 +119,7 @@ def direct_accuracy(model, tokenizer, items, batch=64):
 
 def pretrain(name, out_dir=CHECKPOINT_DIR, log=print, tokenizer=None, **overrides):
     cfg = {**DEFAULTS, **overrides}
+    check_config(cfg)
     torch.manual_seed(cfg["seed"])
     rng = random.Random(cfg["seed"])
     model, tokenizer = build_tiny(name, cfg["seed"], tokenizer)

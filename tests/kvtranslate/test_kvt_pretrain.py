@@ -67,3 +67,15 @@ def test_binding_accuracy_counts_only_items_with_a_same_type_distractor():
     data = [dict(needs_binding=b) for b in (True, False, True, True, False)]
     assert binding_accuracy(data, [True, True, False, False, False]) == 1 / 3
     assert binding_accuracy(data[1:2], [False]) is None
+
+
+def test_bad_pretraining_settings_fail_before_anything_is_written(tmp_path):
+    import pytest
+    from kvtranslate.pretrain import pretrain
+    for bad, field in ((dict(recall_prob=1.5), "recall_prob"), (dict(questions=0), "questions"),
+                       (dict(answer_weight=-1.0), "answer_weight"), (dict(batch=2), "batch")):
+        with pytest.raises(ValueError, match=field):
+            pretrain("tiny-qwen2", out_dir=str(tmp_path / "out"), log=lambda line: None, **bad)
+    with pytest.raises(ValueError, match="allowed"):
+        pretrain("tiny-qwen2", out_dir=str(tmp_path / "out"), log=lambda line: None, recal_prob=0.5)
+    assert not (tmp_path / "out").exists()
