@@ -8,7 +8,9 @@ of `--pairs` (key, value, separator) triples over 300 keys and 300 values, then 
 attention by position only) shows that the same model and optimiser learn attention quickly when no content
 matching is needed. Chance on recall is about 1 / pairs once the model knows which values are in the context.
 
-    python experiments/probe_recall.py --model tiny-qwen2 --steps 1500
+    python experiments/probe_recall.py --model tiny-qwen2 --steps 3000 --lr 1e-3               # HF init: chance
+    python experiments/probe_recall.py --model tiny-qwen2 --steps 3000 --lr 1e-3 --init torch  # learns it
+Outputs of every setting that was run: experiments/results/kvtranslate/probe_recall_*.json.
 """
 import argparse
 import json
@@ -22,7 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kvtranslate.models import TINY_SPECS, build_tiny, forward  # noqa: E402
+from kvtranslate.models import INITS, TINY_SPECS, build_tiny, forward  # noqa: E402
 from kvtranslate.tokenization import train_tokenizer  # noqa: E402
 
 KEYS, VALUES, SEP, MARK = range(100, 400), range(400, 700), 5, 6
@@ -77,6 +79,8 @@ def main(argv=None):
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--queries", type=int, default=8)
+    parser.add_argument("--init", choices=INITS, default="hf",
+                        help="hf: HF's N(0, 0.02), tied embeddings (the committed checkpoints); torch: PyTorch's scales")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -85,11 +89,11 @@ def main(argv=None):
     TINY_SPECS[args.model] = spec
     result = dict(model=args.model, spec=spec, **{k: v for k, v in vars(args).items() if k != "model"})
     start = time.time()
-    model, _ = build_tiny(args.model, args.seed, tokenizer)
+    model, _ = build_tiny(args.model, args.seed, tokenizer, init=args.init)
     gen = torch.Generator().manual_seed(args.seed)
     result["control_copy"] = train_probe(model, lambda: copy_batch(gen, args.batch), args.control_steps, args.lr,
                                          every=100)
-    model, _ = build_tiny(args.model, args.seed, tokenizer)
+    model, _ = build_tiny(args.model, args.seed, tokenizer, init=args.init)
     rng = random.Random(args.seed)
     result["recall"] = train_probe(model, lambda: recall_batch(rng, args.batch, args.pairs, args.queries),
                                    args.steps, args.lr, every=250)

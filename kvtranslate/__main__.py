@@ -55,7 +55,7 @@ def cmd_pretrain(args):
             owner = os.path.join(args.out, TINY_SPECS[name]["tokenizer"])
             shared = load_tokenizer(owner) if owner != os.path.join(args.out, name) and os.path.isdir(owner) else None
             pretrain(name, out_dir=args.out, log=log, tokenizer=shared, steps=steps, seed=args.seed,
-                     batch=args.batch, questions=args.questions, recall_prob=args.recall_prob,
+                     batch=args.batch, lr=args.lr, init=args.init, questions=args.questions, recall_prob=args.recall_prob,
                      answer_weight=args.answer_weight)
 
 
@@ -127,9 +127,12 @@ def main(argv=None):
     from .models import CHECKPOINT_DIR, TINY_SPECS
     p = sub.add_parser("pretrain", help="build and pretrain the tiny models on the synthetic corpus")
     p.add_argument("--models", nargs="+", choices=sorted(TINY_SPECS), default=list(TINY_SPECS))
-    p.add_argument("--steps", nargs="+", default=["3000"], help="steps for all models, or NAME=STEPS pairs")
     from .pretrain import DEFAULTS as P
+    p.add_argument("--steps", nargs="+", default=[str(P["steps"])], help="steps for all models, or NAME=STEPS pairs")
     p.add_argument("--batch", type=int, default=P["batch"])
+    p.add_argument("--lr", type=float, default=P["lr"])
+    p.add_argument("--init", choices=("hf", "torch"), default=P["init"],
+                   help="hf: HF's N(0, 0.02) init, tied embeddings; torch: PyTorch's default scales, untied")
     p.add_argument("--questions", type=int, default=P["questions"],
                    help="question/answer turns after each passage, each about a different fact")
     p.add_argument("--recall-prob", type=float, default=P["recall_prob"],
@@ -173,8 +176,9 @@ def main(argv=None):
         try:
             args.steps = parse_steps(args.steps, args.models)
             for steps in (args.steps.values() if isinstance(args.steps, dict) else [args.steps]):
-                check_config({**DEFAULTS, "steps": steps, "batch": args.batch, "questions": args.questions,
-                              "recall_prob": args.recall_prob, "answer_weight": args.answer_weight})
+                check_config({**DEFAULTS, "steps": steps, "batch": args.batch, "lr": args.lr, "init": args.init,
+                              "questions": args.questions, "recall_prob": args.recall_prob,
+                              "answer_weight": args.answer_weight})
         except ValueError as e:
             parser.error(str(e))
     args.func(args)

@@ -9,9 +9,10 @@ context reliably on 2 CPU cores; it does not teach them to bind a value to its n
 - AdamW lr 3e-3 with warm-up and linear decay, batch 32, one thread.
 Closed-set accuracy (log-likelihood of 4 candidates, lm-eval style), open exact match and binding accuracy (the
 items with a same-type distractor) are logged. Options for binding (several question turns per passage, an
-answer-token loss weight, all-same-attribute "binding drill" passages) default to off: in trials they did not
-move binding off chance (checkpoints/README.md); with them off, the recipe is the one that produced the
-committed checkpoints.
+answer-token loss weight, all-same-attribute "binding drill" passages, PyTorch-scale init with untied
+embeddings) default to off: in trials they did not move binding off chance on the fact corpus, although the
+init lets the models learn bare associative recall (checkpoints/README.md); with them off, the recipe is the one
+that produced the committed checkpoints.
 """
 import json
 import os
@@ -23,12 +24,12 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .corpus import has_same_type_distractor, make_dataset, make_item, make_recall_item, questions_about
-from .models import CHECKPOINT_DIR, N_POSITIONS, TINY_SPECS, build_tiny, forward, save_model
+from .models import CHECKPOINT_DIR, INITS, N_POSITIONS, TINY_SPECS, build_tiny, forward, save_model
 from .scoring import greedy_answers, option_logprobs, pad_right
 from .tokenization import encode_item
 
 DEFAULTS = dict(steps=4000, batch=32, lr=3e-3, warmup=200, max_facts=6, curriculum=0.4, long_prob=0.04,
-                long_facts=24, questions=1, answer_weight=0.0, recall_prob=0.0, seed=0)
+                long_facts=24, questions=1, answer_weight=0.0, recall_prob=0.0, init="hf", seed=0)
 
 
 def check_config(cfg):
@@ -43,7 +44,8 @@ def check_config(cfg):
                  recall_prob=(lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]"),
                  long_prob=(lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]"),
                  answer_weight=(lambda v: v >= 0.0, "a number >= 0"),
-                 lr=(lambda v: v > 0.0, "a number > 0"))
+                 lr=(lambda v: v > 0.0, "a number > 0"),
+                init=(lambda v: v in INITS, f"one of {INITS}"))
     for key, (ok, allowed) in rules.items():
         if not ok(cfg[key]):
             raise ValueError(f"pretraining setting {key} (--{key.replace('_', '-')}) must be {allowed}, "
@@ -122,7 +124,7 @@ def pretrain(name, out_dir=CHECKPOINT_DIR, log=print, tokenizer=None, **override
     check_config(cfg)
     torch.manual_seed(cfg["seed"])
     rng = random.Random(cfg["seed"])
-    model, tokenizer = build_tiny(name, cfg["seed"], tokenizer)
+    model, tokenizer = build_tiny(name, cfg["seed"], tokenizer, init=cfg["init"])
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=(0.9, 0.98), weight_decay=0.01)
     schedule = lambda s: min(1.0, (s + 1) / cfg["warmup"]) * max(0.05, 1 - s / cfg["steps"])
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)

@@ -79,3 +79,20 @@ def test_bad_pretraining_settings_fail_before_anything_is_written(tmp_path):
     with pytest.raises(ValueError, match="allowed"):
         pretrain("tiny-qwen2", out_dir=str(tmp_path / "out"), log=lambda line: None, recal_prob=0.5)
     assert not (tmp_path / "out").exists()
+
+
+def test_init_choice_sets_scales_and_tying():
+    import pytest
+    from kvtranslate.models import build_tiny
+    for name in ("tiny-gpt2", "tiny-opt", "tiny-qwen2"):
+        hf, _ = build_tiny(name, tokenizer=TOKENIZER if name == "tiny-gpt2" else None)
+        torch_init, _ = build_tiny(name, tokenizer=TOKENIZER if name == "tiny-gpt2" else None, init="torch")
+        assert hf.lm_head.weight is hf.get_input_embeddings().weight
+        assert torch_init.lm_head.weight is not torch_init.get_input_embeddings().weight
+        assert abs(hf.get_input_embeddings().weight.std().item() - 0.02) < 0.005
+        assert abs(torch_init.get_input_embeddings().weight.std().item() - 1.0) < 0.05
+        # every weight matrix within PyTorch's default bound 1/sqrt(fan_in)
+        linear = torch_init.lm_head.weight
+        assert linear.abs().max().item() <= 1 / linear.shape[1] ** 0.5 + 1e-6
+    with pytest.raises(ValueError, match="init must be one of"):
+        build_tiny("tiny-qwen2", init="xavier")
