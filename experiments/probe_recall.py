@@ -80,7 +80,8 @@ def main(argv=None):
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--queries", type=int, default=8)
     parser.add_argument("--init", choices=INITS, default="hf",
-                        help="hf: HF's N(0, 0.02), tied embeddings (the committed checkpoints); torch: PyTorch's scales")
+                        help="hf: HF's N(0, 0.02), tied embeddings (the committed checkpoints); "
+                             "torch: PyTorch's scales, untied")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

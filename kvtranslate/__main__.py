@@ -50,13 +50,17 @@ def cmd_pretrain(args):
         from .models import TINY_SPECS
         from .tokenization import load_tokenizer
         for name in args.models:
-            steps = args.steps[name] if isinstance(args.steps, dict) else args.steps
             # models that share a tokenizer reuse the one saved with its owner
             owner = os.path.join(args.out, TINY_SPECS[name]["tokenizer"])
             shared = load_tokenizer(owner) if owner != os.path.join(args.out, name) and os.path.isdir(owner) else None
-            pretrain(name, out_dir=args.out, log=log, tokenizer=shared, steps=steps, seed=args.seed,
-                     batch=args.batch, lr=args.lr, init=args.init, questions=args.questions, recall_prob=args.recall_prob,
-                     answer_weight=args.answer_weight)
+            pretrain(name, out_dir=args.out, log=log, tokenizer=shared, **pretrain_settings(args, name))
+
+
+def pretrain_settings(args, name):
+    """The pretraining settings the command line gives model `name` (--steps may differ per model)."""
+    steps = args.steps[name] if isinstance(args.steps, dict) else args.steps
+    return dict(steps=steps, seed=args.seed, batch=args.batch, lr=args.lr, init=args.init, questions=args.questions,
+                recall_prob=args.recall_prob, answer_weight=args.answer_weight)
 
 
 def parse_steps(values, models):
@@ -92,8 +96,9 @@ def cmd_train(args):
 
 def cmd_eval(args):
     from .corpus import make_dataset
-    from .evaluate import binding_accuracy, closed_set_correct, extractive_f1
+    from .evaluate import closed_set_correct, extractive_f1
     from .models import load_model
+    from .scoring import binding_accuracy
     from .train import encode_pair_items, load_translator
     source, source_tok = load_model(args.source)
     target, target_tok = load_model(args.target)
@@ -106,8 +111,8 @@ def cmd_eval(args):
             raise ValueError("--modes translated needs --translator DIR")
         correct = closed_set_correct(data, mode, source, source_tok, target, target_tok, tr, args.frac)
         f1, em, _ = extractive_f1(data, mode, source, source_tok, target, target_tok, tr, args.frac)
-        results[mode] = dict(acc=sum(correct) / len(correct), binding_acc=binding_accuracy(data, correct), f1=f1,
-                             em=em)
+        binding = binding_accuracy([e["needs_binding"] for e in data], correct)
+        results[mode] = dict(acc=sum(correct) / len(correct), binding_acc=binding, f1=f1, em=em)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "eval.json"), "w") as f:
         json.dump(results, f, indent=1)
@@ -175,10 +180,8 @@ def main(argv=None):
         from .pretrain import DEFAULTS, check_config
         try:
             args.steps = parse_steps(args.steps, args.models)
-            for steps in (args.steps.values() if isinstance(args.steps, dict) else [args.steps]):
-                check_config({**DEFAULTS, "steps": steps, "batch": args.batch, "lr": args.lr, "init": args.init,
-                              "questions": args.questions, "recall_prob": args.recall_prob,
-                              "answer_weight": args.answer_weight})
+            for name in args.models:
+                check_config({**DEFAULTS, **pretrain_settings(args, name)})
         except ValueError as e:
             parser.error(str(e))
     args.func(args)

@@ -77,6 +77,28 @@ class QAItem:
     person: str = ""        # whom the question is about
 
 
+def state_facts(rng, slots, split):
+    """(person, attribute, value, sentence) for each (person, attribute) slot, in order."""
+    facts = []
+    for person, attr in slots:
+        value = rng.choice(VALUES[attr])
+        template = rng.choice(split_templates(TEMPLATES[attr][0], split))
+        facts.append((person, attr, value, template.format(n=person, v=value)))
+    return facts
+
+
+def ask_one(rng, facts, split):
+    """A random fact of the passage and a question about it: (person, attribute, value, question)."""
+    person, attr, value, _ = rng.choice(facts)
+    return person, attr, value, rng.choice(split_templates(TEMPLATES[attr][1], split)).format(n=person)
+
+
+def qa_item(facts, person, attr, value, question, options):
+    return QAItem(passage=" " + " ".join(f[3] for f in facts), question=f"\nQ: {question}\nA:",
+                  answer=" " + value, options=[" " + o for o in options], label=options.index(value),
+                  attribute=attr, facts=[f[:3] for f in facts], person=person)
+
+
 def make_item(rng, n_facts, split="all", n_options=4, max_people=None):
     """One passage with n_facts facts, a question about one of them, and closed-set options.
 
@@ -92,13 +114,8 @@ def make_item(rng, n_facts, split="all", n_options=4, max_people=None):
     chosen += rest[: max(0, n_facts - len(chosen))]
     chosen = chosen[:n_facts]
     rng.shuffle(chosen)
-    facts = []
-    for person, attr in chosen:
-        value = rng.choice(VALUES[attr])
-        template = rng.choice(split_templates(TEMPLATES[attr][0], split))
-        facts.append((person, attr, value, template.format(n=person, v=value)))
-    person, attr, value, _ = rng.choice(facts)
-    question = rng.choice(split_templates(TEMPLATES[attr][1], split)).format(n=person)
+    facts = state_facts(rng, chosen, split)
+    person, attr, value, question = ask_one(rng, facts, split)
     # options: the answer, same-type values present in the passage (hardest), then random ones
     in_passage = [f[2] for f in facts if f[1] == attr and f[2] != value]
     pool = [v for v in VALUES[attr] if v != value and v not in in_passage]
@@ -106,26 +123,16 @@ def make_item(rng, n_facts, split="all", n_options=4, max_people=None):
     distractors += rng.sample(pool, n_options - 1 - len(distractors))
     options = [value] + distractors
     rng.shuffle(options)
-    return QAItem(passage=" " + " ".join(f[3] for f in facts), question=f"\nQ: {question}\nA:",
-                  answer=" " + value, options=[" " + o for o in options], label=options.index(value),
-                  attribute=attr, facts=[f[:3] for f in facts], person=person)
+    return qa_item(facts, person, attr, value, question, options)
 
 
 def make_recall_item(rng, n_facts, split="all"):
     """A passage whose facts all share one attribute, each about a different person ("The job of A is x. The job
     of B is y. ..."): the type of the asked value gives no hint, only binding it to the asked name does."""
-    names = split_names(split)
     attr = rng.choice(ATTRIBUTES)
-    facts = []
-    for person in rng.sample(names, n_facts):
-        value = rng.choice(VALUES[attr])
-        template = rng.choice(split_templates(TEMPLATES[attr][0], split))
-        facts.append((person, attr, value, template.format(n=person, v=value)))
-    person, _, value, _ = rng.choice(facts)
-    question = rng.choice(split_templates(TEMPLATES[attr][1], split)).format(n=person)
-    return QAItem(passage=" " + " ".join(f[3] for f in facts), question=f"\nQ: {question}\nA:",
-                  answer=" " + value, options=[" " + value], label=0, attribute=attr, facts=[f[:3] for f in facts],
-                  person=person)
+    facts = state_facts(rng, [(person, attr) for person in rng.sample(split_names(split), n_facts)], split)
+    person, attr, value, question = ask_one(rng, facts, split)
+    return qa_item(facts, person, attr, value, question, [value])
 
 
 def has_same_type_distractor(item):

@@ -62,11 +62,6 @@ def closed_set_accuracy(*args, **kwargs):
     return sum(correct) / len(correct)
 
 
-def binding_accuracy(data, correct):
-    """Accuracy on the examples whose passage holds another value of the asked type (None if there are none)."""
-    picked = [c for c, e in zip(correct, data) if e["needs_binding"]]
-    return sum(picked) / len(picked) if picked else None
-
 
 @torch.no_grad()
 def extractive_f1(data, mode, source, source_tok, target, target_tok, translator=None, frac=1.0, batch=32):

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from .corpus import has_same_type_distractor, make_dataset, make_item, make_recall_item, questions_about
 from .models import CHECKPOINT_DIR, INITS, N_POSITIONS, TINY_SPECS, build_tiny, forward, save_model
-from .scoring import greedy_answers, option_logprobs, pad_right
+from .scoring import binding_accuracy, greedy_answers, option_logprobs, pad_right
 from .tokenization import encode_item
 
 DEFAULTS = dict(steps=4000, batch=32, lr=3e-3, warmup=200, max_facts=6, curriculum=0.4, long_prob=0.04,
@@ -104,19 +104,17 @@ def direct_accuracy(model, tokenizer, items, batch=64):
     value of the asked type (where matching the type alone cannot find the answer) when the model reads the
     context itself."""
     model.eval()
-    correct, exact, binding = [], 0, []
+    correct, exact = [], 0
     for i in range(0, len(items), batch):
         chunk = items[i:i + batch]
         encs = [encode_item(tokenizer, it) for it in chunk]
         tails = [e["context"] + e["question"] for e in encs]
         scores = option_logprobs(model, None, None, tails, [e["options"] for e in encs], tokenizer.pad_token_id)
-        for s, it in zip(scores, chunk):
-            correct.append(int(s.argmax()) == it.label)
-            if has_same_type_distractor(it):
-                binding.append(correct[-1])
+        correct += [int(s.argmax()) == it.label for s, it in zip(scores, chunk)]
         answers = greedy_answers(model, None, None, tails, tokenizer.pad_token_id, tokenizer.eos_token_id)
         exact += sum(a == e["answer"][:-1] for a, e in zip(answers, encs))
-    return sum(correct) / len(items), exact / len(items), sum(binding) / max(1, len(binding))
+    binding = binding_accuracy([has_same_type_distractor(it) for it in items], correct)
+    return sum(correct) / len(items), exact / len(items), binding
 
 
 def pretrain(name, out_dir=CHECKPOINT_DIR, log=print, tokenizer=None, **overrides):

@@ -106,3 +106,9 @@ def f1_em(prediction, gold):
         return 0.0, em
     precision, recall = overlap / len(p), overlap / len(g)
     return 2 * precision * recall / (precision + recall), em
+
+
+def binding_accuracy(needs_binding, correct):
+    """Accuracy on the examples whose passage holds another value of the asked type (None if there are none)."""
+    picked = [c for c, flag in zip(correct, needs_binding) if flag]
+    return sum(picked) / len(picked) if picked else None

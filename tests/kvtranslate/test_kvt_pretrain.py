@@ -63,10 +63,10 @@ def test_answer_weighted_loss_matches_hand_computation():
 
 
 def test_binding_accuracy_counts_only_items_with_a_same_type_distractor():
-    from kvtranslate.evaluate import binding_accuracy
-    data = [dict(needs_binding=b) for b in (True, False, True, True, False)]
-    assert binding_accuracy(data, [True, True, False, False, False]) == 1 / 3
-    assert binding_accuracy(data[1:2], [False]) is None
+    from kvtranslate.scoring import binding_accuracy
+    needs_binding = [True, False, True, True, False]
+    assert binding_accuracy(needs_binding, [True, True, False, False, False]) == 1 / 3
+    assert binding_accuracy(needs_binding[1:2], [False]) is None
 
 
 def test_bad_pretraining_settings_fail_before_anything_is_written(tmp_path):
