@@ -10,6 +10,10 @@ matching is needed. Chance on recall is about 1 / pairs once the model knows whi
 
     python experiments/probe_recall.py --model tiny-qwen2 --steps 3000 --lr 1e-3               # HF init: chance
     python experiments/probe_recall.py --model tiny-qwen2 --steps 3000 --lr 1e-3 --init torch  # learns it
+    python experiments/probe_recall.py --model tiny-qwen2 --steps 4000 --lr 1e-3 --init torch --gap 2
+
+--gap, --query-gap and --key-tokens add, one at a time or together, what separates the fact corpus from the
+bare task: words between a name and its value, words between the asked name and the answer, multi-token names.
 Outputs of every setting that was run: experiments/results/kvtranslate/probe_recall_*.json.
 """
 import argparse
@@ -27,20 +31,27 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from kvtranslate.models import INITS, TINY_SPECS, build_tiny, forward  # noqa: E402
 from kvtranslate.tokenization import train_tokenizer  # noqa: E402
 
-KEYS, VALUES, SEP, MARK = range(100, 400), range(400, 700), 5, 6
+KEYS, VALUES, FILLERS, SEP, MARK = range(100, 400), range(400, 700), range(20, 40), 5, 6
 
 
-def recall_batch(rng, batch, pairs, queries):
+def recall_batch(rng, batch, pairs, queries, gap=0, query_gap=0, key_tokens=1, fixed_query_fillers=False):
+    """gap / query_gap: filler tokens between a key and its value / between a query's key and the position that
+    predicts the value (random ones, or with fixed_query_fillers always the same, like the corpus's "?\nA:");
+    key_tokens: tokens per key. The fact corpus has all three (" Timi lives in Marton.",
+    "Where does Timi live?\nA:", names of 1-3 tokens); 0, 0, 1 is the bare task."""
     rows, targets = [], []
     for _ in range(batch):
-        keys = rng.sample(KEYS, pairs)
+        flat = rng.sample(KEYS, pairs * key_tokens)
+        keys = [flat[i * key_tokens:(i + 1) * key_tokens] for i in range(pairs)]
         values = [rng.choice(VALUES) for _ in keys]
-        seq = [t for k, v in zip(keys, values) for t in (k, v, SEP)]
+        seq = [t for k, v in zip(keys, values) for t in (*k, *rng.choices(FILLERS, k=gap), v, SEP)]
         tgt = [-100] * len(seq)
         for _ in range(queries):
             i = rng.randrange(pairs)
-            seq += [MARK, keys[i], values[i]]
-            tgt += [-100, values[i], -100]  # the logits at the key's position predict the value
+            fillers = FILLERS[:query_gap] if fixed_query_fillers else rng.choices(FILLERS, k=query_gap)
+            query = [MARK, *keys[i], *fillers]
+            seq += query + [values[i]]
+            tgt += [-100] * (len(query) - 1) + [values[i], -100]  # the query's last position predicts the value
         rows.append(seq)
         targets.append(tgt)
     return torch.tensor(rows), torch.tensor(targets)
@@ -79,6 +90,13 @@ def main(argv=None):
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--queries", type=int, default=8)
+    parser.add_argument("--gap", type=int, default=0, help="filler tokens between each key and its value")
+    parser.add_argument("--query-gap", type=int, default=0,
+                        help="filler tokens between a query's key and the position that predicts the value")
+    parser.add_argument("--fixed-query-fillers", action="store_true",
+                        help="the query gap is always the same tokens (like the corpus's question ending), not random")
+    parser.add_argument("--key-tokens", type=int, default=1, help="tokens per key")
+    parser.add_argument("--layers", type=int, default=None, help="override the model's number of layers")
     parser.add_argument("--init", choices=INITS, default="hf",
                         help="hf: HF's N(0, 0.02), tied embeddings (the committed checkpoints); "
                              "torch: PyTorch's scales, untied")
@@ -86,7 +104,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     tokenizer = train_tokenizer(1024)  # ids only; every probe token id must fit the vocabulary
-    spec = dict(TINY_SPECS[args.model], vocab=1024)
+    spec = dict(TINY_SPECS[args.model], vocab=1024, **({"layers": args.layers} if args.layers else {}))
     TINY_SPECS[args.model] = spec
     result = dict(model=args.model, spec=spec, **{k: v for k, v in vars(args).items() if k != "model"})
     start = time.time()
@@ -96,7 +114,9 @@ def main(argv=None):
                                          every=100)
     model, _ = build_tiny(args.model, args.seed, tokenizer, init=args.init)
     rng = random.Random(args.seed)
-    result["recall"] = train_probe(model, lambda: recall_batch(rng, args.batch, args.pairs, args.queries),
+    layout = dict(gap=args.gap, query_gap=args.query_gap, key_tokens=args.key_tokens,
+                  fixed_query_fillers=args.fixed_query_fillers)
+    result["recall"] = train_probe(model, lambda: recall_batch(rng, args.batch, args.pairs, args.queries, **layout),
                                    args.steps, args.lr, every=250)
     result["minutes"] = round((time.time() - start) / 60, 2)
     print(json.dumps(result))

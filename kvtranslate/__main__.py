@@ -60,7 +60,8 @@ def pretrain_settings(args, name):
     """The pretraining settings the command line gives model `name` (--steps may differ per model)."""
     steps = args.steps[name] if isinstance(args.steps, dict) else args.steps
     return dict(steps=steps, seed=args.seed, batch=args.batch, lr=args.lr, init=args.init, questions=args.questions,
-                recall_prob=args.recall_prob, answer_weight=args.answer_weight)
+                recall_prob=args.recall_prob, answer_weight=args.answer_weight, context_weight=args.context_weight,
+                curriculum=args.curriculum, name_cue=args.name_cue)
 
 
 def parse_steps(values, models):
@@ -144,6 +145,13 @@ def main(argv=None):
                    help="share of passages whose facts all have the asked attribute (binding drills)")
     p.add_argument("--answer-weight", type=float, default=P["answer_weight"],
                    help="extra loss weight of answer tokens (0: every token counts once)")
+    p.add_argument("--context-weight", type=float, default=P["context_weight"],
+                   help="loss weight of the passage and question tokens (1: plain LM loss, 0: answers only)")
+    p.add_argument("--curriculum", type=float, default=P["curriculum"],
+                   help="share of the steps over which facts per passage grow from 1 to 6 (0: all from the start)")
+    p.add_argument("--name-cue", action="store_true",
+                   help="end every question with the asked name (\"...\\nA: Kalo\" -> \" Marton\"), in training and "
+                        "in the logged evaluation; the translators' corpus format does not use it yet")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=CHECKPOINT_DIR, help="checkpoint folder (default: the committed one)")
     p.set_defaults(func=cmd_pretrain)

@@ -5,15 +5,17 @@ context reliably on 2 CPU cores; it does not teach them to bind a value to its n
 - every sequence is passage + open question + answer + EOS, next-token loss on every token;
 - a curriculum on the number of facts per passage: 1 fact (pure copy) first, growing to 6 over the first
   40% of the steps, so the model learns to find and copy the value before it meets same-type distractors;
-- 4% of the batches are long passages (8-24 facts) in the second half, so the long-context variant stays in distribution;
+- 4% of the batches are long passages (8-24 facts) in the second half, so the long-context variant stays in
+  distribution;
 - AdamW lr 3e-3 with warm-up and linear decay, batch 32, one thread.
 Closed-set accuracy (log-likelihood of 4 candidates, lm-eval style), open exact match and binding accuracy (the
 items with a same-type distractor) are logged. Options for binding (several question turns per passage, an
-answer-token loss weight, all-same-attribute "binding drill" passages, PyTorch-scale init with untied
-embeddings) default to off: in trials they did not move binding off chance on the fact corpus, although the
-init lets the models learn bare associative recall (checkpoints/README.md); with them off, the recipe is the one
-that produced the committed checkpoints.
+answer-token loss weight, loss on the answers only, all-same-attribute "binding drill" passages, a shorter
+curriculum, PyTorch-scale init with untied embeddings) default to the committed recipe: in trials of up to
+10,000 steps they did not move binding off chance on the fact corpus, although the init lets the models learn
+bare associative recall (checkpoints/README.md).
 """
+import dataclasses
 import json
 import os
 import random
@@ -29,7 +31,8 @@ from .scoring import binding_accuracy, greedy_answers, option_logprobs, pad_righ
 from .tokenization import encode_item
 
 DEFAULTS = dict(steps=4000, batch=32, lr=3e-3, warmup=200, max_facts=6, curriculum=0.4, long_prob=0.04,
-                long_facts=24, questions=1, answer_weight=0.0, recall_prob=0.0, init="hf", seed=0)
+                long_facts=24, questions=1, answer_weight=0.0, context_weight=1.0, recall_prob=0.0, name_cue=False,
+                init="hf", seed=0)
 
 
 def check_config(cfg):
@@ -44,8 +47,11 @@ def check_config(cfg):
                  recall_prob=(lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]"),
                  long_prob=(lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]"),
                  answer_weight=(lambda v: v >= 0.0, "a number >= 0"),
+                 context_weight=(lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]"),
+                 curriculum=(lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]"),
                  lr=(lambda v: v > 0.0, "a number > 0"),
-                init=(lambda v: v in INITS, f"one of {INITS}"))
+                 name_cue=(lambda v: isinstance(v, bool), "true or false"),
+                 init=(lambda v: v in INITS, f"one of {INITS}"))
     for key, (ok, allowed) in rules.items():
         if not ok(cfg[key]):
             raise ValueError(f"pretraining setting {key} (--{key.replace('_', '-')}) must be {allowed}, "
@@ -53,10 +59,19 @@ def check_config(cfg):
 
 
 def curriculum_facts(progress, max_facts, curriculum):
+    if curriculum == 0:  # the full mix of 1..max_facts from the first step
+        return max_facts
     return 1 + int((max_facts - 1) * min(1.0, progress / curriculum))
 
 
-def training_batch(tokenizer, rng, batch, max_facts, long_prob, long_facts, questions=1, recall_prob=0.0):
+def with_name_cue(item):
+    """The question followed by the asked name ("...\nA: Kalo" -> " Marton"), so the last token before the answer
+    is the name: in the probe, recall is learned only when the answer follows the asked key directly."""
+    return dataclasses.replace(item, question=f"{item.question} {item.person}")
+
+
+def training_batch(tokenizer, rng, batch, max_facts, long_prob, long_facts, questions=1, recall_prob=0.0,
+                   name_cue=False):
     """A batch of short passages, or (with probability long_prob) a quarter-size batch of long ones: mixing a
     single long passage into a short batch would pad every row to its length.
 
@@ -78,7 +93,7 @@ def training_batch(tokenizer, rng, batch, max_facts, long_prob, long_facts, ques
         e = encode_item(tokenizer, item)
         row, is_answer = list(e["context"]), [0] * len(e["context"])
         for turn in turns:
-            t = encode_item(tokenizer, turn)
+            t = encode_item(tokenizer, with_name_cue(turn) if name_cue else turn)
             row += t["question"] + t["answer"]
             is_answer += [0] * len(t["question"]) + [1] * len(t["answer"])
         # keep the end (the answers) when a long passage overflows the positions
@@ -89,17 +104,21 @@ def training_batch(tokenizer, rng, batch, max_facts, long_prob, long_facts, ques
     return ids, mask, answer_mask
 
 
-def lm_loss(logits, ids, mask, answer_mask, answer_weight):
-    """Next-token loss on every token; answer tokens count (1 + answer_weight) times."""
+def lm_loss(logits, ids, mask, answer_mask, answer_weight, context_weight=1.0):
+    """Next-token loss; answer tokens count (1 + answer_weight) times, every other token (passage, question)
+    context_weight times. The passage's names and values are random, so their loss cannot fall below its
+    entropy; context_weight < 1 lowers that noise's share of the gradient (context_weight 0 alone did not make
+    the tiny models bind, trial M in checkpoints/README.md)."""
     target = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
     per_token = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), target.reshape(-1),
                                 ignore_index=-100, reduction="none")
-    weight = (mask[:, 1:] + answer_weight * answer_mask[:, 1:]).reshape(-1).float()
+    answer = answer_mask[:, 1:].float()
+    weight = (context_weight * (mask[:, 1:].float() - answer) + (1 + answer_weight) * answer).reshape(-1)
     return (per_token * weight).sum() / weight.sum()
 
 
 @torch.no_grad()
-def direct_accuracy(model, tokenizer, items, batch=64):
+def direct_accuracy(model, tokenizer, items, batch=64, name_cue=False):
     """Closed-set accuracy, open exact match, and closed-set accuracy on the items whose passage holds another
     value of the asked type (where matching the type alone cannot find the answer) when the model reads the
     context itself."""
@@ -107,7 +126,7 @@ def direct_accuracy(model, tokenizer, items, batch=64):
     correct, exact = [], 0
     for i in range(0, len(items), batch):
         chunk = items[i:i + batch]
-        encs = [encode_item(tokenizer, it) for it in chunk]
+        encs = [encode_item(tokenizer, with_name_cue(it) if name_cue else it) for it in chunk]
         tails = [e["context"] + e["question"] for e in encs]
         scores = option_logprobs(model, None, None, tails, [e["options"] for e in encs], tokenizer.pad_token_id)
         correct += [int(s.argmax()) == it.label for s, it in zip(scores, chunk)]
@@ -137,17 +156,18 @@ def pretrain(name, out_dir=CHECKPOINT_DIR, log=print, tokenizer=None, **override
         max_facts = curriculum_facts(progress, cfg["max_facts"], cfg["curriculum"])
         long_prob = cfg["long_prob"] if progress > 0.5 else 0.0
         ids, mask, answer_mask = training_batch(tokenizer, rng, cfg["batch"], max_facts, long_prob,
-                                                cfg["long_facts"], cfg["questions"], cfg["recall_prob"])
+                                                cfg["long_facts"], cfg["questions"], cfg["recall_prob"],
+                                                cfg["name_cue"])
         logits = forward(model, ids, mask, use_cache=False).logits
-        loss = lm_loss(logits, ids, mask, answer_mask, cfg["answer_weight"])
+        loss = lm_loss(logits, ids, mask, answer_mask, cfg["answer_weight"], cfg["context_weight"])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}", facts=max_facts)
+        bar.set_postfix(loss=f"{loss.item():.3f}", facts=max_facts, refresh=False)
         if (step + 1) % 500 == 0 or step + 1 == cfg["steps"]:
-            acc, em, binding = direct_accuracy(model, tokenizer, eval_items)
+            acc, em, binding = direct_accuracy(model, tokenizer, eval_items, name_cue=cfg["name_cue"])
             rec = dict(event="eval", step=step + 1, minutes=round((time.time() - start) / 60, 2),
                        loss=round(loss.item(), 4), max_facts=max_facts, closed_acc=acc, open_em=em,
                        binding_acc=binding)

@@ -132,7 +132,7 @@ def train_translator(source, source_tok, target, target_tok, log=print, **overri
         opt.step()
         sched.step()
         parts["loss"] = loss.item()
-        bar.set_postfix({k: f"{v:.3f}" for k, v in parts.items()})
+        bar.set_postfix({k: f"{v:.3f}" for k, v in parts.items()}, refresh=False)
         if step % 50 == 0 or step + 1 == cfg["steps"]:
             history.append(dict(step=step, seconds=round(time.time() - start, 1), **{k: round(v, 5) for k, v in parts.items()}))
     translator.eval()

@@ -47,6 +47,23 @@ def test_training_batch_marks_exactly_the_answer_tokens():
         assert TOKENIZER.decode([t for t in marked if t != eos]) == "".join(answers)
 
 
+def test_name_cue_puts_the_asked_name_right_before_each_answer():
+    """--name-cue: every turn reads "...\nA: <asked name>" and its answer follows the name directly; without it
+    every answer follows "A:"."""
+    def text_before_answers(name_cue):
+        ids, _, answer_mask = training_batch(TOKENIZER, random.Random(2), 8, 4, 0.0, 24, questions=3,
+                                             name_cue=name_cue)
+        return [TOKENIZER.decode(row[:i].tolist()) for row, a in zip(ids, answer_mask)
+                for i in range(1, len(a)) if a[i] == 1 and a[i - 1] == 0]
+
+    cued = text_before_answers(True)
+    assert len(cued) >= 8
+    for prefix in cued:
+        question, cue = prefix.split("\nQ: ")[-1].split("\nA:")
+        assert cue.startswith(" ") and len(cue.strip()) > 1 and cue.strip() in question
+    assert all(prefix.endswith("\nA:") for prefix in text_before_answers(False))
+
+
 def test_answer_weighted_loss_matches_hand_computation():
     torch.manual_seed(0)
     logits = torch.randn(2, 5, 7)
@@ -60,6 +77,11 @@ def test_answer_weighted_loss_matches_hand_computation():
     plain = F.cross_entropy(logits[:, :-1].reshape(-1, 7), ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100).reshape(-1),
                             ignore_index=-100)
     assert torch.allclose(lm_loss(logits, ids, mask, answer, 0.0), plain)
+    # context_weight 0: the mean loss of the answer tokens alone; 0.5: passage and question tokens count half
+    answers_only = (per * answer[:, 1:]).sum() / answer[:, 1:].sum()
+    assert torch.allclose(lm_loss(logits, ids, mask, answer, 0.0, context_weight=0.0), answers_only)
+    half = mask[:, 1:] * (0.5 + 0.5 * answer[:, 1:])
+    assert torch.allclose(lm_loss(logits, ids, mask, answer, 0.0, context_weight=0.5), (per * half).sum() / half.sum())
 
 
 def test_binding_accuracy_counts_only_items_with_a_same_type_distractor():
@@ -73,7 +95,9 @@ def test_bad_pretraining_settings_fail_before_anything_is_written(tmp_path):
     import pytest
     from kvtranslate.pretrain import pretrain
     for bad, field in ((dict(recall_prob=1.5), "recall_prob"), (dict(questions=0), "questions"),
-                       (dict(answer_weight=-1.0), "answer_weight"), (dict(batch=2), "batch")):
+                       (dict(answer_weight=-1.0), "answer_weight"), (dict(batch=2), "batch"),
+                       (dict(context_weight=1.5), "context_weight"), (dict(curriculum=-0.1), "curriculum"),
+                       (dict(name_cue="yes"), "name_cue")):
         with pytest.raises(ValueError, match=field):
             pretrain("tiny-qwen2", out_dir=str(tmp_path / "out"), log=lambda line: None, **bad)
     with pytest.raises(ValueError, match="allowed"):
@@ -96,3 +120,26 @@ def test_init_choice_sets_scales_and_tying():
         assert linear.abs().max().item() <= 1 / linear.shape[1] ** 0.5 + 1e-6
     with pytest.raises(ValueError, match="init must be one of"):
         build_tiny("tiny-qwen2", init="xavier")
+
+
+def test_recall_probe_targets_the_value_stated_after_the_queried_key():
+    """experiments/probe_recall.py: with filler gaps and multi-token keys, every target is the value that followed
+    the same key in the context, predicted at the query's last position (its conclusions rest on this)."""
+    import os
+    import random
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments"))
+    from probe_recall import MARK, SEP, recall_batch
+    pairs, gap, query_gap, key_tokens = 3, 2, 3, 2
+    ids, targets = recall_batch(random.Random(1), 4, pairs, 5, gap, query_gap, key_tokens)
+    fact_len = key_tokens + gap + 2
+    for row, tgt in zip(ids.tolist(), targets.tolist()):
+        facts = [row[i * fact_len:(i + 1) * fact_len] for i in range(pairs)]
+        assert all(f[-1] == SEP for f in facts)
+        stated = {tuple(f[:key_tokens]): f[key_tokens + gap] for f in facts}
+        assert len(stated) == pairs  # distinct keys: every query has one right answer
+        predicting = [i for i, t in enumerate(tgt) if t != -100]
+        assert len(predicting) == 5
+        for i in predicting:
+            key = tuple(row[i - query_gap - key_tokens + 1:i - query_gap + 1])
+            assert row[i - query_gap - key_tokens] == MARK and tgt[i] == stated[key] == row[i + 1]
