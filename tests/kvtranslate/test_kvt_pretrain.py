@@ -126,7 +126,6 @@ def test_recall_probe_targets_the_value_stated_after_the_queried_key():
     """experiments/probe_recall.py: with filler gaps and multi-token keys, every target is the value that followed
     the same key in the context, predicted at the query's last position (its conclusions rest on this)."""
     import os
-    import random
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments"))
     from probe_recall import MARK, SEP, recall_batch
