@@ -62,7 +62,6 @@ def closed_set_accuracy(*args, **kwargs):
     return sum(correct) / len(correct)
 
 
-
 @torch.no_grad()
 def extractive_f1(data, mode, source, source_tok, target, target_tok, translator=None, frac=1.0, batch=32):
     f1s, ems, predictions = [], [], []

@@ -50,7 +50,16 @@ def read_meta(folder):
 def encode_item(tokenizer, item):
     """Context, question, answer(+EOS) and options(+EOS) token lists, each piece encoded on its own so the
     context tokens are identical whether the model reads the context alone or followed by a question."""
-    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]
     eos = [tokenizer.eos_token_id]
-    return dict(context=enc(item.passage), question=enc(item.question), answer=enc(item.answer) + eos,
-                options=[enc(o) + eos for o in item.options])
+    return dict(context=encode_text(tokenizer, item.passage), **encode_turn(tokenizer, item),
+                options=[encode_text(tokenizer, o) + eos for o in item.options])
+
+
+def encode_text(tokenizer, text):
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def encode_turn(tokenizer, item):
+    """Question and answer(+EOS) tokens of one question turn, without re-encoding the passage and options."""
+    return dict(question=encode_text(tokenizer, item.question),
+                answer=encode_text(tokenizer, item.answer) + [tokenizer.eos_token_id])
