@@ -6,7 +6,7 @@
 values (GPT-2 with 2,048 learned positions so that 1,024-token contexts fit its finer tokenizer),
 since no hub is reachable here. Weights are random in both cases (latency does not depend on them);
 texts are tokenised with the tiny models' own byte-level BPE tokenizers (the ids fit every vocabulary), so the
-alignment work is real. Translator: MoT with the demo's settings (4 experts, hidden 128, k=2). Batch 1, one
+alignment work is real. Translator: MoT with the demo's settings (4 experts, hidden 256, k=2, window 8). Batch 1, one
 thread. translate_ms counts token alignment, RoPE handling, the translator and building the target cache from an
 already-computed source cache; prefill_ms is the target's forward over the same context.
 """

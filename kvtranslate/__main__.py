@@ -16,6 +16,8 @@ def add_train_args(p):
     p.add_argument("--lr", type=float, default=D["lr"])
     p.add_argument("--k-layers", type=int, default=D["k_layers"], help="source layers read per target layer")
     p.add_argument("--hidden", type=int, default=D["hidden"])
+    p.add_argument("--window", type=int, default=D["window"],
+                   help="target tokens whose embedding lookup the translator reads: each token and window-1 before it")
     p.add_argument("--n-experts", type=int, default=D["n_experts"])
     p.add_argument("--gating", choices=GATINGS, default=D["gating"])
     p.add_argument("--top-k", type=int, default=D["top_k"])
@@ -32,8 +34,8 @@ def add_train_args(p):
 
 def train_overrides(args):
     return dict(kind=args.kind, steps=args.steps, batch=args.batch, lr=args.lr, k_layers=args.k_layers,
-                hidden=args.hidden, n_experts=args.n_experts, gating=args.gating, top_k=args.top_k,
-                w_rec=args.w_rec, w_ccl=args.w_ccl, w_hidden=args.w_hidden, w_kl=args.w_kl,
+                hidden=args.hidden, window=args.window, n_experts=args.n_experts, gating=args.gating,
+                top_k=args.top_k, w_rec=args.w_rec, w_ccl=args.w_ccl, w_hidden=args.w_hidden, w_kl=args.w_kl,
                 w_balance=args.w_balance, ccl_start=args.ccl_start, n_train=args.n_train, seed=args.seed)
 
 
@@ -61,7 +63,7 @@ def pretrain_settings(args, name):
     steps = args.steps[name] if isinstance(args.steps, dict) else args.steps
     return dict(steps=steps, seed=args.seed, batch=args.batch, lr=args.lr, init=args.init, questions=args.questions,
                 recall_prob=args.recall_prob, answer_weight=args.answer_weight, context_weight=args.context_weight,
-                curriculum=args.curriculum, name_cue=args.name_cue)
+                curriculum=args.curriculum)
 
 
 def parse_steps(values, models):
@@ -130,14 +132,14 @@ def main(argv=None):
                                      description="Translate a source LLM's context KV cache into a target LLM's.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from .models import CHECKPOINT_DIR, TINY_SPECS
+    from .models import CHECKPOINT_DIR, INITS, TINY_SPECS
     p = sub.add_parser("pretrain", help="build and pretrain the tiny models on the synthetic corpus")
     p.add_argument("--models", nargs="+", choices=sorted(TINY_SPECS), default=list(TINY_SPECS))
     from .pretrain import DEFAULTS as P
     p.add_argument("--steps", nargs="+", default=[str(P["steps"])], help="steps for all models, or NAME=STEPS pairs")
     p.add_argument("--batch", type=int, default=P["batch"])
     p.add_argument("--lr", type=float, default=P["lr"])
-    p.add_argument("--init", choices=("hf", "torch"), default=P["init"],
+    p.add_argument("--init", choices=INITS, default=P["init"],
                    help="hf: HF's N(0, 0.02) init, tied embeddings; torch: PyTorch's default scales, untied")
     p.add_argument("--questions", type=int, default=P["questions"],
                    help="question/answer turns after each passage, each about a different fact")
@@ -149,9 +151,6 @@ def main(argv=None):
                    help="loss weight of the passage and question tokens (1: plain LM loss, 0: answers only)")
     p.add_argument("--curriculum", type=float, default=P["curriculum"],
                    help="share of the steps over which facts per passage grow from 1 to 6 (0: all from the start)")
-    p.add_argument("--name-cue", action="store_true",
-                   help="end every question with the asked name (\"...\\nA: Kalo\" -> \" Marton\"), in training and "
-                        "in the logged evaluation; the translators' corpus format does not use it yet")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=CHECKPOINT_DIR, help="checkpoint folder (default: the committed one)")
     p.set_defaults(func=cmd_pretrain)

@@ -68,7 +68,7 @@ def split_templates(templates, split):
 @dataclass
 class QAItem:
     passage: str            # context, starts with a space (byte-level BPE splits " Name" the same everywhere)
-    question: str           # "\nQ: ...\nA:"
+    question: str           # "\nQ: ...\nA: <asked name>" (see question_turn)
     answer: str             # " value"
     options: list = field(default_factory=list)  # closed-set candidates (each " value"), answer included
     label: int = 0          # index of the answer in options
@@ -93,16 +93,25 @@ def ask_one(rng, facts, split):
     return person, attr, value, rng.choice(split_templates(TEMPLATES[attr][1], split)).format(n=person)
 
 
+def question_turn(question, person):
+    """"\nQ: <question>\nA: <asked name>": the answer follows the asked name directly. With any token between
+    the name and the answer position ("...of Kalo?\nA:") the tiny models never learned to bind a value to its
+    name; with the name last they do (experiments/probe_recall.py, checkpoints/README.md)."""
+    return f"\nQ: {question}\nA: {person}"
+
+
 def qa_item(facts, person, attr, value, question, options):
-    return QAItem(passage=" " + " ".join(f[3] for f in facts), question=f"\nQ: {question}\nA:",
+    return QAItem(passage=" " + " ".join(f[3] for f in facts), question=question_turn(question, person),
                   answer=" " + value, options=[" " + o for o in options], label=options.index(value),
                   attribute=attr, facts=[f[:3] for f in facts], person=person)
 
 
-def make_item(rng, n_facts, split="all", n_options=4, max_people=None):
+def make_item(rng, n_facts, split="all", n_options=4, max_people=None, template_split=None):
     """One passage with n_facts facts, a question about one of them, and closed-set options.
 
-    Facts are spread over people with attributes drawn so that same-type distractors are common."""
+    Facts are spread over people with attributes drawn so that same-type distractors are common. Names come from
+    `split`, fact and question templates from `template_split` (default: `split` too)."""
+    template_split = template_split or split
     names = split_names(split)
     n_people = max(1, min(n_facts, max_people or n_facts, rng.randint((n_facts + 1) // 2, n_facts)))
     people = rng.sample(names, n_people)
@@ -114,8 +123,8 @@ def make_item(rng, n_facts, split="all", n_options=4, max_people=None):
     chosen += rest[: max(0, n_facts - len(chosen))]
     chosen = chosen[:n_facts]
     rng.shuffle(chosen)
-    facts = state_facts(rng, chosen, split)
-    person, attr, value, question = ask_one(rng, facts, split)
+    facts = state_facts(rng, chosen, template_split)
+    person, attr, value, question = ask_one(rng, facts, template_split)
     # options: the answer, same-type values present in the passage (hardest), then random ones
     in_passage = [f[2] for f in facts if f[1] == attr and f[2] != value]
     pool = [v for v in VALUES[attr] if v != value and v not in in_passage]
@@ -153,14 +162,15 @@ def questions_about(rng, item, n, split="eval", skip_asked=False):
     facts = [f for f in item.facts if f != asked_fact(item)] if skip_asked else item.facts
     for person, attr, value in rng.sample(facts, min(n, len(facts))):
         q = rng.choice(split_templates(TEMPLATES[attr][1], split)).format(n=person)
-        out.append(QAItem(passage=item.passage, question=f"\nQ: {q}\nA:", answer=" " + value,
+        out.append(QAItem(passage=item.passage, question=question_turn(q, person), answer=" " + value,
                           options=[" " + value], label=0, attribute=attr, facts=item.facts, person=person))
     return out
 
 
-def make_dataset(n, seed, split="all", min_facts=2, max_facts=6, n_options=4):
+def make_dataset(n, seed, split="all", min_facts=2, max_facts=6, n_options=4, template_split=None):
     rng = random.Random(seed)
-    return [make_item(rng, rng.randint(min_facts, max_facts), split, n_options) for _ in range(n)]
+    return [make_item(rng, rng.randint(min_facts, max_facts), split, n_options, template_split=template_split)
+            for _ in range(n)]
 
 
 def make_long_dataset(n, seed, split="eval", n_facts=24, n_options=4):

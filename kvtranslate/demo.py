@@ -29,7 +29,7 @@ VARIANTS = {  # name -> training overrides
     "mot-noccl": dict(kind="mot", w_ccl=0.0),
 }
 INJECTION_POINTS = (0.25, 0.5, 0.75, 1.0)
-FULL = dict(steps=300, n_train=3000, n_eval=300, n_long=100, n_inject=160, n_docs=40, long_facts=22)
+FULL = dict(steps=1500, n_train=3000, n_eval=300, n_long=100, n_inject=160, n_docs=40, long_facts=22)
 QUICK = dict(steps=15, n_train=200, n_eval=40, n_long=16, n_inject=32, n_docs=4, long_facts=22)
 
 

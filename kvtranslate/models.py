@@ -53,9 +53,9 @@ def tiny_config(spec, eos_id, pad_id, positions=N_POSITIONS, tie=True):
     raise ValueError(f"family must be one of {FAMILIES}, got {spec['family']!r}")
 
 
-def build_tiny(name, seed=0, tokenizer=None, positions=N_POSITIONS, init="hf"):
-    """Fresh (untrained) tiny model + its tokenizer. init="hf": HF's N(0, 0.02) with tied input/output
-    embeddings (the committed checkpoints); init="torch": see init_for_retrieval, with untied embeddings."""
+def build_tiny(name, seed=0, tokenizer=None, positions=N_POSITIONS, init="torch"):
+    """Fresh (untrained) tiny model + its tokenizer. init="torch" (the committed checkpoints): see
+    init_for_retrieval, with untied embeddings; init="hf": HF's N(0, 0.02) with tied input/output embeddings."""
     if name not in TINY_SPECS:
         raise ValueError(f"model name must be one of {sorted(TINY_SPECS)}, got {name!r}")
     if init not in INITS:

@@ -1,23 +1,19 @@
 """Pretraining the tiny models on the synthetic fact corpus so they really read their context.
 
-Recipe (what took the models from a ~57% "right type, wrong person" stall to reading and copying from their
-context reliably on 2 CPU cores; it does not teach them to bind a value to its name, see checkpoints/README.md):
-- every sequence is passage + open question + answer + EOS, next-token loss on every token;
+Recipe (what takes the models to reading, binding and copying values from their context on 2 CPU cores;
+the trials behind each choice are in checkpoints/README.md):
+- every sequence is a passage followed by 3 question/answer/EOS turns about different facts of it, each question
+  ending on the asked name (corpus.question_turn); next-token loss on the answer tokens only;
 - a curriculum on the number of facts per passage: 1 fact (pure copy) first, growing to 6 over the first
   40% of the steps, so the model learns to find and copy the value before it meets same-type distractors;
 - 4% of the batches are long passages (8-24 facts) in the second half, so the long-context variant stays in
   distribution;
-- AdamW lr 3e-3 with warm-up and linear decay, batch 32, one thread.
+- PyTorch-scale init with untied embeddings (models.init_for_retrieval), AdamW lr 1e-3 with warm-up and linear
+  decay, batch 32, 8,000 steps, one thread.
 Closed-set accuracy (log-likelihood of 4 candidates, lm-eval style), open exact match and binding accuracy (the
-items with a same-type distractor) are logged. Options for binding (several question turns per passage, an
-answer-token loss weight, loss on the answers only, all-same-attribute "binding drill" passages, a shorter
-curriculum, PyTorch-scale init with untied embeddings, questions that end on the asked name) default to the
-committed recipe. Without the name cue none moved binding off chance on the fact corpus in trials of up to
-10,000 steps; with it (--name-cue --init torch --lr 1e-3 --questions 3 --context-weight 0) the models bind
-(0.965-0.992 closed-set), but the committed checkpoints and the corpus format do not use it yet
-(checkpoints/README.md).
+items with a same-type distractor) are logged. The other options (answer-token loss weight, all-same-attribute
+"binding drill" passages, HF init with tied embeddings, full LM loss) are kept for the recorded trials.
 """
-import dataclasses
 import json
 import os
 import random
@@ -32,9 +28,9 @@ from .models import CHECKPOINT_DIR, INITS, N_POSITIONS, TINY_SPECS, build_tiny, 
 from .scoring import binding_accuracy, greedy_answers, option_logprobs, pad_right
 from .tokenization import encode_item, encode_text, encode_turn
 
-DEFAULTS = dict(steps=4000, batch=32, lr=3e-3, warmup=200, max_facts=6, curriculum=0.4, long_prob=0.04,
-                long_facts=24, questions=1, answer_weight=0.0, context_weight=1.0, recall_prob=0.0, name_cue=False,
-                init="hf", seed=0)
+DEFAULTS = dict(steps=8000, batch=32, lr=1e-3, warmup=200, max_facts=6, curriculum=0.4, long_prob=0.04,
+                long_facts=24, questions=3, answer_weight=0.0, context_weight=0.0, recall_prob=0.0, init="torch",
+                seed=0)
 
 
 def check_config(cfg):
@@ -52,7 +48,6 @@ def check_config(cfg):
                  context_weight=(lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]"),
                  curriculum=(lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]"),
                  lr=(lambda v: v > 0.0, "a number > 0"),
-                 name_cue=(lambda v: isinstance(v, bool), "true or false"),
                  init=(lambda v: v in INITS, f"one of {INITS}"))
     for key, (ok, allowed) in rules.items():
         if not ok(cfg[key]):
@@ -66,14 +61,7 @@ def curriculum_facts(progress, max_facts, curriculum):
     return 1 + int((max_facts - 1) * min(1.0, progress / curriculum))
 
 
-def with_name_cue(item):
-    """The question followed by the asked name ("...\nA: Kalo" -> " Marton"), so the last token before the answer
-    is the name: in the probe, recall is learned only when the answer follows the asked key directly."""
-    return dataclasses.replace(item, question=f"{item.question} {item.person}")
-
-
-def training_batch(tokenizer, rng, batch, max_facts, long_prob, long_facts, questions=1, recall_prob=0.0,
-                   name_cue=False):
+def training_batch(tokenizer, rng, batch, max_facts, long_prob, long_facts, questions=1, recall_prob=0.0):
     """A batch of short passages, or (with probability long_prob) a quarter-size batch of long ones: mixing a
     single long passage into a short batch would pad every row to its length.
 
@@ -95,7 +83,7 @@ def training_batch(tokenizer, rng, batch, max_facts, long_prob, long_facts, ques
         row = encode_text(tokenizer, item.passage)
         is_answer = [0] * len(row)
         for turn in turns:
-            t = encode_turn(tokenizer, with_name_cue(turn) if name_cue else turn)
+            t = encode_turn(tokenizer, turn)
             row += t["question"] + t["answer"]
             is_answer += [0] * len(t["question"]) + [1] * len(t["answer"])
         # keep the end (the answers) when a long passage overflows the positions
@@ -109,8 +97,7 @@ def training_batch(tokenizer, rng, batch, max_facts, long_prob, long_facts, ques
 def lm_loss(logits, ids, mask, answer_mask, answer_weight, context_weight=1.0):
     """Next-token loss; answer tokens count (1 + answer_weight) times, every other token (passage, question)
     context_weight times. The passage's names and values are random, so their loss cannot fall below its
-    entropy; context_weight < 1 lowers that noise's share of the gradient (context_weight 0 alone did not make
-    the tiny models bind, trial M in checkpoints/README.md)."""
+    entropy; context_weight < 1 lowers that noise's share of the gradient (the recipe uses 0: answers only)."""
     target = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
     per_token = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), target.reshape(-1),
                                 ignore_index=-100, reduction="none")
@@ -120,7 +107,7 @@ def lm_loss(logits, ids, mask, answer_mask, answer_weight, context_weight=1.0):
 
 
 @torch.no_grad()
-def direct_accuracy(model, tokenizer, items, batch=64, name_cue=False):
+def direct_accuracy(model, tokenizer, items, batch=64):
     """Closed-set accuracy, open exact match, and closed-set accuracy on the items whose passage holds another
     value of the asked type (where matching the type alone cannot find the answer) when the model reads the
     context itself."""
@@ -128,7 +115,7 @@ def direct_accuracy(model, tokenizer, items, batch=64, name_cue=False):
     correct, exact = [], 0
     for i in range(0, len(items), batch):
         chunk = items[i:i + batch]
-        encs = [encode_item(tokenizer, with_name_cue(it) if name_cue else it) for it in chunk]
+        encs = [encode_item(tokenizer, it) for it in chunk]
         tails = [e["context"] + e["question"] for e in encs]
         scores = option_logprobs(model, None, None, tails, [e["options"] for e in encs], tokenizer.pad_token_id)
         correct += [int(s.argmax()) == it.label for s, it in zip(scores, chunk)]
@@ -158,8 +145,7 @@ def pretrain(name, out_dir=CHECKPOINT_DIR, log=print, tokenizer=None, **override
         max_facts = curriculum_facts(progress, cfg["max_facts"], cfg["curriculum"])
         long_prob = cfg["long_prob"] if progress > 0.5 else 0.0
         ids, mask, answer_mask = training_batch(tokenizer, rng, cfg["batch"], max_facts, long_prob,
-                                                cfg["long_facts"], cfg["questions"], cfg["recall_prob"],
-                                                cfg["name_cue"])
+                                                cfg["long_facts"], cfg["questions"], cfg["recall_prob"])
         logits = forward(model, ids, mask, use_cache=False).logits
         loss = lm_loss(logits, ids, mask, answer_mask, cfg["answer_weight"], cfg["context_weight"])
         opt.zero_grad(set_to_none=True)
@@ -169,7 +155,7 @@ def pretrain(name, out_dir=CHECKPOINT_DIR, log=print, tokenizer=None, **override
         sched.step()
         bar.set_postfix(loss=f"{loss.item():.3f}", facts=max_facts, refresh=False)
         if (step + 1) % 500 == 0 or step + 1 == cfg["steps"]:
-            acc, em, binding = direct_accuracy(model, tokenizer, eval_items, name_cue=cfg["name_cue"])
+            acc, em, binding = direct_accuracy(model, tokenizer, eval_items)
             rec = dict(event="eval", step=step + 1, minutes=round((time.time() - start) / 60, 2),
                        loss=round(loss.item(), 4), max_facts=max_facts, closed_acc=acc, open_em=em,
                        binding_acc=binding)

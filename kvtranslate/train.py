@@ -21,8 +21,8 @@ from .scoring import pad_left
 from .tokenization import encode_item
 from .translators import KVTranslator, source_features, target_embeddings
 
-TRAIN_DEFAULTS = dict(kind="mot", steps=300, batch=16, lr=2e-3, k_layers=2, hidden=128, n_experts=4,
-                      gating="softmax", top_k=2, latent=256, w_rec=1.0, w_ccl=1.0, w_hidden=1.0, w_kl=1.0,
+TRAIN_DEFAULTS = dict(kind="mot", steps=1500, batch=16, lr=2e-3, k_layers=2, hidden=256, n_experts=4,
+                      gating="softmax", top_k=2, latent=256, window=8, w_rec=1.0, w_ccl=1.0, w_hidden=1.0, w_kl=1.0,
                       w_balance=0.01, ccl_start=0.5, injection_points=(0.25, 0.5, 0.75, 1.0), n_train=3000, seed=0)
 
 
@@ -62,7 +62,7 @@ def translate_batch(translator, source, target, batch, source_kv=None):
             source_kv = prefill_kv(source, batch["src_ids"], batch["src_mask"])
     feats = aligned_features(source_kv, batch["index"])
     with torch.no_grad():
-        emb = target_embeddings(target, batch["tgt_ids"], batch["tgt_mask"])
+        emb = target_embeddings(target, batch["tgt_ids"], batch["tgt_mask"], translator.window)
     return translator(feats, emb, batch["tgt_mask"])
 
 
@@ -90,7 +90,7 @@ def training_loss(translator, source, source_tok, target, target_tok, examples, 
 def build_translator(source, target, cfg):
     return KVTranslator(kv_geometry(source), kv_geometry(target), kv_geometry(target)["hidden"], kind=cfg["kind"],
                         k_layers=cfg["k_layers"], hidden=cfg["hidden"], n_experts=cfg["n_experts"],
-                        gating=cfg["gating"], top_k=cfg["top_k"], latent=cfg["latent"])
+                        gating=cfg["gating"], top_k=cfg["top_k"], latent=cfg["latent"], window=cfg["window"])
 
 
 def train_translator(source, source_tok, target, target_tok, log=print, **overrides):
@@ -150,7 +150,8 @@ def save_translator(translator, cfg, folder):
 
 def load_translator(source, target, folder):
     with open(os.path.join(folder, "translator.json")) as f:
-        cfg = {**TRAIN_DEFAULTS, **json.load(f)}
+        # every setting is saved; folders written before the window option existed read one token
+        cfg = {**TRAIN_DEFAULTS, "window": 1, **json.load(f)}
     translator = build_translator(source, target, cfg)
     translator.load_state_dict(torch.load(os.path.join(folder, "translator.pt")))
     return translator.eval(), cfg

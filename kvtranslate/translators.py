@@ -1,9 +1,12 @@
 """KV translators: source context KV (aligned to target tokens) -> target pre-RoPE K and V, per target layer.
 
 Input of target layer j for target token t: the K and V of the source layers at the nearest relative depths
-(align.layer_map, k of them) at the source token aligned to t, plus the target's own token embedding (and, for
-learned-position families, its position embedding). The embedding lookup is a table read, not a prefill; it
-tells the translator which target sub-token it is writing when several target tokens share one source token.
+(align.layer_map, k of them) at the source token aligned to t, plus the target's own embedding lookup (token,
+and position for learned-position families) of t and the `window` - 1 target tokens before it. The lookups are
+table reads, not a prefill. They tell the translator which target sub-token it is writing when several share
+one source token, and the local window lets it write what the target's own early layers mix in from the
+preceding tokens (e.g. which name a value follows): without it a translated cache lost name-value binding
+(kvtranslate/README.md).
 
 Kinds:
 - "mot": M expert MLPs per target layer mixed by a token-wise router (softmax, or top-k renormalised) with a
@@ -32,16 +35,20 @@ def source_features(kv):
     return torch.stack(feats, dim=2)
 
 
-def target_embeddings(model, ids, mask):
-    """The target's input-embedding lookup (token + learned position where the family has one)."""
+def target_embeddings(model, ids, mask, window=1):
+    """The target's input-embedding lookup (token + learned position where the family has one) of each token and
+    its window - 1 predecessors, concatenated [B, T, window * E] (zeros before the first real token)."""
     family = family_of(model)
     positions = positions_from_mask(mask)
     if family == "gpt2":
-        return model.transformer.wte(ids) + model.transformer.wpe(positions)
-    if family == "opt":
+        emb = model.transformer.wte(ids) + model.transformer.wpe(positions)
+    elif family == "opt":
         dec = model.model.decoder
-        return dec.embed_tokens(ids) + dec.embed_positions(mask, 0, positions)
-    return model.model.embed_tokens(ids)
+        emb = dec.embed_tokens(ids) + dec.embed_positions(mask, 0, positions)
+    else:
+        emb = model.model.embed_tokens(ids)
+    emb = emb * mask[..., None].to(emb.dtype)
+    return torch.cat([F.pad(emb[:, :emb.shape[1] - i], (0, 0, i, 0)) for i in range(window)], dim=-1)
 
 
 class StackedLinear(nn.Module):
@@ -58,15 +65,18 @@ class StackedLinear(nn.Module):
 
 class KVTranslator(nn.Module):
     def __init__(self, source_geom, target_geom, target_embed_dim, kind="mot", k_layers=2, hidden=128,
-                 n_experts=4, gating="softmax", top_k=2, latent=256):
+                 n_experts=4, gating="softmax", top_k=2, latent=256, window=1):
         super().__init__()
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         if gating not in GATINGS:
             raise ValueError(f"gating must be one of {GATINGS}, got {gating!r}")
         if kind == "mot" and not 1 <= top_k <= n_experts:
             raise ValueError(f"top_k must be in 1..n_experts={n_experts}, got {top_k}")
-        self.kind, self.gating, self.top_k = kind, gating, top_k
+        self.kind, self.gating, self.top_k, self.window = kind, gating, top_k, window
+        target_embed_dim *= window
         self.n_experts = n_experts if kind == "mot" else 1
         L_t, L_s = target_geom["layers"], source_geom["layers"]
         self.layers = L_t

@@ -27,6 +27,25 @@ def test_eval_split_is_held_out():
         assert item.options[item.label] == item.answer and item.answer.strip() in item.passage
 
 
+
+def test_template_split_changes_only_the_phrasing():
+    """Held-out names with training templates: the same facts, questions and options as the held-out set, each
+    sentence and question phrased with a training template (what translate_heldout.py compares)."""
+    held_out = make_dataset(40, seed=3, split="eval")
+    rephrased = make_dataset(40, seed=3, split="eval", template_split="train")
+    train_names = set(split_names("train"))
+    for a, b in zip(held_out, rephrased):
+        assert (a.facts, a.person, a.options, a.label) == (b.facts, b.person, b.options, b.label)
+        assert not {f[0] for f in b.facts} & train_names
+        expected = " " + " ".join(next(t for t in split_templates(TEMPLATES[attr][0], "train")
+                                       if t.format(n=person, v=value) in b.passage).format(n=person, v=value)
+                                  for person, attr, value in b.facts)
+        assert b.passage == expected
+        asked = [q.format(n=b.person) for q in TEMPLATES[b.attribute][1]]
+        assert b.question.split("\nQ: ")[1].split("\nA:")[0] in asked[:-1]  # a training question template
+        assert a.question.split("\nQ: ")[1].split("\nA:")[0] == asked[-1]  # the held-out one
+
+
 def test_missing_local_path_is_an_error_not_a_hub_lookup():
     with pytest.raises(FileNotFoundError, match="does not exist"):
         resolve("./no/such/model")

@@ -42,26 +42,25 @@ def test_training_batch_marks_exactly_the_answer_tokens():
         assert (a <= m).all() and marked.count(eos) == tokens.count(eos) >= 1
         text = TOKENIZER.decode(tokens)
         assert text.count("\nQ:") == marked.count(eos)
-        # the marked tokens decode to the answers that follow each "A:"
-        answers = [part.split("<|endoftext|>")[0] for part in text.split("\nA:")[1:]]
+        # the marked tokens decode to the answers that follow each "A: <asked name>"
+        answers = [" " + part.split("<|endoftext|>")[0].split(" ", 2)[2] for part in text.split("\nA:")[1:]]
         assert TOKENIZER.decode([t for t in marked if t != eos]) == "".join(answers)
 
 
-def test_name_cue_puts_the_asked_name_right_before_each_answer():
-    """--name-cue: every turn reads "...\nA: <asked name>" and its answer follows the name directly; without it
-    every answer follows "A:"."""
-    def text_before_answers(name_cue):
-        ids, _, answer_mask = training_batch(TOKENIZER, random.Random(2), 8, 4, 0.0, 24, questions=3,
-                                             name_cue=name_cue)
-        return [TOKENIZER.decode(row[:i].tolist()) for row, a in zip(ids, answer_mask)
-                for i in range(1, len(a)) if a[i] == 1 and a[i - 1] == 0]
-
-    cued = text_before_answers(True)
-    assert len(cued) >= 8
-    for prefix in cued:
-        question, cue = prefix.split("\nQ: ")[-1].split("\nA:")
-        assert cue.startswith(" ") and len(cue.strip()) > 1 and cue.strip() in question
-    assert all(prefix.endswith("\nA:") for prefix in text_before_answers(False))
+def test_every_answer_follows_the_asked_name_directly():
+    """Each turn reads "\nQ: <question about X>\nA: X" and its answer starts right after X, X's tokens being the
+    same as in the passage (the binding models learn needs the name as the last token before the answer)."""
+    ids, _, answer_mask = training_batch(TOKENIZER, random.Random(2), 8, 4, 0.0, 24, questions=3)
+    prefixes = [row[:i].tolist() for row, a in zip(ids, answer_mask) for i in range(1, len(a))
+                if a[i] == 1 and a[i - 1] == 0]
+    assert len(prefixes) >= 8
+    for prefix in prefixes:
+        text = TOKENIZER.decode(prefix)
+        question, cue = text.split("\nQ: ")[-1].split("\nA:")
+        name = cue.strip()
+        assert cue == " " + name and name in question and (" " + name) in text.split("\nQ: ")[0]
+        name_tokens = TOKENIZER(" " + name, add_special_tokens=False)["input_ids"]
+        assert prefix[-len(name_tokens):] == name_tokens
 
 
 def test_answer_weighted_loss_matches_hand_computation():
@@ -96,8 +95,7 @@ def test_bad_pretraining_settings_fail_before_anything_is_written(tmp_path):
     from kvtranslate.pretrain import pretrain
     for bad, field in ((dict(recall_prob=1.5), "recall_prob"), (dict(questions=0), "questions"),
                        (dict(answer_weight=-1.0), "answer_weight"), (dict(batch=2), "batch"),
-                       (dict(context_weight=1.5), "context_weight"), (dict(curriculum=-0.1), "curriculum"),
-                       (dict(name_cue="yes"), "name_cue")):
+                       (dict(context_weight=1.5), "context_weight"), (dict(curriculum=-0.1), "curriculum")):
         with pytest.raises(ValueError, match=field):
             pretrain("tiny-qwen2", out_dir=str(tmp_path / "out"), log=lambda line: None, **bad)
     with pytest.raises(ValueError, match="allowed"):
@@ -109,7 +107,7 @@ def test_init_choice_sets_scales_and_tying():
     import pytest
     from kvtranslate.models import build_tiny
     for name in ("tiny-gpt2", "tiny-opt", "tiny-qwen2"):
-        hf, _ = build_tiny(name, tokenizer=TOKENIZER if name == "tiny-gpt2" else None)
+        hf, _ = build_tiny(name, tokenizer=TOKENIZER if name == "tiny-gpt2" else None, init="hf")
         torch_init, _ = build_tiny(name, tokenizer=TOKENIZER if name == "tiny-gpt2" else None, init="torch")
         assert hf.lm_head.weight is hf.get_input_embeddings().weight
         assert torch_init.lm_head.weight is not torch_init.get_input_embeddings().weight

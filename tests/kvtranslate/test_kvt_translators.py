@@ -8,7 +8,7 @@ from kvtranslate.losses import context_correction_loss, kv_reconstruction_loss, 
 from kvtranslate.models import build_tiny
 from kvtranslate.tokenization import train_tokenizer
 from kvtranslate.train import TRAIN_DEFAULTS, build_translator, encode_pair_items, training_loss
-from kvtranslate.translators import KVTranslator, balance_loss
+from kvtranslate.translators import KVTranslator, balance_loss, target_embeddings
 
 from kvt_helpers import small_model
 
@@ -44,6 +44,24 @@ def test_bad_translator_arguments_name_allowed_values():
         KVTranslator(SRC, TGT, 16, gating="hard")
     with pytest.raises(ValueError, match="top_k"):
         KVTranslator(SRC, TGT, 16, kind="mot", n_experts=2, gating="topk", top_k=3)
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        KVTranslator(SRC, TGT, 16, window=0)
+
+
+def test_embedding_window_holds_each_token_and_its_predecessors():
+    """Slot i of token t is the lookup of the real token i places before t, zeros where there is none
+    (before the first real token of a left-padded row)."""
+    model = small_model("qwen2")
+    ids = torch.tensor([[1, 1, 5, 6, 7], [3, 4, 5, 6, 7]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    table = model.get_input_embeddings().weight
+    E = table.shape[1]
+    with torch.no_grad():
+        win = target_embeddings(model, ids, mask, window=3).view(2, 5, 3, E)
+    assert torch.equal(win[0, 4, 0], table[7]) and torch.equal(win[0, 4, 1], table[6])
+    assert torch.equal(win[0, 4, 2], table[5]) and torch.equal(win[1, 4, 2], table[5])
+    assert torch.equal(win[0, 3, 2], torch.zeros(E)) and torch.equal(win[1, 3, 2], table[4])
+    assert torch.equal(win[0, 2, 1], torch.zeros(E)) and torch.equal(win[1, 0, 1], torch.zeros(E))
 
 
 def test_correction_loss_zero_iff_caches_equal():
