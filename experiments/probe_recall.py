@@ -36,9 +36,10 @@ KEYS, VALUES, FILLERS, SEP, MARK = range(100, 400), range(400, 700), range(20, 4
 
 def recall_batch(rng, batch, pairs, queries, gap=0, query_gap=0, key_tokens=1, fixed_query_fillers=False):
     """gap / query_gap: filler tokens between a key and its value / between a query's key and the position that
-    predicts the value (random ones, or with fixed_query_fillers always the same, like the corpus's "?\nA:");
-    key_tokens: tokens per key. The fact corpus has all three (" Timi lives in Marton.",
-    "Where does Timi live?\nA:", names of 1-3 tokens); 0, 0, 1 is the bare task."""
+    predicts the value (random ones, or with fixed_query_fillers always the same, like the first corpus format's
+    "?\nA:"); key_tokens: tokens per key. That format had all three (" Timi lives in Marton.",
+    "Where does Timi live?\nA:", names of 1-3 tokens); 0, 0, 1 is the bare task. The corpus now ends each
+    question on the asked name ("...\nA: Timi"), i.e. query_gap 0."""
     rows, targets = [], []
     for _ in range(batch):
         flat = rng.sample(KEYS, pairs * key_tokens)
