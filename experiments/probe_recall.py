@@ -99,7 +99,7 @@ def main(argv=None):
     parser.add_argument("--key-tokens", type=int, default=1, help="tokens per key")
     parser.add_argument("--layers", type=int, default=None, help="override the model's number of layers")
     parser.add_argument("--init", choices=INITS, default="hf",
-                        help="hf: HF's N(0, 0.02), tied embeddings (the committed checkpoints); "
+                        help="hf: HF's N(0, 0.02), tied embeddings (the first checkpoints); "
                              "torch: PyTorch's scales, untied")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

@@ -18,9 +18,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kvtranslate.corpus import make_dataset  # noqa: E402
-from kvtranslate.evaluate import closed_set_correct, extractive_f1  # noqa: E402
+from kvtranslate.evaluate import qa_scores  # noqa: E402
 from kvtranslate.models import load_model  # noqa: E402
-from kvtranslate.scoring import binding_accuracy  # noqa: E402
 from kvtranslate.train import encode_pair_items, load_translator  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "kvtranslate")
@@ -46,10 +45,8 @@ def main():
             data = encode_pair_items(source_tok, target_tok, items)
             row = dict(names=names, templates=templates, items=len(data))
             for mode, tr in (("direct", None), ("translated", translator)):
-                correct = closed_set_correct(data, mode, *models, tr, 1.0)
-                row[f"{mode}_acc"] = sum(correct) / len(correct)
-                row[f"{mode}_binding_acc"] = binding_accuracy([e["needs_binding"] for e in data], correct)
-                row[f"{mode}_f1"] = extractive_f1(data, mode, *models, tr, 1.0)[0]
+                scores = qa_scores(data, mode, *models, tr)[0]
+                row.update({f"{mode}_{k}": scores[k] for k in ("acc", "binding_acc", "f1")})
             row["retention_f1"] = row["translated_f1"] / max(row["direct_f1"], 1e-9)
             print(json.dumps(row), flush=True)
             rows.append(row)

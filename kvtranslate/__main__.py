@@ -99,9 +99,8 @@ def cmd_train(args):
 
 def cmd_eval(args):
     from .corpus import make_dataset
-    from .evaluate import closed_set_correct, extractive_f1
+    from .evaluate import qa_scores
     from .models import load_model
-    from .scoring import binding_accuracy
     from .train import encode_pair_items, load_translator
     source, source_tok = load_model(args.source)
     target, target_tok = load_model(args.target)
@@ -112,10 +111,7 @@ def cmd_eval(args):
         tr = translator if mode == "translated" else None
         if mode == "translated" and tr is None:
             raise ValueError("--modes translated needs --translator DIR")
-        correct = closed_set_correct(data, mode, source, source_tok, target, target_tok, tr, args.frac)
-        f1, em, _ = extractive_f1(data, mode, source, source_tok, target, target_tok, tr, args.frac)
-        binding = binding_accuracy([e["needs_binding"] for e in data], correct)
-        results[mode] = dict(acc=sum(correct) / len(correct), binding_acc=binding, f1=f1, em=em)
+        results[mode] = qa_scores(data, mode, source, source_tok, target, target_tok, tr, args.frac)[0]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "eval.json"), "w") as f:
         json.dump(results, f, indent=1)

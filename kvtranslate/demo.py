@@ -15,10 +15,9 @@ import time
 import torch
 
 from .corpus import make_dataset, make_item, make_long_dataset, questions_about
-from .evaluate import (closed_set_accuracy, closed_set_correct, extractive_f1, injection_errors, multi_agent,
+from .evaluate import (closed_set_accuracy, extractive_f1, injection_errors, multi_agent, qa_scores,
                        time_translate_vs_prefill)
 from .models import load_model
-from .scoring import binding_accuracy
 from .train import encode_pair_items, save_translator, train_translator
 
 PAIRS = [("tiny-gpt2", "tiny-qwen2"), ("tiny-qwen2-b", "tiny-qwen2")]
@@ -59,13 +58,12 @@ def run_pair(source_name, target_name, cfg, out_dir, seed, log, save_translators
     args = (source, source_tok, target, target_tok)
     res = dict(pair=pair, cross_tokenizer=source_tok.get_vocab() != target_tok.get_vocab())
     t0 = time.time()
-    direct = closed_set_correct(eval_data, "direct", *args)
-    res["direct_acc"] = sum(direct) / len(direct)
+    direct, _ = qa_scores(eval_data, "direct", *args)
+    res["direct_acc"] = direct["acc"]
     res["no_context_acc"] = closed_set_accuracy(eval_data, "no-context", *args)
-    needs_binding = [e["needs_binding"] for e in eval_data]
-    res["binding_items"] = sum(needs_binding)
-    res["direct_binding_acc"] = binding_accuracy(needs_binding, direct)
-    res["direct_f1"], res["direct_em"], _ = extractive_f1(eval_data, "direct", *args)
+    res["binding_items"] = sum(e["needs_binding"] for e in eval_data)
+    res["direct_binding_acc"] = direct["binding_acc"]
+    res["direct_f1"], res["direct_em"] = direct["f1"], direct["em"]
     res["no_context_f1"], _, _ = extractive_f1(eval_data, "no-context", *args)
     res["direct_long_f1"], _, _ = extractive_f1(long_data, "direct", *args)
     res["long_context_tokens"] = sum(len(e["tgt"]) for e in long_data) / len(long_data)
@@ -80,12 +78,9 @@ def run_pair(source_name, target_name, cfg, out_dir, seed, log, save_translators
         if save_translators:
             save_translator(translator, tcfg, os.path.join(out_dir, "translators", pair.replace("->", "__"), name))
         details["train"][name] = history
-        correct = closed_set_correct(eval_data, "translated", *args, translator)
-        f1, em, preds = extractive_f1(eval_data, "translated", *args, translator)
+        scores, preds = qa_scores(eval_data, "translated", *args, translator)
         long_f1, _, _ = extractive_f1(long_data, "translated", *args, translator)
-        details["variants"][name] = dict(acc=sum(correct) / len(correct),
-                                         binding_acc=binding_accuracy(needs_binding, correct), f1=f1, em=em,
-                                         long_f1=long_f1,
+        details["variants"][name] = dict(**scores, long_f1=long_f1,
                                          params=sum(p.numel() for p in translator.parameters()),
                                          train_seconds=history[-1]["seconds"], examples=preds[:5])
         study = {}

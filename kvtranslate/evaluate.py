@@ -16,7 +16,7 @@ from .align import align_offsets, char_offsets
 from .cache import DynamicCache, extract_kv, inject_kv, prefill_kv
 from .losses import prefix_kv
 from .models import forward
-from .scoring import f1_em, greedy_answers, option_logprobs, pad_right
+from .scoring import binding_accuracy, f1_em, greedy_answers, option_logprobs, pad_right
 from .train import collate, translate_batch
 
 MODES = ("direct", "no-context", "translated", "native")
@@ -77,6 +77,16 @@ def extractive_f1(data, mode, source, source_tok, target, target_tok, translator
             predictions.append(text.strip())
     return sum(f1s) / len(f1s), sum(ems) / len(ems), predictions
 
+
+
+def qa_scores(data, mode, source, source_tok, target, target_tok, translator=None, frac=1.0):
+    """Closed-set accuracy, binding accuracy (items with a same-type distractor), extractive F1 and EM of one
+    mode, plus the greedy answers."""
+    correct = closed_set_correct(data, mode, source, source_tok, target, target_tok, translator, frac)
+    f1, em, predictions = extractive_f1(data, mode, source, source_tok, target, target_tok, translator, frac)
+    scores = dict(acc=sum(correct) / len(correct),
+                  binding_acc=binding_accuracy([e["needs_binding"] for e in data], correct), f1=f1, em=em)
+    return scores, predictions
 
 @torch.no_grad()
 def injection_errors(data, source, source_tok, target, target_tok, translator, frac, batch=32):
