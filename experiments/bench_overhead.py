@@ -47,7 +47,7 @@ def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = Non
     from fl_app.models.elastic_resnet import ElasticResNet
     from fl_app.server_app import cosine_lr
     from fl_app.slicing import slice_state, subnet_shapes
-    from strategies.feast import sample_partitions
+    from strategies.rounds import sample_partitions
     from strategies.sparse import sparse_average
 
     run = validate_run_config(run_values)

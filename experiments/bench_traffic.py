@@ -17,7 +17,7 @@ import numpy as np
 from experiments.traffic import routed_traffic, supernet_parser
 from fl_app.subnets import SubnetCache, draw_budgets
 from fl_app.supernet import load_supernet_config
-from strategies.feast import sample_partitions
+from strategies.rounds import sample_partitions
 
 
 def main(argv: list[str] | None = None) -> dict:

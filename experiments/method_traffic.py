@@ -20,7 +20,7 @@ from fl_app.config import SUPERNET_METHODS, validate_run_config
 from fl_app.federation import Federation
 from fl_app.outputs import write_csv
 from fl_app.payload import payload_bytes
-from strategies.feast import RoundLog, sample_partitions
+from strategies.rounds import RoundLog, sample_partitions
 
 SCALES = {
     "paper": {"supernet": "paper", "dataset": "cifar100", "data-source": "hub", "clients-per-round": 10,

@@ -34,6 +34,10 @@ def record_to_state(record: ArrayRecord, dtype: str = "float32") -> dict[str, np
 
 def _decode(array: Array, dtype: str) -> np.ndarray:
     value = array.numpy()
+    # the .npy header inside the data is what numpy trusts; it must agree with the metadata that was screened
+    if str(value.dtype) != array.dtype or tuple(value.shape) != tuple(array.shape):
+        raise ValueError(f"array data holds {value.dtype} {tuple(value.shape)} but its metadata says "
+                         f"{array.dtype} {tuple(array.shape)}")
     if dtype == "bfloat16" and value.dtype == np.int16:
         value = torch.from_numpy(value.copy()).view(torch.bfloat16).float().numpy()
     return value.astype(np.float32, copy=False)
@@ -68,11 +72,14 @@ def payload_bytes(shapes: Mapping[str, tuple], dtype: str = "float32") -> int:
 
     Each array travels as an .npy blob (header + data) plus its key, as ``ArrayRecord.count_bytes`` counts.
     """
-    np_dtype = np.dtype(np.int16 if dtype == "bfloat16" else np.float32)
-    total = 0
-    for name, shape in shapes.items():
-        header = io.BytesIO()
-        np.lib.format.write_array_header_1_0(
-            header, {"descr": np.lib.format.dtype_to_descr(np_dtype), "fortran_order": False, "shape": tuple(shape)})
-        total += header.tell() + int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize + len(name)
-    return total
+    wire = "int16" if dtype == "bfloat16" else "float32"
+    return sum(npy_bytes(shape, wire) + len(name) for name, shape in shapes.items())
+
+
+def npy_bytes(shape: tuple, dtype: str) -> int:
+    """Serialized size of an array of this shape and dtype as an .npy blob (what ``Array.data`` holds)."""
+    np_dtype = np.dtype(dtype)
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": np.lib.format.dtype_to_descr(np_dtype), "fortran_order": False, "shape": tuple(shape)})
+    return header.tell() + int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize

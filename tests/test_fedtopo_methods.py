@@ -172,7 +172,7 @@ def test_every_method_runs_a_two_round_simulation(flower_ids, tmp_path, method):
 
 
 def _sampled(run, server_round):
-    from strategies.feast import sample_partitions
+    from strategies.rounds import sample_partitions
     return sample_partitions(range(NUM_CLIENTS), run["clients-per-round"], run["seed"], server_round)
 
 

@@ -139,7 +139,7 @@ def test_resume_with_another_config_fails_before_training_and_keeps_the_checkpoi
 
 
 def test_a_failing_client_is_counted_and_the_round_completes_with_the_others(flwr_env, tmp_path):
-    from strategies.feast import sample_partitions
+    from strategies.rounds import sample_partitions
 
     faulty = sample_partitions(range(4), 2, 0, 1)[0]  # sampled in round 1 (seed 0, 2 of 4 clients)
     out = tmp_path / "partial"

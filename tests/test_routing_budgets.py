@@ -11,7 +11,8 @@ from fl_app.slicing import slice_subnet, state_numel, subnet_shapes
 from fl_app.subnets import draw_budgets
 from fl_app.supernet import Subnet
 from fl_app.models.elastic_resnet import ElasticResNet
-from strategies.feast import FeastStrategy, sample_partitions
+from strategies.feast import FeastStrategy
+from strategies.rounds import sample_partitions
 
 
 def test_budgets_are_seeded_clipped_and_zipf_skewed():

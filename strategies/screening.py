@@ -1,0 +1,217 @@
+"""Screening of client replies: the one path every strategy runs before a reply touches global state.
+
+A reply is untrusted input. Every check returns a reason (a string naming the key or field, what was found and
+what is allowed) or None when the input passes; the strategy logs the reason and counts the reply as rejected.
+
+Arrays, in two stages:
+
+1. ``record_problem(record, expected_shapes, payload_dtype)`` reads only each ``flwr.app.Array``'s metadata
+   (``stype``, ``dtype``, ``shape``) and the length of its serialized ``data``, so nothing is decoded yet:
+   - the key set equals ``expected_shapes``' (missing and unknown keys are named);
+   - ``stype`` is ``numpy.ndarray`` and ``dtype`` is the payload's wire dtype (``wire_dtype``: float32, or the
+     int16 bit patterns a bfloat16 payload travels as); complex, bool, int8, float16, float64 and every other dtype
+     are refused, so nothing is silently cast (complex -> float drops the imaginary part);
+   - the shape is exactly the expected one;
+   - the serialized size is exactly what an .npy blob of that shape and dtype occupies (``payload.npy_bytes``), so an
+     oversized blob (e.g. 256 MiB under a valid key) is refused without being read.
+   Decoding (``fl_app.payload``) then checks that the decoded header agrees with that metadata.
+2. ``tensor_problem(name, tensor, max_abs)`` on each decoded tensor: every element finite and
+   ``max|x| <= max_abs``. ``magnitude_bound(reference)`` is the bound for a tensor that updates a global tensor
+   ``reference``:
+
+       max_abs = min(MAX_ABS, RELATIVE_BOUND * max(1, max|reference|))
+
+   i.e. a reply may be at most 1,000 times larger than the global tensor it was sent (or than 1, for tensors that are
+   still near zero, e.g. biases at initialisation), and never beyond 1e6. One round of honest local training moves
+   weights and BatchNorm statistics by far less; a value of 1e37 (which passes a finiteness check) is refused. The
+   ceiling also keeps the aggregation's float32 sums finite: with weights at most ``MAX_WEIGHT`` per reply, a sum over
+   K replies is bounded by K * MAX_WEIGHT * MAX_ABS = K * 2.1e15, far below float32's 3.4e38.
+   Tensors without a global counterpart (uploaded statistics) pass their own bound, e.g. ``max_abs=1.0`` for
+   probabilities.
+
+Metrics: ``metrics_problem(metrics, specs)`` checks a ``MetricRecord`` against ``MetricSpec`` s: the value's kind
+(``int``, ``float``, ``int-list``, ``float-list``; an int passes where a float is wanted, a bool never passes as an
+int, a scalar never passes as a list nor a list as a scalar), finiteness, an inclusive range ``low..high`` for every
+element, list length and distinct elements. Keys without a spec are ignored (nothing reads them).
+Common specs: ``examples_spec(partition_size)`` (num-examples: a positive int, at most the partition's size when the
+server knows it, else at most ``MAX_WEIGHT``; ``exact=True``: equal to it), ``labels_spec(num_classes)`` (distinct ints in 0..C-1),
+``NON_NEGATIVE`` (train-loss, client-seconds: finite floats >= 0).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, MetricRecord
+
+from fl_app.payload import npy_bytes
+
+RELATIVE_BOUND = 1e3  # a reply's max-abs may be this many times the global tensor's (or 1, if that is smaller)
+MAX_ABS = 1e6  # and never larger than this
+MAX_WEIGHT = 2 ** 31 - 1  # the largest aggregation weight (num-examples) a reply may claim
+NUMPY_STYPE = "numpy.ndarray"
+WIRE_DTYPES = {"float32": "float32", "bfloat16": "int16"}  # payload dtype -> dtype of the arrays on the wire
+
+
+def wire_dtype(payload_dtype: str) -> str:
+    """The numpy dtype name arrays of a ``payload_dtype`` payload travel as."""
+    if payload_dtype not in WIRE_DTYPES:
+        raise ValueError(f"payload-dtype='{payload_dtype}': allowed values are {sorted(WIRE_DTYPES)}")
+    return WIRE_DTYPES[payload_dtype]
+
+
+# -- arrays, from metadata ---------------------------------------------------------------------------------------
+def keys_problem(found, expected) -> str | None:
+    missing, unknown = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
+    if missing or unknown:
+        return f"keys differ from what was expected (missing {missing[:3]}, unknown {unknown[:3]})"
+    return None
+
+
+def array_problem(name: str, array: Any, shape: tuple, dtype: str) -> str | None:
+    """Why ``array`` (a ``flwr.app.Array``) is not an ``dtype`` array of exactly ``shape``; metadata only."""
+    if not isinstance(array, Array):
+        return f"'{name}' is a {type(array).__name__}, not an Array"
+    if array.stype != NUMPY_STYPE:
+        return f"'{name}' has serialization type {array.stype!r}, allowed: {NUMPY_STYPE!r}"
+    if array.dtype != dtype:
+        return f"'{name}' has dtype {array.dtype}, allowed: {dtype}"
+    if tuple(array.shape) != tuple(shape):
+        return f"'{name}' has shape {tuple(array.shape)}, expected {tuple(shape)}"
+    size, expected = len(array.data), npy_bytes(shape, dtype)
+    if size != expected:
+        return f"'{name}' holds {size} bytes, an array of shape {tuple(shape)} and dtype {dtype} holds {expected}"
+    return None
+
+
+def record_problem(record: Any, expected_shapes: Mapping[str, tuple], payload_dtype: str) -> str | None:
+    """Why ``record`` is not an ArrayRecord of exactly ``expected_shapes`` in the payload's wire dtype (None when it
+    is). Reads metadata only: call it before decoding anything."""
+    if not isinstance(record, ArrayRecord):
+        return f"arrays are a {type(record).__name__}, not an ArrayRecord"
+    dtype = wire_dtype(payload_dtype)
+    problem = keys_problem(record.keys(), expected_shapes)
+    for name in expected_shapes:
+        problem = problem or array_problem(name, record[name], expected_shapes[name], dtype)
+    return problem
+
+
+# -- arrays, decoded ---------------------------------------------------------------------------------------------
+def magnitude_bound(reference: np.ndarray | None) -> float:
+    """Largest max-abs a reply tensor updating ``reference`` may have (see the module docstring)."""
+    scale = float(np.max(np.abs(reference))) if reference is not None and np.size(reference) else 0.0
+    return min(MAX_ABS, RELATIVE_BOUND * max(1.0, scale if math.isfinite(scale) else MAX_ABS))
+
+
+def tensor_problem(name: str, tensor: np.ndarray, max_abs: float) -> str | None:
+    """Why a decoded tensor cannot be used: a NaN/Inf element or one beyond ``max_abs`` (one pass over it)."""
+    if not np.size(tensor):
+        return None
+    largest = float(np.max(np.abs(tensor)))  # NaN propagates, Inf stays Inf
+    if not math.isfinite(largest):
+        return f"'{name}' contains NaN or Inf"
+    if largest > max_abs:
+        return f"'{name}' has magnitude {largest:.3g}, allowed at most {max_abs:.3g}"
+    return None
+
+
+def state_problem(state: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray] | None = None,
+                  max_abs: float | None = None) -> str | None:
+    """``tensor_problem`` for each tensor of ``state``, bounded by ``magnitude_bound(reference[name])`` or by a fixed
+    ``max_abs``; each tensor is read once."""
+    for name in state:
+        bound = max_abs if max_abs is not None else magnitude_bound(None if reference is None else reference.get(name))
+        problem = tensor_problem(name, state[name], bound)
+        if problem:
+            return problem
+    return None
+
+
+# -- metrics -----------------------------------------------------------------------------------------------------
+METRIC_KINDS = ("int", "float", "int-list", "float-list")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """What one metric of a reply must be: ``kind`` (see METRIC_KINDS), every element finite and in
+    ``low..high`` (inclusive), lists at most ``max_length`` long and, with ``distinct``, without repeats."""
+
+    kind: str
+    low: float = -math.inf
+    high: float = math.inf
+    required: bool = True
+    max_length: int = 1 << 16
+    distinct: bool = False
+
+    def __post_init__(self):
+        if self.kind not in METRIC_KINDS:
+            raise ValueError(f"kind='{self.kind}': allowed values are {list(METRIC_KINDS)}")
+
+    def problem(self, key: str, value: Any) -> str | None:
+        element_kind = self.kind.removesuffix("-list")
+        if self.kind.endswith("-list"):
+            if not isinstance(value, list):
+                return f"metric '{key}'={_short(value)} is not a list of {element_kind}s"
+            if len(value) > self.max_length:
+                return f"metric '{key}' has {len(value)} elements, allowed at most {self.max_length}"
+            if self.distinct and len(set(value)) != len(value):
+                return f"metric '{key}'={_short(value)} has repeated elements"
+            elements = value
+        else:
+            elements = [value]
+        article = "an" if element_kind == "int" else "a"
+        wanted = f"a list of {element_kind}s" if self.kind.endswith("-list") else f"{article} {element_kind}"
+        for element in elements:
+            if not _is_kind(element, element_kind):
+                return f"metric '{key}'={_short(value)} is not {wanted}"
+            if not math.isfinite(element):
+                return f"metric '{key}'={_short(value)} is not finite"
+            if not self.low <= element <= self.high:
+                return f"metric '{key}'={_short(value)} outside {self.low:g}..{self.high:g}"
+        return None
+
+
+def _is_kind(value: Any, kind: str) -> bool:
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) if kind == "int" else isinstance(value, (int, float))
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def metrics_problem(metrics: Any, specs: Mapping[str, MetricSpec]) -> str | None:
+    """Why ``metrics`` (a MetricRecord) does not meet ``specs`` (None when it does)."""
+    if not isinstance(metrics, MetricRecord):
+        return f"metrics are a {type(metrics).__name__}, not a MetricRecord"
+    for key, spec in specs.items():
+        if key not in metrics:
+            if spec.required:
+                return f"metric '{key}' is missing"
+            continue
+        problem = spec.problem(key, metrics[key])
+        if problem:
+            return problem
+    return None
+
+
+NON_NEGATIVE = MetricSpec("float", low=0.0, required=False)
+
+
+def examples_spec(partition_size: int | None = None, exact: bool = False) -> MetricSpec:
+    """num-examples: a positive int, at most the partition's size when the server knows it (with ``exact``, equal
+    to it: clients that train on their whole partition)."""
+    if partition_size is None:
+        return MetricSpec("int", low=1, high=MAX_WEIGHT)
+    return MetricSpec("int", low=partition_size if exact else 1, high=partition_size)
+
+
+def labels_spec(num_classes: int, required: bool = False) -> MetricSpec:
+    """labels: distinct class indices 0..C-1."""
+    return MetricSpec("int-list", low=0, high=num_classes - 1, required=required, max_length=num_classes,
+                      distinct=True)
