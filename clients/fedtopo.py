@@ -24,19 +24,38 @@ def class_prototypes(features: torch.Tensor, labels: torch.Tensor, num_classes: 
     return sums / counts.clamp(min=1).unsqueeze(1), counts
 
 
-def relation_topology(prototypes: torch.Tensor, counts: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """R[j, k] = softmax over present k != j of cos(p_j, p_k) / τ; rows and columns of absent classes are zero.
+def relation_scores(prototypes: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """S[j, k] = cos(p_j, p_k) for held classes j != k, 0 elsewhere (diagonal, absent classes).
 
-    Returns (R [C, C], mask [C] bool: classes the client holds). A row with no present partner stays zero."""
-    mask = counts > 0
+    A pair's score depends only on the two prototypes, not on which other classes the client holds, so scores from
+    clients with different class subsets measure the same thing and can be averaged (a row-wise softmax here would
+    hand all of a class's mass to whatever few classes share its client)."""
+    held = counts > 0
     c = len(counts)
     p = F.normalize(prototypes.float(), dim=1)
-    cos = p @ p.T
-    allowed = mask.unsqueeze(0) & mask.unsqueeze(1) & ~torch.eye(c, dtype=torch.bool)
-    scores = (cos / tau).masked_fill(~allowed, float("-inf"))
-    has_partner = allowed.any(dim=1, keepdim=True)
-    r = torch.softmax(torch.where(has_partner, scores, torch.zeros_like(scores)), dim=1)
-    return torch.where(allowed, r, torch.zeros_like(r)), mask
+    allowed = held.unsqueeze(0) & held.unsqueeze(1) & ~torch.eye(c, dtype=torch.bool)
+    return torch.where(allowed, (p @ p.T).clamp(-1.0, 1.0), torch.zeros(c, c))
+
+
+def capped_rows(labels: np.ndarray, max_samples: int, seed: int) -> np.ndarray:
+    """Sorted rows of a seeded class-stratified subsample of at most ~``max_samples`` (0 = all rows).
+
+    Each held class keeps at least one row, so a cap limits compute but never hides a class."""
+    labels = np.asarray(labels)
+    if not max_samples or len(labels) <= max_samples:
+        return np.arange(len(labels))
+    rng = np.random.default_rng(seed)
+    rows = []
+    for c in np.unique(labels):
+        of_c = np.flatnonzero(labels == c)
+        take = min(len(of_c), max(1, int(max_samples * len(of_c) / len(labels))))
+        rows.append(rng.choice(of_c, take, replace=False))
+    return np.sort(np.concatenate(rows))
+
+
+def class_counts(data: ImageData, num_classes: int) -> torch.Tensor:
+    """True per-class counts of a client's training split (what reliability weights are built from)."""
+    return torch.bincount(data.labels, minlength=num_classes).float()
 
 
 # -- loss ----------------------------------------------------------------------------------------------------------
@@ -92,9 +111,10 @@ def local_train(model: torch.nn.Module, data: ImageData, settings: LocalSettings
 @torch.no_grad()
 def embed(model: torch.nn.Module, data: ImageData, max_samples: int = 0, seed: int = 0,
           batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(logits, features, labels) in eval mode, without augmentation, on at most ``max_samples`` (0 = all)."""
+    """(logits, features, labels) in eval mode, without augmentation, on a class-stratified subsample of at most
+    ~``max_samples`` (0 = all; see ``capped_rows``)."""
     if max_samples and len(data) > max_samples:
-        data = data.subset(np.sort(np.random.default_rng(seed).choice(len(data), max_samples, replace=False)))
+        data = data.subset(capped_rows(data.labels.numpy(), max_samples, seed))
     model.eval()
     device = _device_of(model)
     logits, feats = [], []
@@ -117,15 +137,15 @@ def evaluate(model: torch.nn.Module, data: ImageData, batch_size: int = 256) -> 
     return correct, len(data)
 
 
-def fedtopo_upload(model, data: ImageData, num_classes: int, tau: float, source: str, max_samples: int,
+def fedtopo_upload(model, data: ImageData, num_classes: int, source: str, max_samples: int,
                    seed: int) -> dict[str, np.ndarray]:
-    """What a FedTopo client sends: R (C×C), its class mask and per-class counts. No weights."""
-    logits, feats, labels = embed(model, data, max_samples, seed)
+    """What a FedTopo client sends: pairwise relation scores S (C×C) and its true per-class counts. No weights."""
     if source not in ("prototypes", "logits"):
         raise ValueError(f"topo-source='{source}': allowed values are ['prototypes', 'logits']")
-    protos, counts = class_prototypes(feats if source == "prototypes" else logits, labels, num_classes)
-    r, mask = relation_topology(protos, counts, tau)
-    return {"topology": r.numpy(), "mask": mask.float().numpy(), "counts": counts.numpy()}
+    logits, feats, labels = embed(model, data, max_samples, seed)
+    protos, _ = class_prototypes(feats if source == "prototypes" else logits, labels, num_classes)
+    counts = class_counts(data, num_classes)
+    return {"relations": relation_scores(protos, counts).numpy(), "counts": counts.numpy()}
 
 
 def fedtopo_loss(global_arrays: dict, beta: float):

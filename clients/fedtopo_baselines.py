@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from clients.fedtopo import class_prototypes, embed
+from clients.fedtopo import class_counts, class_prototypes, embed
 
 
 def plain_ce(logits, feats, labels):
@@ -30,10 +30,11 @@ def load_head(model, global_arrays: dict) -> None:
 
 
 def class_means_upload(model, data, num_classes: int, of: str, max_samples: int, seed: int) -> dict[str, np.ndarray]:
-    """Per-class mean logits (``of='logits'``, FD) or mean features (``'features'``, FedProto/FedTGP) + counts."""
+    """Per-class mean logits (``of='logits'``, FD) or mean features (``'features'``, FedProto/FedTGP) on the capped
+    sample, with the true per-class counts of the training split."""
     logits, feats, labels = embed(model, data, max_samples, seed)
-    means, counts = class_prototypes(logits if of == "logits" else feats, labels, num_classes, normalise=False)
-    return {"means": means.numpy(), "counts": counts.numpy()}
+    means, _ = class_prototypes(logits if of == "logits" else feats, labels, num_classes, normalise=False)
+    return {"means": means.numpy(), "counts": class_counts(data, num_classes).numpy()}
 
 
 def _global(global_arrays: dict, key: str):

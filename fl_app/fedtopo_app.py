@@ -107,7 +107,7 @@ def client_loss(run: RunConfig, model, global_arrays: dict):
 def client_upload(run: RunConfig, model, data: ImageData, seed: int) -> dict[str, np.ndarray]:
     method, num_classes, cap = run["method"], DATASETS[run["dataset"]].num_classes, run["proto-max-samples"]
     if method == "fedtopo":
-        return fedtopo_upload(model, data, num_classes, run["topo-tau"], run["topo-source"], cap, seed)
+        return fedtopo_upload(model, data, num_classes, run["topo-source"], cap, seed)
     if method == "lg-fedavg":
         return head_upload(model)
     if method == "fd":
@@ -162,7 +162,7 @@ def build_strategy(run: RunConfig, node_of_partition: dict[int, int]):
                   lr_of_round=lr_of_round(run))
     num_classes = DATASETS[run["dataset"]].num_classes
     if method == "fedtopo":
-        return FedTopoStrategy(node_of_partition, num_classes, weighting=run["topo-weighting"],
+        return FedTopoStrategy(node_of_partition, num_classes, tau=run["topo-tau"], weighting=run["topo-weighting"],
                                kappa=run["topo-kappa"], **common)
     if method == "fedtgp":
         return FedTgpStrategy(node_of_partition, num_classes, feature_dim=run["feature-dim"],

@@ -18,7 +18,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fl_app.payload import record_bytes, record_to_state, state_to_record
-from strategies.feast import RoundLog, sample_partitions
+from strategies.rounds import RoundLog, sample_partitions
 
 TOPO_WEIGHTINGS = ("support", "mean")
 TOPO_SOURCES = ("prototypes", "logits")
@@ -32,34 +32,36 @@ def uniform_topology(num_classes: int) -> np.ndarray:
     return u
 
 
-def merge_topologies(topologies: np.ndarray, masks: np.ndarray, counts: np.ndarray, weighting: str = "support",
-                     kappa: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """Merge client topologies [M, C, C] into R̄ [C, C]; returns (R̄, total support W [C, C]).
+def merge_relations(relations: np.ndarray, counts: np.ndarray, tau: float, weighting: str = "support",
+                    kappa: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Merge client relation scores [M, C, C] (cosines, see ``clients.fedtopo.relation_scores``) into the topology
+    R̄ [C, C]; returns (R̄, merged scores S̃ [C, C], total support W [C, C]).
 
-    ``support``: entry (j, k) of client i weighs w = sqrt(n_ij · n_ik); R̄ = Σ w R / Σ w, then shrunk toward the
-    uniform row by the total support W: R̄ ← W/(W+κ)·R̄ + κ/(W+κ)·U. ``mean``: every client holding both classes
-    weighs 1 and nothing is shrunk (the no-reliability ablation). Entries nobody holds are uniform; rows are
-    renormalised to sum to 1 over k != j.
+    A client holding classes j and k (true counts n_j, n_k > 0) reports S[j, k]; ``support`` weighs it
+    w = sqrt(n_j·n_k), ``mean`` weighs it 1. S̄ = Σ w·S / Σ w over the reporting clients. With ``support`` each pair is
+    then shrunk toward the typical score s₀ (the support-weighted mean of all reported pairs):
+    S̃ = W/(W+κ)·S̄ + κ/(W+κ)·s₀, so a weakly supported pair neither stands out as similar nor as dissimilar; a pair
+    nobody reports gets s₀. Only then is each row normalised over all classes: R̄[j, k] = softmax_{k≠j}(S̃[j, k]/τ).
+    Because the softmax comes after the merge, which classes happen to share a client does not shape R̄.
     """
     if weighting not in TOPO_WEIGHTINGS:
         raise ValueError(f"topo-weighting='{weighting}': allowed values are {list(TOPO_WEIGHTINGS)}")
-    topologies, counts = np.asarray(topologies, dtype=np.float64), np.asarray(counts, dtype=np.float64)
-    present = np.asarray(masks) > 0
-    c = topologies.shape[-1]
+    relations, counts = np.asarray(relations, dtype=np.float64), np.asarray(counts, dtype=np.float64)
+    c = relations.shape[-1]
     off = ~np.eye(c, dtype=bool)
-    valid = present[:, :, None] & present[:, None, :] & off
-    if weighting == "support":
-        w = np.sqrt(counts[:, :, None] * counts[:, None, :]) * valid
-    else:
-        w = valid.astype(np.float64)
+    held = counts > 0
+    valid = held[:, :, None] & held[:, None, :] & off
+    w = np.sqrt(counts[:, :, None] * counts[:, None, :]) * valid if weighting == "support" else valid * 1.0
     total = w.sum(axis=0)
-    u = uniform_topology(c)
-    merged = np.where(total > 0, (w * topologies).sum(axis=0) / np.maximum(total, 1e-12), u)
-    if weighting == "support" and kappa > 0:
-        shrink = total / (total + kappa)
-        merged = shrink * merged + (1 - shrink) * u
-    merged = merged * off
-    return merged / merged.sum(axis=1, keepdims=True), total
+    summed = (w * np.where(valid, relations, 0.0)).sum(axis=0)
+    mean = np.divide(summed, total, out=np.zeros((c, c)), where=total > 0)
+    typical = float(summed.sum() / total.sum()) if total.sum() > 0 else 0.0
+    shrink = total / (total + kappa) if weighting == "support" and kappa > 0 else (total > 0) * 1.0
+    scores = shrink * mean + (1 - shrink) * typical
+    logits = np.where(off, scores / tau, -np.inf)
+    logits -= logits.max(axis=1, keepdims=True)
+    merged = np.exp(logits)
+    return merged / merged.sum(axis=1, keepdims=True), np.where(off, scores, 0.0), total
 
 
 # -- the shared skeleton -------------------------------------------------------------------------------------------
@@ -185,23 +187,22 @@ class LocalStrategy(HeteroStrategy):
 
 
 class FedTopoStrategy(HeteroStrategy):
-    """Broadcast R̄ (uniform before the first merge); merge uploaded topologies with reliability weighting."""
+    """Broadcast R̄ (uniform before the first merge); merge uploaded relation scores with reliability weighting."""
 
     name = "fedtopo"
 
-    def __init__(self, *args, weighting: str = "support", kappa: float = 0.0, **kw):
+    def __init__(self, *args, tau: float, weighting: str = "support", kappa: float = 0.0, **kw):
         super().__init__(*args, **kw)
         if weighting not in TOPO_WEIGHTINGS:
             raise ValueError(f"topo-weighting='{weighting}': allowed values are {list(TOPO_WEIGHTINGS)}")
-        self.weighting, self.kappa = weighting, kappa
+        self.tau, self.weighting, self.kappa = tau, weighting, kappa
         self.global_arrays = {"topology": uniform_topology(self.num_classes).astype(np.float32)}
         self.support = np.zeros((self.num_classes, self.num_classes))
 
     def aggregate_uploads(self, server_round, uploads):
         if not uploads:
             return
-        topo = np.stack([u["topology"] for _, u, _ in uploads])
-        masks = np.stack([u["mask"] for _, u, _ in uploads])
+        relations = np.stack([u["relations"] for _, u, _ in uploads])
         counts = np.stack([u["counts"] for _, u, _ in uploads])
-        merged, self.support = merge_topologies(topo, masks, counts, self.weighting, self.kappa)
+        merged, _, self.support = merge_relations(relations, counts, self.tau, self.weighting, self.kappa)
         self.global_arrays = {"topology": merged.astype(np.float32)}

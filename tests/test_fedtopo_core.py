@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from clients.fedtopo import class_prototypes, negative_weights, relation_topology, topology_loss
+from clients.fedtopo import capped_rows, class_prototypes, negative_weights, relation_scores, topology_loss
 from fl_app.models.hetero import CPU_FAMILY, PAPER_FAMILY, architecture_of, build_model, family_names
-from strategies.fedtopo import merge_topologies, uniform_topology
+from strategies.fedtopo import merge_relations, uniform_topology
 from strategies.fedtopo_baselines import (PrototypeGenerator, adaptive_margin, margin_contrastive_loss,
                                           train_generator, weighted_class_means)
 
@@ -27,86 +27,140 @@ def test_prototypes_are_means_of_normalised_features():
     np.testing.assert_allclose(protos.numpy(), [[0.5, 0.5], [0, 0], [s / 2, (1 + s) / 2]], atol=1e-6)
 
 
-def test_topology_of_hand_built_prototypes():
+def test_relation_scores_of_hand_built_prototypes():
     s = 1 / math.sqrt(2)
     protos = torch.tensor([[1.0, 0.0], [0.0, 1.0], [s, s]])
-    r, mask = relation_topology(protos, torch.tensor([5.0, 5.0, 5.0]), tau=0.5)
-    assert mask.tolist() == [True, True, True]
-    # cos(0,1) = 0, cos(0,2) = cos(1,2) = 1/sqrt(2); row j = softmax over k != j of cos/τ
-    a, b = math.exp(0 / 0.5), math.exp(s / 0.5)
-    expected = [[0, a / (a + b), b / (a + b)],
-                [a / (a + b), 0, b / (a + b)],
-                [0.5, 0.5, 0]]
-    np.testing.assert_allclose(r.numpy(), expected, atol=1e-6)
-    # the class in the middle relates equally to both; classes 0 and 1 find 2 more similar than each other
-    assert r[0, 2] > r[0, 1]
+    scores = relation_scores(protos, torch.tensor([5.0, 5.0, 5.0]))
+    # cos(0,1) = 0, cos(0,2) = cos(1,2) = 1/sqrt(2); the diagonal is not a relation
+    np.testing.assert_allclose(scores.numpy(), [[0, 0, s], [0, 0, s], [s, s, 0]], atol=1e-6)
+    # a pair's score does not depend on which other classes the client holds (unlike a row-wise softmax)
+    pair_only = relation_scores(protos, torch.tensor([5.0, 5.0, 0.0]))
+    assert pair_only[0, 1] == scores[0, 1] and torch.all(pair_only[2] == 0)
 
 
 def test_absent_classes_are_masked():
     torch.manual_seed(0)
     protos = torch.randn(4, 8)
-    r, mask = relation_topology(protos, torch.tensor([3.0, 0.0, 2.0, 7.0]), tau=0.1)
-    assert mask.tolist() == [True, False, True, True]
-    assert torch.all(r[1] == 0) and torch.all(r[:, 1] == 0)
-    assert torch.all(r.diagonal() == 0)
-    np.testing.assert_allclose(r[[0, 2, 3]].sum(1).numpy(), 1.0, atol=1e-6)
+    counts = torch.tensor([3.0, 0.0, 2.0, 7.0])
+    scores = relation_scores(protos, counts)
+    assert torch.all(scores[1] == 0) and torch.all(scores[:, 1] == 0) and torch.all(scores.diagonal() == 0)
+    assert torch.allclose(scores, scores.T) and scores.abs().max() <= 1
     # the absent class's (random) prototype has no influence on the others
     protos2 = protos.clone()
     protos2[1] = torch.randn(8) * 100
-    assert torch.allclose(relation_topology(protos2, torch.tensor([3.0, 0.0, 2.0, 7.0]), 0.1)[0], r)
+    assert torch.equal(relation_scores(protos2, counts), scores)
     # a client holding a single class has no relations at all
-    single, _ = relation_topology(protos, torch.tensor([0.0, 4.0, 0.0, 0.0]), 0.1)
-    assert torch.all(single == 0)
+    assert torch.all(relation_scores(protos, torch.tensor([0.0, 4.0, 0.0, 0.0])) == 0)
 
 
-# -- reliability-aware merge ---------------------------------------------------------------------------------------
+def test_capped_sample_keeps_every_class_and_counts_stay_true():
+    labels = np.array([0] * 500 + [1] * 3 + [2] * 1)
+    rows = capped_rows(labels, 50, seed=0)
+    assert len(rows) <= 52 and set(labels[rows]) == {0, 1, 2}  # the rare classes are kept
+    np.testing.assert_array_equal(rows, capped_rows(labels, 50, seed=0))  # seeded
+    assert np.bincount(labels[rows]).tolist() == [49, 1, 1]  # proportional quotas, at least one each
+    np.testing.assert_array_equal(capped_rows(labels, 0, seed=0), np.arange(len(labels)))
+
+
+# -- the merge: relation scores averaged with their support, normalised over all classes afterwards ---------------
 def _two_clients():
     # client A holds classes 0, 1, 2 with many samples; client B holds 0 and 1 with few
-    ra = np.array([[0, 0.8, 0.2], [0.6, 0, 0.4], [0.3, 0.7, 0]])
-    rb = np.array([[0, 1.0, 0], [1.0, 0, 0], [0, 0, 0]])
+    sa = np.array([[0, 0.5, -0.2], [0.5, 0, 0.1], [-0.2, 0.1, 0]])
+    sb = np.array([[0, -0.6, 0], [-0.6, 0, 0], [0, 0, 0]])
     counts = np.array([[100, 25, 4], [1, 4, 0]], dtype=float)
-    masks = (counts > 0).astype(float)
-    return np.stack([ra, rb]), masks, counts
+    return np.stack([sa, sb]), counts
+
+
+def _row_softmax(scores, tau):
+    e = np.exp(scores / tau)
+    np.fill_diagonal(e, 0)
+    return e / e.sum(1, keepdims=True)
 
 
 def test_support_merge_matches_hand_computation():
-    topo, masks, counts = _two_clients()
-    kappa = 10.0
-    merged, support = merge_topologies(topo, masks, counts, "support", kappa)
-    u = 0.5  # uniform row value for C = 3
-    # entry (0, 1): A weighs sqrt(100·25) = 50, B weighs sqrt(1·4) = 2
-    w = np.array([[0, 50 + 2, 20], [50 + 2, 0, 10], [20, 10, 0]], dtype=float)
+    relations, counts = _two_clients()
+    kappa, tau = 10.0, 0.5
+    merged, scores, support = merge_relations(relations, counts, tau, "support", kappa)
+    # pair (0, 1): A weighs sqrt(100·25) = 50, B weighs sqrt(1·4) = 2; (0, 2): sqrt(100·4) = 20; (1, 2): 10
+    w = np.array([[0, 52, 20], [52, 0, 10], [20, 10, 0]], dtype=float)
     np.testing.assert_allclose(support, w)
-    raw = np.array([[0, (50 * 0.8 + 2 * 1.0) / 52, 0.2], [(50 * 0.6 + 2 * 1.0) / 52, 0, 0.4], [0.3, 0.7, 0]])
-    shrunk = w / (w + kappa) * raw + kappa / (w + kappa) * u
+    mean = np.array([[0, (50 * 0.5 - 2 * 0.6) / 52, -0.2], [(50 * 0.5 - 2 * 0.6) / 52, 0, 0.1], [-0.2, 0.1, 0]])
+    typical = (50 * 0.5 - 2 * 0.6 - 20 * 0.2 + 10 * 0.1) / (52 + 20 + 10)  # support-weighted mean of all reports
+    shrunk = w / (w + kappa) * mean + kappa / (w + kappa) * typical
     np.fill_diagonal(shrunk, 0)
-    expected = shrunk / shrunk.sum(1, keepdims=True)
-    np.testing.assert_allclose(merged, expected, rtol=1e-9)
+    np.testing.assert_allclose(scores, shrunk, rtol=1e-12)
+    np.testing.assert_allclose(merged, _row_softmax(shrunk, tau), rtol=1e-12)
+    np.testing.assert_allclose(merged.sum(1), 1.0) and np.testing.assert_array_equal(merged.diagonal(), 0)
 
 
-def test_poorly_supported_entry_moves_toward_uniform():
-    topo, masks, counts = _two_clients()
-    plain, _ = merge_topologies(topo, masks, counts, "support", kappa=0.0)
-    shrunk, support = merge_topologies(topo, masks, counts, "support", kappa=10.0)
-    # row 2's entries have support 20 and 10 (vs. 52 for (0, 1)): both move toward 0.5, the weaker one more
-    assert abs(shrunk[2, 1] - 0.5) < abs(plain[2, 1] - 0.5)
-    assert support[1, 2] < support[0, 1]
-    # in row 1 the weak entry (1, 2) is pulled up toward uniform relative to the strong (1, 0)
-    assert shrunk[1, 2] / shrunk[1, 0] > plain[1, 2] / plain[1, 0]
-    # a pair nobody holds is uniform, and a huge κ makes everything uniform
-    none_hold = np.zeros_like(topo[:1])
-    np.testing.assert_allclose(merge_topologies(none_hold, np.zeros((1, 3)), np.zeros((1, 3)))[0], uniform_topology(3))
-    np.testing.assert_allclose(merge_topologies(topo, masks, counts, "support", 1e12)[0], uniform_topology(3),
+def test_opposite_prototypes_on_a_two_class_client_are_not_made_similar():
+    """The co-occurrence counter-example: a client holding only {0, 1} whose prototypes point in opposite
+    directions. A per-client row softmax gave class 1 all of class 0's mass on that client (and then the largest
+    share of the merged row); the merged scores must keep class 1 the *least* similar class to 0."""
+    e = torch.eye(3)
+    a = relation_scores(torch.stack([e[0], -e[0], e[1], e[2]]), torch.tensor([100.0, 100.0, 0.0, 0.0]))
+    b = relation_scores(torch.stack([e[0], e[1], 0.2 * e[0] + e[1], e[2]]), torch.tensor([100.0, 0.0, 100.0, 100.0]))
+    assert a[0, 1] == -1
+    merged, _, _ = merge_relations(np.stack([a.numpy(), b.numpy()]), np.array([[100, 100, 0, 0], [100, 0, 100, 100]]),
+                                   tau=0.1, kappa=20.0)
+    row = merged[0]
+    assert row[1] == min(row[1:]) and row[1] < row[3] < row[2]
+    np.testing.assert_allclose(merged.sum(1), 1.0)
+
+
+def test_merged_topology_does_not_depend_on_how_pairs_are_spread_over_clients():
+    rng = np.random.default_rng(3)
+    c = 5
+    g = rng.uniform(-1, 1, (c, c))
+    g = (g + g.T) / 2
+    np.fill_diagonal(g, 0)
+
+    def client(classes):
+        held = np.zeros(c, bool)
+        held[list(classes)] = True
+        return np.where(held[:, None] & held[None, :], g, 0.0), held * 10.0
+
+    def merge(subsets):
+        rel, cnt = zip(*(client(s) for s in subsets))
+        return merge_relations(np.stack(rel), np.stack(cnt), tau=0.2, kappa=5.0)[0]
+
+    one_client = merge([range(c)])
+    pairs = merge([(j, k) for j in range(c) for k in range(j + 1, c)])
+    mixed = merge([(0, 1, 2), (2, 3, 4), (0, 3), (0, 4), (1, 3), (1, 4)])  # every pair reported once, support 10
+    np.testing.assert_allclose(pairs, one_client, rtol=1e-12)
+    np.testing.assert_allclose(mixed, one_client, rtol=1e-12)
+
+
+def test_weakly_supported_pairs_are_pulled_toward_the_typical_score():
+    def merged_with(n):  # pair (0, 1) is very similar (0.9) but reported by a client with n samples per class
+        relations = np.zeros((3, 3, 3))  # clients holding {0, 1}, {0, 2}, {1, 2}; the other pairs score 0
+        relations[0, 0, 1] = relations[0, 1, 0] = 0.9
+        counts = np.array([[n, n, 0], [100, 0, 100], [0, 100, 100]], dtype=float)
+        return merge_relations(relations, counts, tau=0.5, kappa=20.0)
+
+    weak, weak_scores, _ = merged_with(1)
+    strong, strong_scores, _ = merged_with(100)
+    # the typical score is the support-weighted mean of the three reports: 0.9·n / (n + 100 + 100)
+    assert weak_scores[0, 1] == pytest.approx(1 / 21 * 0.9 + 20 / 21 * 0.9 / 201)
+    assert strong_scores[0, 1] == pytest.approx(100 / 120 * 0.9 + 20 / 120 * 0.3)
+    assert weak_scores[0, 2] == pytest.approx(20 / 120 * 0.9 / 201)
+    assert weak[0, 1] < strong[0, 1]
+    assert weak[0, 1] > 0.5  # still a little above the other entry of row 0, which has no evidence of similarity
+    # a huge κ makes every pair typical: the uniform topology; nobody reporting anything gives it too
+    relations, counts = _two_clients()
+    np.testing.assert_allclose(merge_relations(relations, counts, 0.5, "support", 1e12)[0], uniform_topology(3),
                                atol=1e-9)
+    np.testing.assert_allclose(merge_relations(np.zeros((1, 3, 3)), np.zeros((1, 3)), 0.5)[0], uniform_topology(3))
 
 
 def test_mean_weighting_is_the_plain_mean_over_holders():
-    topo, masks, counts = _two_clients()
-    merged, _ = merge_topologies(topo, masks, counts, "mean", kappa=10.0)  # κ is not used by the ablation
-    raw = np.array([[0, 0.9, 0.2], [0.8, 0, 0.4], [0.3, 0.7, 0]])
-    np.testing.assert_allclose(merged, raw / raw.sum(1, keepdims=True))
+    relations, counts = _two_clients()
+    merged, scores, _ = merge_relations(relations, counts, 0.5, "mean", kappa=10.0)  # κ is not used by the ablation
+    expected = np.array([[0, (0.5 - 0.6) / 2, -0.2], [(0.5 - 0.6) / 2, 0, 0.1], [-0.2, 0.1, 0]])
+    np.testing.assert_allclose(scores, expected, atol=1e-12)
+    np.testing.assert_allclose(merged, _row_softmax(expected, 0.5))
     with pytest.raises(ValueError, match="topo-weighting='median': allowed values are"):
-        merge_topologies(topo, masks, counts, "median")
+        merge_relations(relations, counts, 0.5, "median")
 
 
 # -- loss ----------------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from fl_app.config import validate_run_config
 from fl_app.fedtopo_app import (HETERO_METHODS, MODEL_STATE, InProcessGrid, build_strategy, client_data, client_rows,
                                 evaluate_hetero, load_client_model, run_in_process, train_hetero)
 from fl_app.payload import record_bytes, record_to_state, state_to_record
-from strategies.fedtopo import merge_topologies, uniform_topology
+from strategies.fedtopo import merge_relations, uniform_topology
 
 TINY = {"method": "fedtopo", "num-server-rounds": 2, "clients-per-round": 3, "max-local-steps": 2, "batch-size": 16, "eval-every": 1,
         "proto-max-samples": 64, "tgp-server-epochs": 5, "test-fraction": 0.05}
@@ -52,16 +52,18 @@ def test_fedtopo_strategy_broadcasts_merges_and_scores(flower_ids, tmp_path):
     for i, msg in enumerate(messages):
         counts = rng.integers(0, 50, 10).astype(np.float32)
         counts[i] = 0  # each client misses a class
-        topo = rng.random((10, 10)).astype(np.float32)
-        uploads.append({"topology": topo, "mask": (counts > 0).astype(np.float32), "counts": counts})
+        held = counts > 0
+        scores = rng.uniform(-1, 1, (10, 10))
+        scores = np.where(held[:, None] & held[None, :] & ~np.eye(10, dtype=bool), (scores + scores.T) / 2, 0)
+        uploads.append({"relations": scores.astype(np.float32), "counts": counts})
     replies = [_reply(m, u, 100) for m, u in zip(messages, uploads)]
     unsampled = ({0, 1, 2} - {m.metadata.dst_node_id - 100 for m in messages}).pop()
     stray = _reply(messages[0], uploads[0], 100)
     stray.metadata.__dict__["_src_node_id"] = 100 + unsampled
     _, metrics = strategy.aggregate_train(1, replies + [stray])
     assert strategy.rounds[1].rejected == [unsampled]
-    expected, _ = merge_topologies(np.stack([u["topology"] for u in uploads]), np.stack([u["mask"] for u in uploads]),
-                                   np.stack([u["counts"] for u in uploads]), "support", 5.0)
+    expected, _, _ = merge_relations(np.stack([u["relations"] for u in uploads]),
+                                     np.stack([u["counts"] for u in uploads]), run["topo-tau"], "support", 5.0)
     np.testing.assert_allclose(strategy.global_arrays["topology"], expected, rtol=1e-5)
     assert metrics["bytes-up"] == sum(record_bytes(state_to_record(u)) for u in uploads)
     assert metrics["bytes-down"] == 2 * record_bytes(state_to_record({"topology": uniform_topology(10)}))
@@ -124,18 +126,20 @@ def _message(pid: int, arrays: dict, server_round: int = 1, message_type: str = 
                    dst_node_id=100 + pid)
 
 
-def test_fedtopo_client_uploads_only_the_topology_and_keeps_its_model(flower_ids, tmp_path):
-    run = _run(tmp_path, **{"proto-max-samples": 0})
+def test_fedtopo_client_uploads_only_relations_and_true_counts_and_keeps_its_model(flower_ids, tmp_path):
+    run = _run(tmp_path, **{"proto-max-samples": 16})  # the cap limits compute, not the reported counts
     context = InProcessGrid(run, NUM_CLIENTS).contexts[1]
     before = {k: v.clone() for k, v in load_client_model(run, 1, context.state).state_dict().items()}
     reply = train_hetero(_message(1, {"topology": uniform_topology(10)}), run, 1, NUM_CLIENTS, context)
     upload = record_to_state(reply.content.array_records["upload"])
-    assert set(upload) == {"topology", "mask", "counts"}  # no weights leave the client
+    assert set(upload) == {"relations", "counts"}  # no weights leave the client
     train, test = client_data(run, 1, NUM_CLIENTS)
     counts = np.bincount(train.labels.numpy(), minlength=10)
     held = counts > 0
-    assert (upload["mask"] > 0).tolist() == held.tolist() and upload["counts"].tolist() == counts.tolist()
-    np.testing.assert_allclose(upload["topology"][held].sum(1), 1.0, atol=1e-5)
+    assert len(train) > 16 and upload["counts"].tolist() == counts.tolist()
+    pairs = held[:, None] & held[None, :] & ~np.eye(10, dtype=bool)
+    assert np.all(upload["relations"][~pairs] == 0) and np.all(np.abs(upload["relations"][pairs]) <= 1)
+    np.testing.assert_allclose(upload["relations"], upload["relations"].T, atol=1e-6)
     after = load_client_model(run, 1, context.state).state_dict()
     assert any(not np.allclose(before[k].numpy(), after[k].numpy()) for k in before)  # kept in the node state
     reply = evaluate_hetero(_message(1, {}, message_type=MessageType.EVALUATE), run, 1, NUM_CLIENTS, context)
@@ -165,9 +169,8 @@ def test_every_method_runs_a_two_round_simulation(flower_ids, tmp_path, method):
         assert summary["bytes_up"] == summary["bytes_down"] == 0
     else:
         assert summary["bytes_up"] > 0 and summary["bytes_down"] > 0
-    if method == "fedtopo":  # exactly R (C×C), the mask and the counts per sampled client and round
-        one = record_bytes(state_to_record({"topology": np.zeros((10, 10)), "mask": np.zeros(10),
-                                            "counts": np.zeros(10)}))
+    if method == "fedtopo":  # exactly S (C×C) and the counts per sampled client and round
+        one = record_bytes(state_to_record({"relations": np.zeros((10, 10)), "counts": np.zeros(10)}))
         assert summary["bytes_up"] == 2 * 3 * one
 
 
@@ -186,7 +189,7 @@ def test_same_seed_same_results(flower_ids, tmp_path):
     ({"topo-weighting": "median"}, "topo-weighting='median': allowed values are ['support', 'mean']"),
     ({"topo-source": "weights"}, "topo-source='weights': allowed values are ['prototypes', 'logits']"),
     ({"model-family": "gpu"}, "model-family='gpu': allowed values are ['cpu', 'paper']"),
-    ({"topo-tau": 0.0}, "topo-tau=0.0: must be > 0"),
+    ({"topo-tau": 0.0}, "topo-tau=0.0: must be"),
     ({"test-fraction": 1.0}, "test-fraction=1.0: must be in (0, 1)"),
     ({"method": "fedx"}, "'fedtopo', 'local', 'lg-fedavg', 'fd', 'fedproto', 'fedtgp'"),
 ])
