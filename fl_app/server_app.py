@@ -214,12 +214,7 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
         "run_config": run.to_dict(),
     }
     write_csv(out_dir / "metrics.csv", evaluator.rows)
-    write_csv(out_dir / "rounds.csv", [
-        {"round": r, "sampled": len(l.sampled), "replies": len(l.sampled) - len(l.failed) - len(l.rejected),
-         "failed": len(l.failed), "rejected": len(l.rejected), "train_loss": l.train_loss, "bytes_down": l.bytes_down,
-         "bytes_up": l.bytes_up, "seconds": l.seconds, "client_seconds": l.client_seconds,
-         "server_rss_mb": l.server_rss_mb,
-         "server_peak_rss_mb": l.server_peak_rss_mb} for r, l in sorted(rounds.items())])
+    write_csv(out_dir / "rounds.csv", [l.row(r) for r, l in sorted(rounds.items())])
     save_checkpoint(out_dir / "supernet.pt", {
         "supernet": strategy.model_cfg.to_dict(), "state_dict": {k: torch.from_numpy(v) for k, v in final_state.items()},
         "run_config": run.to_dict(), "num_clients": num_clients, "budgets": summary["budgets"],

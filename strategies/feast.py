@@ -18,6 +18,8 @@ from fl_app.slicing import slice_state, state_numel, subnet_shapes
 from fl_app.subnets import SubnetCache
 from fl_app.supernet import Subnet, SupernetConfig
 from strategies.rounds import RoundLog, sample_partitions
+from strategies.screening import NON_NEGATIVE, MetricSpec, examples_spec, labels_spec, magnitude_bound, \
+    metrics_problem, record_problem
 from strategies.sparse import sparse_average, update_problem
 
 
@@ -38,6 +40,9 @@ class FeastStrategy(Strategy):
         self.rounds: dict[int, RoundLog] = {}
         self._returned: ArrayRecord | None = None  # the record aggregate_train handed back (decoded: global_state)
         self._view: tuple[int, dict] | None = None  # (round, wire view of global_state) built by configure_train
+        self._bounds: tuple[int, dict] | None = None  # (round, magnitude bound per tensor of that view)
+        self._sent: dict[int, Message] = {}  # partition id -> this round's message (the grid sets its id on push)
+        self._sent_bytes: dict[int, int] = {}  # partition id -> payload bytes of that message
 
     # -- what each client gets ------------------------------------------------------------------------------------
     @property
@@ -71,17 +76,12 @@ class FeastStrategy(Strategy):
     def reply_mask(self, partition_id: int, metrics: MetricRecord) -> dict | None:
         return None
 
-    def metrics_problem(self, partition_id: int, metrics: MetricRecord) -> str | None:
-        """Why a reply's metrics cannot be trusted for weighting (None when they can)."""
-        claimed = metrics.get("num-examples")
-        if not isinstance(claimed, int) or claimed <= 0:
-            return f"num-examples={claimed!r} is not a positive integer"
-        if self.examples_of_partition is not None and claimed != self.examples_of_partition[partition_id]:
-            return f"num-examples={claimed} but partition {partition_id} holds {self.examples_of_partition[partition_id]}"
-        labels = metrics.get("labels", [])
-        if any(not 0 <= int(label) < self.model_cfg.n_classes for label in labels):
-            return f"labels {labels} outside 0..{self.model_cfg.n_classes - 1}"
-        return None
+    def metric_specs(self, partition_id: int) -> dict[str, MetricSpec]:
+        """What a reply's metrics must be: num-examples is the partition's size when the server knows it (it weighs
+        the reply), labels are distinct classes of the model, loss and time finite and non-negative."""
+        size = None if self.examples_of_partition is None else self.examples_of_partition[partition_id]
+        return {"num-examples": examples_spec(size, exact=True), "labels": labels_spec(self.model_cfg.n_classes),
+                "train-loss": NON_NEGATIVE, "client-seconds": NON_NEGATIVE}
 
     # -- checkpoints ------------------------------------------------------------------------------------------
     def checkpoint_state(self) -> dict:
@@ -100,13 +100,13 @@ class FeastStrategy(Strategy):
         self._view = (server_round, view)
         log_ = self.rounds.setdefault(server_round, RoundLog())
         log_.sampled = sample_partitions(self.node_of_partition, self.clients_per_round, self.seed, server_round)
-        self.routed = {}
-        messages = []
+        self.routed, self._sent, self._sent_bytes = {}, {}, {}
         for pid in log_.sampled:
             bounds, arch = self.assign(pid, server_round)
             self.routed[pid] = (bounds, arch)
             payload = state_to_record(slice_state(view, self.routed_shapes(bounds)), self.payload_dtype)
-            log_.bytes_down += record_bytes(payload)
+            self._sent_bytes[pid] = record_bytes(payload)
+            log_.bytes_down += self._sent_bytes[pid]
             train_config = {
                 **dict(config), **self.client_config(pid, bounds), "server-round": server_round,
                 "lr": float(self.lr_of_round(server_round)), "budget-macs": float(self.budgets[pid]),
@@ -116,36 +116,57 @@ class FeastStrategy(Strategy):
             if arch is not None:
                 train_config.update({"arch-d": list(arch.d), "arch-e": list(arch.e), "arch-w": list(arch.w)})
             content = RecordDict({"arrays": payload, "config": ConfigRecord(train_config)})
-            messages.append(Message(content, message_type=MessageType.TRAIN, dst_node_id=self.node_of_partition[pid]))
-        return messages
+            self._sent[pid] = Message(content, message_type=MessageType.TRAIN, dst_node_id=self.node_of_partition[pid])
+        return list(self._sent.values())
+
+    def reply_problem(self, server_round: int, partition_id: int, reply: Message, view: dict) -> str | None:
+        """Why a reply cannot be aggregated (None when it can): ``strategies.screening``'s checks, in order of cost:
+        metrics, then array metadata against exactly what was routed (nothing decoded yet), then the decoded
+        tensors (finite, within the magnitude bound of the global tensor they update, prefix slices of it)."""
+        if partition_id not in self.routed:
+            return "not sampled this round"
+        record = reply.content.array_records.get("arrays")
+        if record is None:
+            return "no arrays"
+        bounds, arch = self.routed[partition_id]
+        expected = self.routed_shapes(bounds)
+        if arch is not None:  # a single trained subnet comes back: its slice of what was routed
+            expected = {k: v for k, v in self.routed_shapes(arch).items() if k in expected}
+        metrics = reply.content.metric_records.get("metrics", MetricRecord())
+        problem = metrics_problem(metrics, self.metric_specs(partition_id)) or \
+            record_problem(record, expected, self.payload_dtype)
+        if problem:
+            return problem
+        try:
+            return update_problem(view, RecordState(record, self.payload_dtype), 1.0, expected,
+                                  self._magnitude_bounds(server_round, view))
+        except ValueError as error:  # the data's own header disagrees with the screened metadata
+            return str(error)
+
+    def _magnitude_bounds(self, server_round: int, view: dict) -> dict[str, float]:
+        if self._bounds is None or self._bounds[0] != server_round:
+            self._bounds = (server_round, {name: magnitude_bound(tensor) for name, tensor in view.items()})
+        return self._bounds[1]
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         log_ = self.rounds.setdefault(server_round, RoundLog())
         view = self._view[1] if self._view and self._view[0] == server_round else \
             self.to_wire_view(self.global_state, server_round)
         accepted, losses = [], []
-        for pid, reply in log_.screen(server_round, replies, self.node_of_partition):
+        for pid, reply in log_.screen(server_round, replies, self.node_of_partition, self._sent):
             record = reply.content.array_records.get("arrays")
-            metrics = reply.content.metric_records.get("metrics", MetricRecord())
-            if record is None or pid not in self.routed:
-                log(WARNING, "round %d: reply from client %d rejected: no arrays or not sampled", server_round, pid)
-                log_.rejected.append(pid)
-                continue
-            log_.bytes_up += record_bytes(record)
-            state = RecordState(record, self.payload_dtype)  # decoded tensor by tensor when read
-            bounds, arch = self.routed[pid]
-            expected = self.routed_shapes(bounds)
-            if arch is not None:  # a single trained subnet comes back: its slice of what was routed
-                expected = {k: v for k, v in self.routed_shapes(arch).items() if k in expected}
-            problem = self.metrics_problem(pid, metrics) or update_problem(view, state, 1.0, expected)
+            log_.bytes_up += record_bytes(record) if record is not None else 0
+            problem = self.reply_problem(server_round, pid, reply, view)
             if problem:
                 log(WARNING, "round %d: reply from client %d rejected: %s", server_round, pid, problem)
                 log_.rejected.append(pid)
                 continue
-            accepted.append((pid, state, metrics))
+            metrics = reply.content.metric_records.get("metrics", MetricRecord())
+            accepted.append((pid, RecordState(record, self.payload_dtype), metrics))
             losses.append(float(metrics.get("train-loss", math.nan)))
             log_.client_seconds += float(metrics.get("client-seconds", 0.0))
-        log_.close(server_round, len(accepted), self.min_reply_fraction)
+        log_.accepted = [pid for pid, _, _ in accepted]
+        log_.close(server_round, len(accepted), self.min_reply_fraction, self._sent_bytes)
         weights = self.reply_weights(server_round, [(pid, metrics) for pid, _, metrics in accepted])
         updates = [(state, w) for (_, state, _), w in zip(accepted, weights)]
         masks = [self.reply_mask(pid, metrics) for pid, _, metrics in accepted]
@@ -157,7 +178,7 @@ class FeastStrategy(Strategy):
             "failed": len(log_.failed), "rejected": len(log_.rejected),
             "bytes-down": log_.bytes_down, "bytes-up": log_.bytes_up,
         })
-        self._view = None
+        self._view, self._sent, self._sent_bytes = None, {}, {}
         self._returned = state_to_record(self.global_state)
         return self._returned, metrics
 

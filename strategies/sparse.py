@@ -10,21 +10,26 @@ import numpy as np
 from flwr.common.logger import log
 
 from fl_app.slicing import is_prefix_shape, prefix_region
+from strategies.screening import MAX_WEIGHT, keys_problem, magnitude_bound, tensor_problem
 
 State = Mapping[str, np.ndarray]
 
 
 def update_problem(global_state: State, state: State, weight: float,
-                   expected_shapes: Mapping[str, tuple] | None = None) -> str | None:
+                   expected_shapes: Mapping[str, tuple] | None = None,
+                   magnitude_bounds: Mapping[str, float] | None = None) -> str | None:
     """Why ``state`` cannot be aggregated into ``global_state`` (None when it can).
 
-    ``expected_shapes``, when given, are the exact slices the client was sent: an update must return those.
+    ``expected_shapes``, when given, are the exact slices the client was sent: an update must return those. Every
+    tensor must be finite and within ``magnitude_bounds[name]`` (default: ``screening.magnitude_bound`` of the
+    global tensor), which also keeps the float32 sums below finite; weights are at most ``screening.MAX_WEIGHT``.
     """
-    if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0):
-        return f"weight {weight!r} is not a finite positive number"
-    if expected_shapes is not None and set(state) != set(expected_shapes):
-        missing, extra = sorted(set(expected_shapes) - set(state)), sorted(set(state) - set(expected_shapes))
-        return f"keys differ from what was routed (missing {missing[:3]}, unexpected {extra[:3]})"
+    if not (isinstance(weight, (int, float)) and math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
+        return f"weight {weight!r} is not a finite number in (0, {MAX_WEIGHT}]"
+    if expected_shapes is not None:
+        problem = keys_problem(state, expected_shapes)
+        if problem:
+            return problem
     for name, tensor in state.items():
         if name not in global_state:
             return f"unknown tensor '{name}'"
@@ -33,8 +38,10 @@ def update_problem(global_state: State, state: State, weight: float,
             return f"'{name}' has shape {shape}, not a prefix slice of {outer}"
         if expected_shapes is not None and shape != tuple(expected_shapes[name]):
             return f"'{name}' has shape {shape}, but {tuple(expected_shapes[name])} was routed"
-        if not np.all(np.isfinite(tensor)):
-            return f"'{name}' contains NaN or Inf"
+        bound = magnitude_bounds[name] if magnitude_bounds is not None else magnitude_bound(global_state[name])
+        problem = tensor_problem(name, tensor, bound)
+        if problem:
+            return problem
     return None
 
 
