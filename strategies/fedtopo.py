@@ -17,11 +17,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from fl_app.config import TOPO_WEIGHTINGS
 from fl_app.payload import record_bytes, record_to_state, state_to_record
 from strategies.rounds import RoundLog, sample_partitions
-
-TOPO_WEIGHTINGS = ("support", "mean")
-TOPO_SOURCES = ("prototypes", "logits")
 
 
 # -- FedTopo merge -------------------------------------------------------------------------------------------------

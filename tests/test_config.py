@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import re
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from fl_app.config import KEYS, validate_run_config
+from fl_app.config import KEYS, RunConfig, validate_run_config
 from fl_app.federation import Federation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,10 +34,28 @@ def test_readme_documents_every_key():
     ({"num-server-round": 3}, "unknown key 'num-server-round' (did you mean 'num-server-rounds'?)"),
     ({"method": "fedx"}, "method='fedx': allowed values are ['feast'"),
     ({"dataset": "mnist"}, "dataset='mnist': allowed values are ['cifar10', 'cifar100', 'cinic10', 'tinyimagenet']"),
-    ({"gamma": -0.5}, "gamma=-0.5: must be >= 0"),
-    ({"lr": "fast"}, "lr='fast': expected a float"),
+    ({"gamma": -0.5}, "gamma=-0.5: must be in [0, 10]"),
+    ({"lr": "fast"}, "lr='fast': expected a finite float in (0, 10]"),
     ({"payload-dtype": "float16"}, "payload-dtype='float16': allowed values are ['float32', 'bfloat16']"),
     ({"train-subnets": "min,random"}, "train-subnets='min,random'"),
+    ({"train-subnets": "max,max"}, "train-subnets='max,max': allowed: a comma list of ['max', 'min', 'random'] without "
+                                   "repeats"),
+    ({"train-subnets": "max,,min"}, "train-subnets='max,,min': an empty item"),
+    ({"tiers": "3e6,"}, "tiers='3e6,': an empty item; allowed: empty, or comma-separated MACs, each a number in "
+                        "[1, 1e12]"),
+    ({"tiers": "inf"}, "tiers='inf': inf is out of range"),
+    ({"tiers": "nan"}, "tiers='nan': nan is out of range"),
+    ({"tiers": "1e30"}, "tiers='1e30': 1e30 is out of range"),
+    ({"tiers": "0,3e6"}, "tiers='0,3e6': 0 is out of range"),
+    ({"tiers": "3e6;5e6"}, "tiers='3e6;5e6': '3e6;5e6' is not a number"),
+    ({"faulty-partitions": "1.5"}, "faulty-partitions='1.5': '1.5' is not a partition id; allowed: empty, or "
+                                   "comma-separated partition ids, each an integer in [0, 100000)"),
+    ({"faulty-partitions": "-1"}, "faulty-partitions='-1': '-1' is not a partition id"),
+    ({"faulty-partitions": "0,"}, "faulty-partitions='0,': an empty item"),
+    ({"budget-levels": 10**9}, "budget-levels=1000000000: must be in [0, 100000]"),
+    ({"topo-tau": 1e-45}, "topo-tau=1e-45: must be in [0.001, 100]"),
+    ({"lr": float("inf")}, "lr=inf: expected a finite float in (0, 10]"),
+    ({"seed": 2**40}, "seed=1099511627776: must be in [0, 4294967295]"),
     ({"data-source": "local"}, "data-path: required when data-source='local'"),
     ({"dataset": "cifar100"}, "data-source='sample' only bundles cifar10"),
     ({"output-dir": "relative/dir"}, "output-dir='relative/dir': must be an absolute path"),
@@ -77,3 +97,54 @@ def test_federation_level_checks():
 def test_paper_confs_validate():
     for conf in sorted((ROOT / "experiments" / "conf").glob("*.toml")):
         validate_run_config(tomllib.loads(conf.read_text()))
+
+
+def test_list_keys_are_parsed_once_by_their_check():
+    run = validate_run_config({"tiers": " 5e6, 3e6 ", "faulty-partitions": "2, 0", "train-subnets": "max, random"})
+    assert run.tier_targets == [5e6, 3e6]
+    assert run.faulty_partitions == frozenset({0, 2})
+    assert run.train_subnets == ("max", "random")
+    # the raw values stay as given (checkpoints and summaries compare them); a rebuilt config parses the same way
+    assert run["tiers"] == " 5e6, 3e6 "
+    rebuilt = RunConfig(dict(run.values))
+    assert rebuilt.parsed == run.parsed and rebuilt == run
+    assert validate_run_config({}).tier_targets == [] and validate_run_config({}).faulty_partitions == frozenset()
+
+
+def test_every_number_has_a_finite_range():
+    for key, spec in KEYS.items():
+        if isinstance(spec.default, (int, float)) and not isinstance(spec.default, bool):
+            assert spec.check is not None, key
+            assert spec.check(spec.default), key
+            huge, tiny = (10**15, -(10**15)) if isinstance(spec.default, int) else (1e30, -1e30)
+            for bad in (huge, tiny):
+                with pytest.raises(ValueError, match=re.escape(f"{key}={bad!r}: must be {spec.rule}")):
+                    validate_run_config({key: bad})
+            if isinstance(spec.default, float):
+                for bad in (math.inf, math.nan):
+                    with pytest.raises(ValueError, match=re.escape(f"{key}={bad!r}: expected a finite float")):
+                        validate_run_config({key: bad})
+
+
+def test_readme_states_every_range():
+    rows = {line.split("`")[1]: line for line in (ROOT / "README.md").read_text().splitlines()
+            if line.startswith("| `")}
+    missing = [key for key, spec in KEYS.items() if spec.check and spec.rule not in rows.get(key, "")]
+    assert not missing
+
+
+def test_faulty_partitions_beyond_the_federation_are_refused():
+    run = validate_run_config({"faulty-partitions": "1,7"})
+    assert run.clients_per_round(8) == 4
+    with pytest.raises(ValueError, match=r"faulty-partitions='1,7': partition ids \[7\] do not exist; allowed: ids "
+                                         r"in \[0, 4\)"):
+        run.clients_per_round(4)
+    with pytest.raises(ValueError, match="faulty-partitions"):
+        Federation.build(run, 4).client_budgets(run, {})
+
+
+def test_topology_weightings_have_one_source():
+    from fl_app.config import TOPO_WEIGHTINGS
+    from strategies import fedtopo
+
+    assert fedtopo.TOPO_WEIGHTINGS is TOPO_WEIGHTINGS is KEYS["topo-weighting"].choices
