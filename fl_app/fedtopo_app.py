@@ -21,8 +21,8 @@ from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, R
 from flwr.common.logger import log
 
 from clients.feast import LocalSettings
-from clients.fedtopo import evaluate, fedtopo_loss, fedtopo_upload, local_train
-from clients.fedtopo_baselines import class_means_upload, fd_loss, head_upload, load_head, plain_ce, proto_loss
+from clients.fedtopo import class_counts, evaluate, fedtopo_loss, fedtopo_upload, local_train
+from clients.fedtopo_baselines import FdLoss, class_means_upload, head_upload, load_head, plain_ce, proto_loss
 from fl_app.config import RunConfig
 from fl_app.data import DATASETS, ImageData, load_dataset, split_train, stratified_holdout
 from fl_app.device import preferred_device
@@ -98,22 +98,22 @@ def client_loss(run: RunConfig, model, global_arrays: dict):
         load_head(model, global_arrays)
         return plain_ce
     if method == "fd":
-        return fd_loss(global_arrays, run["distill-lambda"])
+        return FdLoss(global_arrays, run["distill-lambda"], DATASETS[run["dataset"]].num_classes)
     if method in ("fedproto", "fedtgp"):
         return proto_loss(global_arrays, run["distill-lambda"])
     return plain_ce
 
 
-def client_upload(run: RunConfig, model, data: ImageData, seed: int) -> dict[str, np.ndarray]:
+def client_upload(run: RunConfig, model, data: ImageData, seed: int, loss_fn) -> dict[str, np.ndarray]:
     method, num_classes, cap = run["method"], DATASETS[run["dataset"]].num_classes, run["proto-max-samples"]
     if method == "fedtopo":
         return fedtopo_upload(model, data, num_classes, run["topo-source"], cap, seed)
     if method == "lg-fedavg":
         return head_upload(model)
-    if method == "fd":
-        return class_means_upload(model, data, num_classes, "logits", cap, seed)
+    if method == "fd":  # the mean logits seen while training
+        return loss_fn.upload(class_counts(data, num_classes))
     if method in ("fedproto", "fedtgp"):
-        return class_means_upload(model, data, num_classes, "features", cap, seed)
+        return class_means_upload(model, data, num_classes, cap, seed)
     return {}
 
 
@@ -138,7 +138,7 @@ def train_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Cont
     seed = _seed(run["seed"], server_round, pid)
     loss_fn = client_loss(run, model, global_arrays)
     metrics = local_train(model, train, LocalSettings.from_run(run, float(config["lr"]), seed), loss_fn)
-    upload = client_upload(run, model, train, seed)
+    upload = client_upload(run, model, train, seed, loss_fn)
     save_client_model(model, context.state)
     return Message(RecordDict({
         "upload": state_to_record(upload, dtype),
@@ -166,7 +166,9 @@ def build_strategy(run: RunConfig, node_of_partition: dict[int, int]):
                                kappa=run["topo-kappa"], **common)
     if method == "fedtgp":
         return FedTgpStrategy(node_of_partition, num_classes, feature_dim=run["feature-dim"],
-                              server_epochs=run["tgp-server-epochs"], margin_cap=run["tgp-margin-cap"], **common)
+                              server_epochs=run["tgp-server-epochs"], margin_cap=run["tgp-margin-cap"],
+                              margin_rule=run["tgp-margin"], server_lr=run["tgp-server-lr"],
+                              server_batch_size=run["tgp-batch-size"], **common)
     classes = {"local": LocalStrategy, "lg-fedavg": LgFedAvgStrategy, "fd": FdStrategy,
                "fedproto": FedProtoStrategy}
     if method not in classes:

@@ -35,12 +35,14 @@ class _ClassMeanStrategy(HeteroStrategy):
     """Keeps one global vector per class; classes nobody uploaded this round keep their previous value."""
 
     key = "means"
+    count_weighted = True  # FedProto weighs client i's class-c mean by n_ic; FD takes the plain mean over holders
 
     def merge_class_means(self, uploads) -> None:
         if not uploads:
             return
+        counts = np.stack([u["counts"] for _, u, _ in uploads])
         means, held = weighted_class_means(np.stack([u["means"] for _, u, _ in uploads]),
-                                           np.stack([u["counts"] for _, u, _ in uploads]))
+                                           counts if self.count_weighted else (counts > 0) * 1.0)
         old = self.global_arrays.get(self.key)
         old_has = self.global_arrays.get("has", np.zeros(self.num_classes)) > 0
         merged = np.where(held[:, None], means, old if old is not None else 0.0)
@@ -51,10 +53,12 @@ class _ClassMeanStrategy(HeteroStrategy):
 
 
 class FdStrategy(_ClassMeanStrategy):
-    """FD: per-class mean logits averaged over clients; clients distil toward their softmax."""
+    """FD: per-class mean logits averaged over the clients that saw the class (each client counts once, as in the
+    FD paper and HtFLlib ``serverfd.py``); clients distil toward their softmax."""
 
     name = "fd"
     key = "soft-labels"
+    count_weighted = False
 
 
 class FedProtoStrategy(_ClassMeanStrategy):
@@ -78,12 +82,26 @@ class PrototypeGenerator(nn.Module):
         return self.mlp(self.embedding.weight)
 
 
-def adaptive_margin(centers: torch.Tensor, held: torch.Tensor, cap: float) -> float:
-    """δ = min(max over held class pairs of ||Q_c − Q_c'||, cap), Q_c = mean client prototype of class c."""
+TGP_MARGINS = ("class-gap", "max-pair")
+
+
+def adaptive_margin(centers: torch.Tensor, held: torch.Tensor, cap: float, rule: str = "class-gap") -> float:
+    """FedTGP's margin δ from the class centres Q_c (mean client prototype of each held class), capped at τ.
+
+    ``class-gap`` (the authors' code, HtFLlib ``servertgp.py``): for each class the distance to its nearest other
+    class centre, then the largest of those: δ = min(max_c min_{c'≠c} ||Q_c − Q_c'||, τ). ``max-pair`` (the formula
+    as printed in the paper): δ = min(max_{c,c'} ||Q_c − Q_c'||, τ), the widest gap between any two centres, which is
+    never smaller and grows with the most distant pair of classes."""
+    if rule not in TGP_MARGINS:
+        raise ValueError(f"tgp-margin='{rule}': allowed values are {list(TGP_MARGINS)}")
     q = centers[held]
     if len(q) < 2:
         return 0.0
-    return float(min(torch.cdist(q, q).max().item(), cap))
+    dist = torch.cdist(q, q)
+    if rule == "max-pair":
+        return float(min(dist.max().item(), cap))
+    dist.fill_diagonal_(float("inf"))
+    return float(min(dist.min(dim=1).values.max().item(), cap))
 
 
 def margin_contrastive_loss(global_protos: torch.Tensor, client_protos: torch.Tensor, labels: torch.Tensor,
@@ -95,15 +113,22 @@ def margin_contrastive_loss(global_protos: torch.Tensor, client_protos: torch.Te
 
 
 def train_generator(generator: PrototypeGenerator, client_protos: torch.Tensor, labels: torch.Tensor, margin: float,
-                    epochs: int, lr: float = 0.01) -> float:
-    optimizer = torch.optim.Adam(generator.parameters(), lr=lr)
+                    epochs: int, lr: float = 0.01, batch_size: int = 10, seed: int = 0) -> float:
+    """The authors' server step: SGD (lr = the clients' learning rate there, 0.01) over seeded, shuffled mini-batches
+    of the uploaded client prototypes, ``epochs`` passes; the generator runs on every class for each batch.
+    Returns the last batch's loss."""
+    optimizer = torch.optim.SGD(generator.parameters(), lr=lr)
+    order_rng = torch.Generator().manual_seed(seed)
     generator.train()
     loss = torch.tensor(0.0)
     for _ in range(epochs):
-        loss = margin_contrastive_loss(generator(), client_protos, labels, margin)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        order = torch.randperm(len(labels), generator=order_rng)
+        for start in range(0, len(labels), batch_size):
+            batch = order[start: start + batch_size]
+            loss = margin_contrastive_loss(generator(), client_protos[batch], labels[batch], margin)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
     return float(loss.detach())
 
 
@@ -113,8 +138,12 @@ class FedTgpStrategy(HeteroStrategy):
 
     name = "fedtgp"
 
-    def __init__(self, *args, feature_dim: int, server_epochs: int = 100, margin_cap: float = 100.0, **kw):
+    def __init__(self, *args, feature_dim: int, server_epochs: int = 100, margin_cap: float = 100.0,
+                 margin_rule: str = "class-gap", server_lr: float = 0.01, server_batch_size: int = 10, **kw):
         super().__init__(*args, **kw)
+        if margin_rule not in TGP_MARGINS:
+            raise ValueError(f"tgp-margin='{margin_rule}': allowed values are {list(TGP_MARGINS)}")
+        self.margin_rule, self.server_lr, self.server_batch_size = margin_rule, server_lr, server_batch_size
         with torch.random.fork_rng():  # seeded init without touching the caller's global generator
             torch.manual_seed(self.seed)
             self.generator = PrototypeGenerator(self.num_classes, feature_dim)
@@ -133,9 +162,12 @@ class FedTgpStrategy(HeteroStrategy):
         labels_t = torch.tensor(labels)
         centers, held = weighted_class_means(np.stack([u["means"] for _, u, _ in uploads]),
                                              (np.stack([u["counts"] for _, u, _ in uploads]) > 0).astype(float))
-        margin = adaptive_margin(torch.tensor(centers, dtype=torch.float32), torch.tensor(held), self.margin_cap)
+        margin = adaptive_margin(torch.tensor(centers, dtype=torch.float32), torch.tensor(held), self.margin_cap,
+                                 self.margin_rule)
         self.margins[server_round] = margin
-        train_generator(self.generator, client_protos, labels_t, margin, self.server_epochs)
+        order_seed = int(np.random.SeedSequence([self.seed, server_round]).generate_state(1)[0])
+        train_generator(self.generator, client_protos, labels_t, margin, self.server_epochs, self.server_lr,
+                        self.server_batch_size, seed=order_seed)
         self.generator.eval()
         with torch.no_grad():
             global_protos = self.generator().numpy()

@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from clients.fedtopo import capped_rows, class_prototypes, negative_weights, relation_scores, topology_loss
 from fl_app.models.hetero import CPU_FAMILY, PAPER_FAMILY, architecture_of, build_model, family_names
 from strategies.fedtopo import merge_relations, uniform_topology
-from strategies.fedtopo_baselines import (PrototypeGenerator, adaptive_margin, margin_contrastive_loss,
-                                          train_generator, weighted_class_means)
+from clients.fedtopo_baselines import FdLoss
+from strategies.fedtopo_baselines import (FdStrategy, FedProtoStrategy, PrototypeGenerator, adaptive_margin,
+                                          margin_contrastive_loss, train_generator, weighted_class_means)
 
 
 # -- prototypes and topology ---------------------------------------------------------------------------------------
@@ -205,20 +206,75 @@ def test_class_means_are_count_weighted_over_holders():
     assert held.tolist() == [True, True, False]
 
 
-def test_fedtgp_margin_and_generator_training():
-    centers = torch.tensor([[0.0, 0.0], [3.0, 4.0], [100.0, 100.0]])
-    assert adaptive_margin(centers, torch.tensor([True, True, False]), cap=100.0) == pytest.approx(5.0)
-    assert adaptive_margin(centers, torch.tensor([True, True, True]), cap=100.0) == 100.0  # capped at τ
+def test_fd_strategy_takes_the_plain_mean_over_holders_and_fedproto_the_count_weighted_one(flower_ids):
+    nodes = {0: 100, 1: 101}
+    means = [np.array([[1.0, 0.0], [7.0, 0.0]]), np.array([[3.0, 0.0], [0.0, 0.0]])]
+    counts = [np.array([1.0, 2.0]), np.array([3.0, 0.0])]
+    uploads = [(pid, {"means": m, "counts": c}, 1) for pid, m, c in zip(nodes, means, counts)]
+    fd = FdStrategy(nodes, 2, clients_per_round=2, seed=0, num_rounds=1)
+    fd.aggregate_uploads(1, uploads)
+    proto = FedProtoStrategy(nodes, 2, clients_per_round=2, seed=0, num_rounds=1)
+    proto.aggregate_uploads(1, uploads)
+    np.testing.assert_allclose(fd.global_arrays["soft-labels"][:, 0], [(1 + 3) / 2, 7])
+    np.testing.assert_allclose(proto.global_arrays["prototypes"][:, 0], [(1 * 1 + 3 * 3) / 4, 7])
+
+
+def test_fd_loss_and_upload_match_the_formula():
     torch.manual_seed(0)
-    client = torch.tensor([[2.0, 0.0], [2.2, 0.1], [0.0, 2.0], [-2.0, 0.0]])
-    labels = torch.tensor([0, 0, 1, 2])
+    soft = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    fd = FdLoss({"soft-labels": soft.numpy(), "has": np.array([1.0, 1.0, 0.0])}, lam=0.5, num_classes=3)
+    logits, labels = torch.randn(4, 3), torch.tensor([0, 1, 2, 0])
+    loss = fd(logits, None, labels)
+    teacher = torch.softmax(soft, 1)
+    distill = [-(teacher[y] * torch.log_softmax(z, 0)).sum() if y < 2 else 0.0 for z, y in zip(logits, labels)]
+    # the distillation term is averaged over the whole batch; class 2 has no global logit and adds nothing
+    assert loss.item() == pytest.approx((F.cross_entropy(logits, labels) + 0.5 * sum(distill) / 4).item(), rel=1e-6)
+    fd(logits[:1] + 1.0, None, labels[:1])  # a second batch: class 0 seen three times in all
+    upload = fd.upload(torch.tensor([10.0, 4.0, 2.0]))
+    np.testing.assert_allclose(upload["means"][0], ((logits[0] + logits[3] + logits[0] + 1) / 3).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(upload["means"][1], logits[1].numpy(), rtol=1e-6)
+    assert upload["counts"].tolist() == [10, 4, 2]  # the true counts of the classes seen in training
+    unseen = FdLoss({}, lam=0.5, num_classes=3)
+    unseen(logits[:2], None, labels[:2])
+    assert unseen.upload(torch.tensor([10.0, 4.0, 2.0]))["counts"].tolist() == [10, 4, 0]
+    assert unseen(logits, None, labels).item() == pytest.approx(F.cross_entropy(logits, labels).item())
+
+
+def test_fedtgp_margins_by_hand():
+    # d(0,1) = 5, d(0,2) = 10, d(1,2) = sqrt(45) = 6.708
+    centers = torch.tensor([[0.0, 0.0], [3.0, 4.0], [0.0, 10.0], [100.0, 100.0]])
+    held = torch.tensor([True, True, True, False])
+    # authors' code: nearest other centre per class (5, 5, 6.708), then the largest of those
+    assert adaptive_margin(centers, held, cap=100.0) == pytest.approx(math.sqrt(45), rel=1e-6)
+    assert adaptive_margin(centers, held, cap=100.0, rule="max-pair") == pytest.approx(10.0)  # paper's formula
+    assert adaptive_margin(centers, held, cap=6.0) == 6.0 and adaptive_margin(centers, held, 6.0, "max-pair") == 6.0
+    assert adaptive_margin(centers, torch.tensor([True, False, False, False]), cap=100.0) == 0.0
+    with pytest.raises(ValueError, match="tgp-margin='mean': allowed values are"):
+        adaptive_margin(centers, held, 100.0, "mean")
+
+
+def test_fedtgp_generator_is_trained_by_sgd_on_mini_batches(monkeypatch):
+    client = torch.tensor([[2.0, 0.0], [2.2, 0.1], [0.0, 2.0], [-2.0, 0.0]] * 6)  # 24 client prototypes
+    labels = torch.tensor([0, 0, 1, 2] * 6)
+    # one full-batch epoch is one SGD step: θ ← θ − lr·∇L(θ)
+    torch.manual_seed(0)
     gen = PrototypeGenerator(3, 2)
+    loss = margin_contrastive_loss(gen(), client, labels, 1.0)
+    grads = torch.autograd.grad(loss, list(gen.parameters()))
+    expected = [p.detach() - 0.1 * g for p, g in zip(gen.parameters(), grads)]
+    train_generator(gen, client, labels, margin=1.0, epochs=1, lr=0.1, batch_size=len(labels))
+    for p, e in zip(gen.parameters(), expected):
+        torch.testing.assert_close(p.detach(), e)
+    # batches of 10 over 24 prototypes: 3 steps per epoch
+    steps = []
+    original = torch.optim.SGD.step
+    monkeypatch.setattr(torch.optim.SGD, "step", lambda self, *a, **k: (steps.append(1), original(self, *a, **k))[1])
     before = margin_contrastive_loss(gen(), client, labels, 1.0).item()
-    after = train_generator(gen, client, labels, margin=1.0, epochs=100)
-    assert after < before
+    train_generator(gen, client, labels, margin=1.0, epochs=50, lr=0.1, batch_size=10, seed=1)
+    assert len(steps) == 150
+    assert margin_contrastive_loss(gen(), client, labels, 1.0).item() < before
     with torch.no_grad():
-        dist = torch.cdist(client, gen())
-    assert dist.argmin(1).tolist() == labels.tolist()  # each client prototype is nearest its class's prototype
+        assert torch.cdist(client, gen()).argmin(1).tolist() == labels.tolist()
 
 
 # -- backbones -----------------------------------------------------------------------------------------------------
