@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -20,6 +21,39 @@ from fl_app.payload import PAYLOAD_DTYPES
 SUPERNET_METHODS = ("feast", "superfednas", "deepfednas", "heterofl", "fedrolex", "fedavg-min")
 METHODS = SUPERNET_METHODS + ("fedtopo", "local", "lg-fedavg", "fd", "fedproto", "fedtgp")
 TRAIN_SUBNETS = ("max", "min", "random")
+TOPO_WEIGHTINGS = ("support", "mean")
+TOPO_SOURCES = ("prototypes", "logits")
+
+
+MAX_CLIENTS = 100_000  # upper bound of every client/partition count in the run config
+MAX_MACS = 1e12  # upper bound of every MACs value (the paper supernet's largest subnet is ~0.6e9)
+
+
+@dataclass(frozen=True)
+class Range:
+    """A closed (or half-open) interval a number must lie in; NaN lies in none."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+
+    def __call__(self, x) -> bool:
+        above = x > self.low if self.low_open else x >= self.low
+        below = x < self.high if self.high_open else x <= self.high
+        return bool(above and below)
+
+    @property
+    def rule(self) -> str:
+        return (f"in {'(' if self.low_open else '['}{_number(self.low)}, {_number(self.high)}"
+                f"{')' if self.high_open else ']'}")
+
+
+def _number(x) -> str:
+    if isinstance(x, int):
+        return str(x)
+    mantissa, _, exponent = f"{x:g}".partition("e")
+    return f"{mantissa}e{int(exponent)}" if exponent else mantissa
 
 
 @dataclass(frozen=True)
@@ -27,21 +61,63 @@ class Key:
     default: Any
     help: str
     choices: tuple | None = None
-    check: Callable[[Any], bool] | None = None
-    rule: str = ""  # what ``check`` demands, for the error message
+    check: Range | None = None
+    # list-valued keys: text -> parsed value, raising ValueError(what is wrong and what is allowed); the only parser
+    parse: Callable[[str], Any] | None = None
+
+    @property
+    def rule(self) -> str:
+        return self.check.rule if self.check else ""
 
 
-def _positive(x):
-    return x > 0
+def _comma_items(text: str, allowed: str) -> list[str]:
+    if not text.strip():
+        return []
+    items = [t.strip() for t in text.split(",")]
+    if not all(items):
+        raise ValueError(f"an empty item; allowed: {allowed}")
+    return items
 
 
-def _non_negative(x):
-    return x >= 0
+TRAIN_SUBNETS_RULE = f"a comma list of {list(TRAIN_SUBNETS)} without repeats that includes 'max' (the teacher)"
+TIER_RANGE = Range(1, MAX_MACS)
+TIERS_RULE = f"empty, or comma-separated MACs, each a number {TIER_RANGE.rule}"
+PARTITION_IDS_RULE = f"empty, or comma-separated partition ids, each an integer in [0, {MAX_CLIENTS})"
 
 
-def _fraction(x):
-    return 0 < x <= 1
+def parse_train_subnets(text: str) -> tuple[str, ...]:
+    subnets = _comma_items(text, TRAIN_SUBNETS_RULE)
+    if (not subnets or any(s not in TRAIN_SUBNETS for s in subnets) or "max" not in subnets
+            or len(set(subnets)) != len(subnets)):
+        raise ValueError(f"allowed: {TRAIN_SUBNETS_RULE}")
+    return tuple(subnets)
 
+
+def parse_tiers(text: str) -> tuple[float, ...]:
+    tiers = []
+    for item in _comma_items(text, TIERS_RULE):
+        try:
+            macs = float(item)
+        except ValueError:
+            raise ValueError(f"'{item}' is not a number; allowed: {TIERS_RULE}") from None
+        if not TIER_RANGE(macs):  # also refuses inf and nan
+            raise ValueError(f"{item} is out of range; allowed: {TIERS_RULE}")
+        tiers.append(macs)
+    return tuple(tiers)
+
+
+def parse_partition_ids(text: str) -> frozenset[int]:
+    ids = set()
+    for item in _comma_items(text, PARTITION_IDS_RULE):
+        if not re.fullmatch(r"[0-9]+", item) or int(item) >= MAX_CLIENTS:
+            raise ValueError(f"'{item}' is not a partition id; allowed: {PARTITION_IDS_RULE}")
+        ids.add(int(item))
+    return frozenset(ids)
+
+
+FRACTION = Range(0, 1, low_open=True)  # (0, 1]
+UNIT = Range(0, 1)  # [0, 1]
+ROUNDS = Range(1, 100_000)
 
 KEYS: dict[str, Key] = {
     "method": Key("feast", "federated method", METHODS),
@@ -50,116 +126,134 @@ KEYS: dict[str, Key] = {
                        DATA_SOURCES),
     "data-path": Key("", "folder with train/test parquet files or image folders (data-source='local')"),
     "partitioner": Key("gamma", "how the training pool is split among clients", PARTITIONERS),
-    "dirichlet-alpha": Key(1.0, "Dirichlet concentration of the label skew", None, _positive, "> 0"),
-    "gamma": Key(1.0, "γ: client data share ∝ min(budget, max-training-macs)^γ (0 = plain Dirichlet)", None,
-                 _non_negative, ">= 0"),
+    "dirichlet-alpha": Key(1.0, "Dirichlet concentration of the label skew", check=Range(1e-3, 1e4)),
+    "gamma": Key(1.0, "γ: client data share ∝ min(budget, max-training-macs)^γ (0 = plain Dirichlet)",
+                 check=Range(0.0, 10.0)),
     "supernet": Key("cpu", "'cpu', 'paper' or a supernet JSON path"),
     "subnet-cache": Key("", "'cpu', 'paper' or a CSV path; empty = the cache named like the supernet"),
-    "num-server-rounds": Key(25, "federated rounds", None, _positive, "> 0"),
+    "num-server-rounds": Key(25, "federated rounds", check=ROUNDS),
     "clients-per-round": Key(0, "clients sampled per round (<= number of clients; 0 = half of them, at least 1)",
-                             None, _non_negative, ">= 0"),
-    "min-reply-fraction": Key(1.0, "fraction of sampled clients whose valid replies a round needs", None, _fraction,
-                              "in (0, 1]"),
-    "round-timeout": Key(3600.0, "seconds to wait for a round's replies", None, _positive, "> 0"),
-    "local-epochs": Key(1, "local epochs per round", None, _positive, "> 0"),
-    "max-local-steps": Key(40, "cap on local optimizer steps per round (0 = no cap: full epochs)", None,
-                           _non_negative, ">= 0"),
-    "batch-size": Key(32, "local mini-batch size", None, _positive, "> 0"),
-    "lr": Key(0.05, "local SGD learning rate", None, _positive, "> 0"),
+                             check=Range(0, MAX_CLIENTS)),
+    "min-reply-fraction": Key(1.0, "fraction of sampled clients whose valid replies a round needs", check=FRACTION),
+    "round-timeout": Key(3600.0, "seconds to wait for a round's replies", check=Range(0.0, 7 * 86400.0, low_open=True)),
+    "local-epochs": Key(1, "local epochs per round", check=Range(1, 1000)),
+    "max-local-steps": Key(40, "cap on local optimizer steps per round (0 = no cap: full epochs)",
+                           check=Range(0, 10_000_000)),
+    "batch-size": Key(32, "local mini-batch size", check=Range(1, 65_536)),
+    "lr": Key(0.05, "local SGD learning rate", check=Range(0.0, 10.0, low_open=True)),
     "lr-schedule": Key("cosine", "learning rate over rounds", ("cosine", "constant")),
-    "momentum": Key(0.9, "SGD momentum", None, lambda x: 0 <= x < 1, "in [0, 1)"),
-    "weight-decay": Key(5e-4, "SGD weight decay", None, _non_negative, ">= 0"),
-    "kd-ratio": Key(0.5, "ρ: weight of the soft loss to the max subnet for the smaller subnets", None,
-                    lambda x: 0 <= x <= 1, "in [0, 1]"),
-    "train-subnets": Key("max,min,random", "subnets trained per local step (comma list of max, min, random)"),
+    "momentum": Key(0.9, "SGD momentum", check=Range(0.0, 1.0, high_open=True)),
+    "weight-decay": Key(5e-4, "SGD weight decay", check=Range(0.0, 1.0)),
+    "kd-ratio": Key(0.5, "ρ: weight of the soft loss to the max subnet for the smaller subnets", check=UNIT),
+    "train-subnets": Key("max,min,random", "subnets trained per local step (comma list of max, min, random)",
+                         parse=parse_train_subnets),
     "routing": Key(True, "send each client only its budget's sub-supernet (false = full supernet)"),
     "crop-flip": Key(True, "random crop + horizontal flip"),
     "randaugment": Key(False, "RandAugment on training batches"),
-    "mixup-alpha": Key(0.0, "Mixup Beta(α, α) (0 = off)", None, _non_negative, ">= 0"),
-    "cutmix-alpha": Key(0.0, "CutMix Beta(α, α) (0 = off)", None, _non_negative, ">= 0"),
-    "budget-zipf-a": Key(1.2, "Zipf exponent of client budget ranks", None, _positive, "> 0"),
-    "budget-max-macs": Key(0.0, "largest client budget in MACs (0 = the cache's largest subnet)", None,
-                           _non_negative, ">= 0"),
-    "budget-levels": Key(0, "number of budget ranks (0 = number of clients)", None, _non_negative, ">= 0"),
-    "max-training-macs": Key(0.0, "cap on budgets in the γ data allocation (0 = no cap)", None, _non_negative, ">= 0"),
-    "tiers": Key("", "reporting tiers as comma-separated MACs (empty = 4 log-spaced cached subnets)"),
+    "mixup-alpha": Key(0.0, "Mixup Beta(α, α) (0 = off)", check=Range(0.0, 100.0)),
+    "cutmix-alpha": Key(0.0, "CutMix Beta(α, α) (0 = off)", check=Range(0.0, 100.0)),
+    "budget-zipf-a": Key(1.2, "Zipf exponent of client budget ranks", check=Range(0.0, 100.0, low_open=True)),
+    "budget-max-macs": Key(0.0, "largest client budget in MACs (0 = the cache's largest subnet)",
+                           check=Range(0.0, MAX_MACS)),
+    "budget-levels": Key(0, "number of budget ranks (0 = number of clients)", check=Range(0, MAX_CLIENTS)),
+    "max-training-macs": Key(0.0, "cap on budgets in the γ data allocation (0 = no cap)", check=Range(0.0, MAX_MACS)),
+    "tiers": Key("", "reporting tiers as comma-separated MACs (empty = 4 log-spaced cached subnets)",
+                 parse=parse_tiers),
     "aggregation-weights": Key("num-examples", "weights of the sparse average", ("num-examples", "uniform")),
     "payload-dtype": Key("float32", "dtype of arrays in messages", PAYLOAD_DTYPES),
-    "eval-every": Key(5, "evaluate the tiers every N rounds (and after the last)", None, _positive, "> 0"),
-    "val-size": Key(1000, "training images held out for validation", None, _non_negative, ">= 0"),
-    "calib-size": Key(1000, "training images held out for BN recalibration", None, _positive, "> 0"),
-    "seed": Key(0, "seed of budgets, partitions, sampling, init and data order", None, _non_negative, ">= 0"),
+    "eval-every": Key(5, "evaluate the tiers every N rounds (and after the last)", check=ROUNDS),
+    "val-size": Key(1000, "training images held out for validation", check=Range(0, 10_000_000)),
+    "calib-size": Key(1000, "training images held out for BN recalibration", check=Range(1, 10_000_000)),
+    "seed": Key(0, "seed of budgets, partitions, sampling, init and data order", check=Range(0, 2**32 - 1)),
     "output-dir": Key("", "absolute output folder (empty = ~/fl_app_runs/<method>-<dataset>-s<seed>-<time>)"),
-    "faulty-partitions": Key("", "fault injection: comma list of partition ids whose training raises"),
+    "faulty-partitions": Key("", "fault injection: comma list of partition ids whose training raises",
+                             parse=parse_partition_ids),
     "checkpoint-every": Key(5, "write <output-dir>/checkpoint.pt every N rounds (model, strategy state, RNG states, "
-                            "metrics so far; 0 = never)", None, _non_negative, ">= 0"),
+                            "metrics so far; 0 = never)", check=Range(0, 100_000)),
     "resume-from": Key("", "continue a run from its checkpoint.pt (or the folder holding it); the run config must "
                        "match the checkpoint's except for output-dir, resume-from, checkpoint-every, round-timeout"),
     "budget-constrained": Key(True, "superfednas/deepfednas: subnets limited to what each client can afford"),
-    "maxnet-beta0": Key(0.9, "superfednas/deepfednas: MaxNet weight β₀ of the max-subnet client", None, _fraction,
-                        "in (0, 1]"),
-    "maxnet-final": Key(0.125, "superfednas/deepfednas: a, the final fraction of β₀ after the cosine decay", None,
-                        lambda x: 0 <= x <= 1, "in [0, 1]"),
-    "maxnet-decay-fraction": Key(0.8, "superfednas/deepfednas: T as a fraction of the rounds", None, _fraction,
-                                 "in (0, 1]"),
+    "maxnet-beta0": Key(0.9, "superfednas/deepfednas: MaxNet weight β₀ of the max-subnet client", check=FRACTION),
+    "maxnet-final": Key(0.125, "superfednas/deepfednas: a, the final fraction of β₀ after the cosine decay",
+                        check=UNIT),
+    "maxnet-decay-fraction": Key(0.8, "superfednas/deepfednas: T as a fraction of the rounds", check=FRACTION),
     # FedTopo and the model-heterogeneous baselines (they partition with plain Dirichlet(dirichlet-alpha))
     "model-family": Key("cpu", "backbones of client i = family[i % 8]: 'cpu' small nets or 'paper' (CNN-4, "
                         "GoogLeNet, MobileNetV2, ResNet-18/34/50/101/152)", ("cpu", "paper")),
-    "feature-dim": Key(64, "common feature dimension every backbone projects to before its head", None, _positive,
-                       "> 0"),
-    "test-fraction": Key(0.2, "share of each client's partition held out as its local test split", None,
-                         lambda x: 0 < x < 1, "in (0, 1)"),
-    "topo-tau": Key(0.1, "τ: temperature of the server's softmax over merged prototype-cosine relations", None, _positive, "> 0"),
+    "feature-dim": Key(64, "common feature dimension every backbone projects to before its head",
+                       check=Range(1, 65_536)),
+    "test-fraction": Key(0.2, "share of each client's partition held out as its local test split",
+                         check=Range(0.0, 1.0, low_open=True, high_open=True)),
+    # τ >= 1e-3 keeps cos/τ <= 1000: the softmax stays finite (1e-45 made the topology NaN)
+    "topo-tau": Key(0.1, "τ: temperature of the server's softmax over merged prototype-cosine relations", check=Range(1e-3, 100.0)),
     "topo-kappa": Key(20.0, "κ: shrinkage of a pair's merged relation toward the typical one at low support W "
-                      "(W/(W+κ))", None, _non_negative, ">= 0"),
+                      "(W/(W+κ))",
+                      check=Range(0.0, 1e9)),
     "topo-beta": Key(0.5, "β: strength of topology-weighted negatives in the client loss (0 = plain CE ablation)",
-                     None, _non_negative, ">= 0"),
+                     check=Range(0.0, 100.0)),
     "topo-weighting": Key("support", "merge weights: 'support' = sqrt(n_j·n_k) + κ shrinkage, 'mean' = plain mean "
-                          "(ablation)", ("support", "mean")),
+                          "(ablation)", TOPO_WEIGHTINGS),
     "topo-source": Key("prototypes", "topology from feature 'prototypes' or per-class mean 'logits' (ablation)",
-                       ("prototypes", "logits")),
-    "distill-lambda": Key(1.0, "λ of the FD distillation and FedProto/FedTGP prototype terms", None, _non_negative,
-                          ">= 0"),
+                       TOPO_SOURCES),
+    "distill-lambda": Key(1.0, "λ of the FD distillation and FedProto/FedTGP prototype terms",
+                          check=Range(0.0, 100.0)),
     "proto-max-samples": Key(0, "cap on local training images used for prototypes/class statistics (0 = all)",
-                             None, _non_negative, ">= 0"),
-    "tgp-server-epochs": Key(100, "FedTGP: server epochs of prototype-generator training per round", None, _positive,
-                             "> 0"),
-    "tgp-margin-cap": Key(100.0, "FedTGP: τ, cap of the adaptive margin δ", None, _positive, "> 0"),
+                             check=Range(0, 100_000_000)),
+    "tgp-server-epochs": Key(100, "FedTGP: server epochs of prototype-generator training per round",
+                             check=Range(1, 10_000)),
+    "tgp-margin-cap": Key(100.0, "FedTGP: τ, cap of the adaptive margin δ", check=Range(0.0, 1e6, low_open=True)),
     "tgp-margin": Key("class-gap", "FedTGP margin δ before the cap: 'class-gap' = largest of the per-class "
                       "nearest-centre distances (authors' code), 'max-pair' = largest centre distance (paper's "
                       "formula)", ("class-gap", "max-pair")),
-    "tgp-server-lr": Key(0.01, "FedTGP: SGD learning rate of the prototype generator", None, _positive, "> 0"),
-    "tgp-batch-size": Key(10, "FedTGP: client prototypes per mini-batch of generator training", None, _positive,
-                          "> 0"),
+    "tgp-server-lr": Key(0.01, "FedTGP: SGD learning rate of the prototype generator", check=Range(0.0, 10.0,
+                                                                                                 low_open=True)),
+    "tgp-batch-size": Key(10, "FedTGP: client prototypes per mini-batch of generator training",
+                          check=Range(1, 100_000)),
 }
 
 
 @dataclass(frozen=True)
 class RunConfig:
+    """Validated run-config values (as given, e.g. for checkpoints and summaries) and the parsed list-valued keys."""
+
     values: dict = field(default_factory=dict)
+    parsed: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self):
+        if not self.parsed:  # rebuilt from validated values (per-process caches key on the raw items)
+            object.__setattr__(self, "parsed", {key: _parse(key, value) for key, value in self.values.items()
+                                                if key in KEYS and KEYS[key].parse})
 
     def __getitem__(self, key: str):
         return self.values[key]
 
     @property
     def train_subnets(self) -> tuple[str, ...]:
-        return tuple(s.strip() for s in self["train-subnets"].split(","))
+        return self.parsed["train-subnets"]
 
     @property
     def tier_targets(self) -> list[float]:
-        return [float(t) for t in self["tiers"].split(",")] if self["tiers"].strip() else []
+        return list(self.parsed["tiers"])
 
     @property
-    def faulty_partitions(self) -> set[int]:
-        return {int(p) for p in self["faulty-partitions"].split(",") if p.strip()}
+    def faulty_partitions(self) -> frozenset[int]:
+        return self.parsed["faulty-partitions"]
+
+    def check_federation(self, num_partitions: int) -> None:
+        """Raise before training when the run config names clients or partitions the federation lacks."""
+        asked = self["clients-per-round"]
+        if asked > num_partitions:
+            raise ValueError(f"clients-per-round={asked}: must be <= the number of clients ({num_partitions}; set "
+                             "num-supernodes in --federation-config), or 0 for half of them")
+        beyond = sorted(p for p in self.faulty_partitions if p >= num_partitions)
+        if beyond:
+            raise ValueError(f"faulty-partitions='{self['faulty-partitions']}': partition ids {beyond} do not exist; "
+                             f"allowed: ids in [0, {num_partitions})")
 
     def clients_per_round(self, num_clients: int) -> int:
-        """Clients sampled per round; raises before training when more are asked for than exist."""
-        asked = self["clients-per-round"]
-        if asked > num_clients:
-            raise ValueError(f"clients-per-round={asked}: must be <= the number of clients ({num_clients}; set "
-                             "num-supernodes in --federation-config), or 0 for half of them")
-        return asked or max(1, num_clients // 2)
+        """Clients sampled per round; raises before training when the federation cannot serve the run config."""
+        self.check_federation(num_clients)
+        return self["clients-per-round"] or max(1, num_clients // 2)
 
     @property
     def subnet_cache(self) -> str:
@@ -167,6 +261,13 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return dict(self.values)
+
+
+def _parse(key: str, value: str):
+    try:
+        return KEYS[key].parse(value)
+    except ValueError as error:
+        raise ValueError(f"{key}={value!r}: {error}") from None
 
 
 def _type_ok(value, default) -> bool:
@@ -180,18 +281,20 @@ def _type_ok(value, default) -> bool:
 
 
 def validate_run_config(raw: dict) -> RunConfig:
-    """Check every key and value; raise ``ValueError`` naming the key and what it accepts."""
+    """Check every key and value, parse the list-valued keys; raise ``ValueError`` naming each bad key and what it
+    accepts (all of them at once)."""
     errors = []
     for key in raw:
         if key not in KEYS:
             close = difflib.get_close_matches(key, KEYS, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             errors.append(f"unknown key '{key}'{hint}; allowed keys: {', '.join(KEYS)}")
-    values = {}
+    values, parsed = {}, {}
     for key, spec in KEYS.items():
         value = raw.get(key, spec.default)
         if not _type_ok(value, spec.default):
-            errors.append(f"{key}={value!r}: expected a {type(spec.default).__name__}")
+            errors.append(f"{key}={value!r}: expected a {'finite ' if isinstance(spec.default, float) else ''}"
+                          f"{type(spec.default).__name__}" + (f" {spec.rule}" if spec.check else ""))
             continue
         if isinstance(spec.default, float):
             value = float(value)
@@ -199,25 +302,21 @@ def validate_run_config(raw: dict) -> RunConfig:
             errors.append(f"{key}={value!r}: allowed values are {list(spec.choices)}")
         if spec.check and not spec.check(value):
             errors.append(f"{key}={value!r}: must be {spec.rule}")
+        if spec.parse:
+            try:
+                parsed[key] = _parse(key, value)
+            except ValueError as error:
+                errors.append(str(error))
         values[key] = value
     if not errors:
         errors += _cross_checks(values)
     if errors:
         raise ValueError("invalid run config:\n  " + "\n  ".join(errors))
-    return RunConfig(values)
+    return RunConfig(values, parsed)
 
 
 def _cross_checks(v: dict) -> list[str]:
     errors = []
-    subnets = [s.strip() for s in v["train-subnets"].split(",")]
-    if not subnets or any(s not in TRAIN_SUBNETS for s in subnets) or "max" not in subnets:
-        errors.append(f"train-subnets='{v['train-subnets']}': a comma list of {list(TRAIN_SUBNETS)} that "
-                      "includes 'max' (the teacher of the others)")
-    for key in ("tiers", "faulty-partitions"):
-        try:
-            [float(t) for t in v[key].split(",") if t.strip()]
-        except ValueError:
-            errors.append(f"{key}='{v[key]}': expected comma-separated numbers")
     if v["data-source"] == "local" and not v["data-path"]:
         errors.append("data-path: required when data-source='local'")
     if v["data-source"] != "local" and v["data-path"]:
