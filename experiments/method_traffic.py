@@ -5,7 +5,8 @@
 Uses each method's own strategy to decide what every sampled client receives and returns (the same ``assign`` and
 ``routed_shapes`` the Flower runs use) and ``fl_app.payload.payload_bytes`` for the bytes a message carries.
 Paper scale: paper supernet and cache, 100 clients, 10 per round, budgets Zipf(1.2) from the cache minimum to
-1.5 GMAC. CPU scale: the default run (8 clients, 4 per round). Writes ``traffic.csv`` and prints one JSON line.
+1.5 GMAC. CPU scale: the default run (8 clients, 4 per round). Writes ``traffic.csv``, the same numbers as the
+Markdown table ``traffic.md`` (pasted as is into experiments/README.md), and prints one JSON line.
 """
 
 from __future__ import annotations
@@ -54,6 +55,18 @@ def per_round_traffic(method: str, scale: dict, rounds: int, seed: int) -> dict:
     return {"bytes_down_per_round": float(np.mean(down)), "bytes_up_per_round": float(np.mean(up))}
 
 
+def traffic_markdown(rows: list[dict]) -> str:
+    """One line per method: MB down/up per round at each scale."""
+    scales = list(dict.fromkeys(r["scale"] for r in rows))
+    cell = {(r["scale"], r["method"]): r for r in rows}
+    lines = ["| method | " + " | ".join(f"{s} scale down | {s} scale up" for s in scales) + " |",
+             "| --- " * (1 + 2 * len(scales)) + "|"]
+    for method in dict.fromkeys(r["method"] for r in rows):
+        values = [v for s in scales for v in (cell[s, method]["mb_down_per_round"], cell[s, method]["mb_up_per_round"])]
+        lines.append(f"| {method} | " + " | ".join(str(v) for v in values) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -69,6 +82,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                          "mb_up_per_round": round(traffic["bytes_up_per_round"] / 1e6, 2)})
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "traffic.csv", rows)
+    (args.out / "traffic.md").write_text(traffic_markdown(rows))
     print(json.dumps(rows))
     return rows
 

@@ -1,5 +1,6 @@
-"""SuperFedNAS and DeepFedNAS baselines: the full supernet to everyone, one subnet per client chosen by the tracking
-sandwich, MaxNet-weighted aggregation of the returned subnet slices."""
+"""SuperFedNAS and DeepFedNAS baselines: one subnet per client chosen by the tracking sandwich, sent to that client
+alone (as in both papers: a client downloads only the subnet it trains), MaxNet-weighted aggregation of the returned
+subnet slices."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ class SuperFedNASStrategy(FeastStrategy):
                     counts[pid] = counts.get(pid, 0) + 1
         rng = np.random.default_rng([self.seed, server_round, partition_id, 17])
         arch = self._subnet_for(self.roles[partition_id], self.budgets[partition_id], rng)
-        return self.cfg.max_subnet(), arch
+        return arch, arch  # the client receives exactly the subnet it trains and sends the same slice back
 
     def checkpoint_state(self) -> dict:
         return {**super().checkpoint_state(), "largest_counts": dict(self.largest_counts),

@@ -9,8 +9,9 @@ import pytest
 from flwr.app import ConfigRecord, MetricRecord
 
 from fl_app.models.elastic_resnet import ElasticResNet
-from fl_app.payload import record_to_state, state_to_record
-from fl_app.supernet import count_macs, width_sliced_config, width_tier
+from fl_app.payload import payload_bytes, record_to_state, state_to_record
+from fl_app.slicing import subnet_shapes
+from fl_app.supernet import Subnet, count_macs, width_sliced_config, width_tier
 from strategies.heterofl import FedRolexStrategy, HeteroFLStrategy, elastic_dims, roll_state
 from strategies.superfednas import SuperFedNASStrategy, maxnet_beta, maxnet_weights, sandwich_roles
 from tests.test_routing_budgets import _reply
@@ -48,12 +49,45 @@ def test_superfednas_roles_rotate_and_respect_budgets(flower_ids, cpu_cfg, cpu_c
         for msg in messages:
             pid = msg.metadata.dst_node_id - 10
             cfg = msg.content.config_records["config"]
-            arch_macs = count_macs(cpu_cfg, type(cpu_cfg.min_subnet())(cfg["arch-d"], cfg["arch-e"], cfg["arch-w"]))
-            assert arch_macs <= budgets[pid]
-            # the full supernet goes down to every client
-            assert len(record_to_state(msg.content.array_records["arrays"])) == len(state)
+            arch = Subnet(cfg["arch-d"], cfg["arch-e"], cfg["arch-w"])
+            assert count_macs(cpu_cfg, arch) <= budgets[pid]
+            # only the subnet the client trains goes down (not the full supernet), and it is routed as the bounds
+            received = record_to_state(msg.content.array_records["arrays"])
+            assert {k: v.shape for k, v in received.items()} == subnet_shapes(cpu_cfg, arch)
+            assert Subnet(cfg["bounds-d"], cfg["bounds-e"], cfg["bounds-w"]) == arch
         max_owners.append(next(p for p, r in strategy.roles.items() if r == "max"))
     assert sorted(max_owners) == [0, 1, 2, 3]  # every client gets the max once in four rounds
+
+
+def test_superfednas_client_returns_its_subnet_and_the_server_merges_it(flower_ids, cpu_cfg, cpu_cache):
+    """The slice a client received is exactly what it may send back; MaxNet weights apply to the merge."""
+    budgets = {0: cpu_cache.min_macs, 1: 3e6}
+    strategy = SuperFedNASStrategy(cpu_cfg, cpu_cache, budgets, {0: 10, 1: 11}, clients_per_round=2, seed=0,
+                                   num_rounds=10, subnet_source="cache")
+    state = {k: v.numpy() for k, v in ElasticResNet(cpu_cfg).state_dict().items()
+             if not k.endswith("num_batches_tracked")}
+    messages = list(strategy.configure_train(1, state_to_record(state), ConfigRecord(), grid=None))
+    replies, subnet_bytes = [], 0
+    for msg in messages:
+        pid = msg.metadata.dst_node_id - 10
+        received = record_to_state(msg.content.array_records["arrays"])
+        replies.append(_reply(msg, {k: np.full_like(v, pid + 1.0) for k, v in received.items()}, 5))
+        subnet_bytes += payload_bytes(subnet_shapes(cpu_cfg, strategy.routed[pid][1]), "float32")
+    record, metrics = strategy.aggregate_train(1, replies)
+    assert metrics["rejected"] == 0
+    # bytes down = bytes up = the two subnets' payloads (the full supernet would be far more)
+    assert metrics["bytes-down"] == metrics["bytes-up"] == subnet_bytes
+    assert subnet_bytes < payload_bytes(subnet_shapes(cpu_cfg, cpu_cfg.max_subnet()), "float32")
+    merged = record_to_state(record)
+    beta = maxnet_beta(1, 10)
+    roles = dict(strategy.roles)
+    value = {p: p + 1.0 for p in budgets}
+    # the stem's first filter is covered by both subnets: MaxNet-weighted average of the two values
+    w = {p: beta if roles[p] == "max" else 1 - beta for p in budgets}
+    expected = sum(w[p] * value[p] for p in budgets) / sum(w.values())
+    assert merged["stem_conv.weight"][0, 0, 0, 0] == pytest.approx(expected, rel=1e-6)
+    # the stem's last filter is outside both subnets' slices (budgets below the full stem width): unchanged
+    assert merged["stem_conv.weight"][-1, 0, 0, 0] == pytest.approx(state["stem_conv.weight"][-1, 0, 0, 0])
 
 
 def test_heterofl_counts_one_per_client_and_masks_classifier_rows(flower_ids, cpu_cfg, cpu_cache):
