@@ -55,10 +55,25 @@ class ImageData:
         return ImageData(self.images[idx], self.labels[idx])
 
 
-def _decode(dataset, spec: DatasetSpec, image_hw: int) -> ImageData:
+def check_labels(labels, num_classes: int, where: str) -> np.ndarray:
+    """Labels as int64, refused unless every one is an integer in [0, ``num_classes``): a label of 42 or -1 would
+    otherwise fail only inside a client's training (or index the wrong logit)."""
+    raw = np.asarray(labels)
+    if raw.dtype == object or raw.dtype.kind not in "iuf" or (
+            raw.dtype.kind == "f" and not np.all(np.isfinite(raw) & (raw == np.round(raw)))):
+        raise ValueError(f"{where}: labels must be integers in [0, {num_classes - 1}]; found dtype {raw.dtype}")
+    bad = np.flatnonzero((raw < 0) | (raw >= num_classes))
+    if len(bad):
+        shown = ", ".join(str(int(v)) for v in np.unique(raw[bad])[:5])
+        raise ValueError(f"{where}: labels must be integers in [0, {num_classes - 1}] ({num_classes} classes); "
+                         f"{len(bad)} of {len(raw)} rows are out of range (values {shown}; first at row {bad[0]})")
+    return raw.astype(np.int64)
+
+
+def _decode(dataset, spec: DatasetSpec, image_hw: int, where: str) -> ImageData:
     from PIL import Image
 
-    images, labels = [], np.asarray(dataset[spec.label_column], dtype=np.int64)
+    images, labels = [], check_labels(dataset[spec.label_column], spec.num_classes, where)
     for img in dataset[spec.image_column]:
         img = img.convert("RGB")
         if img.size != (image_hw, image_hw):  # the supernet's costs assume its input size
@@ -101,17 +116,34 @@ def load_dataset(dataset_name: str, source: str = "sample", data_path: str = "",
         raise ValueError(f"dataset='{dataset_name}': allowed values are {sorted(DATASETS)}")
     if source not in DATA_SOURCES:
         raise ValueError(f"data-source='{source}': allowed values are {list(DATA_SOURCES)}")
+    spec = DATASETS[dataset_name]
     cache_file = _decoded_cache_file(dataset_name, source, data_path, image_hw)
     if cache_file is not None and cache_file.is_file():
         with np.load(cache_file) as cached:
             return tuple(ImageData(torch.from_numpy(cached[f"{split}_images"]),
-                                   torch.from_numpy(cached[f"{split}_labels"])) for split in ("train", "test"))
+                                   torch.from_numpy(check_labels(cached[f"{split}_labels"], spec.num_classes,
+                                                                 f"{cache_file} (decoded {split} split; delete it "
+                                                                 "to decode again)")))
+                         for split in ("train", "test"))
     dataset, test_split = _load_hf(dataset_name, source, data_path)
-    spec = DATASETS[dataset_name]
-    train, test = _decode(dataset["train"], spec, image_hw), _decode(dataset[test_split], spec, image_hw)
+    train, test = (_decode(dataset[split], spec, image_hw, _label_origin(dataset_name, source, data_path, split))
+                   for split in ("train", test_split))
     if cache_file is not None:
         _write_decoded(cache_file, train, test)
     return train, test
+
+
+def _label_origin(dataset_name: str, source: str, data_path: str, split: str) -> str:
+    """Where a split's labels come from, for error messages: the file (or folder) and the column."""
+    column = DATASETS[dataset_name].label_column
+    if source == "sample":
+        return f"{bundled_file(f'data/cifar10-sample/{split}.parquet')}, column '{column}'"
+    if source == "hub":
+        return f"hub dataset '{DATASETS[dataset_name].hub_name}' split '{split}', column '{column}'"
+    root = Path(data_path).expanduser()
+    if (root / f"{split}.parquet").is_file():
+        return f"{root / f'{split}.parquet'}, column '{column}'"
+    return f"image folder {root / split} (one class per subfolder)"
 
 
 def decoded_cache_dir() -> Path:

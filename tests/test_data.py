@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -80,4 +81,69 @@ def test_decoded_images_are_cached_across_processes_keyed_by_the_files(tmp_path,
     load_dataset.cache_clear()
     _, smaller = load_dataset("cifar10", "local", str(tmp_path))
     assert len(smaller) == 10 and len(list(decoded_cache_dir().iterdir())) == 2
+    load_dataset.cache_clear()
+
+
+def _local_parquet(folder, train_labels=None, test_labels=None, rows=20):
+    """The bundled sample's first rows as local train/test parquet files, optionally with other labels."""
+    folder.mkdir(exist_ok=True)
+    for split, labels in (("train", train_labels), ("test", test_labels)):
+        table = pq.read_table(bundled_file(f"data/cifar10-sample/{split}.parquet")).slice(0, rows)
+        if labels is not None:
+            table = table.set_column(table.schema.get_field_index("label"), "label", pa.array(labels))
+        pq.write_table(table, folder / f"{split}.parquet")
+    return folder
+
+
+@pytest.mark.parametrize("bad", [42, -1, 10])
+def test_out_of_range_labels_are_refused_at_load_naming_file_column_and_range(tmp_path, monkeypatch, bad):
+    monkeypatch.setenv("FL_APP_CACHE", str(tmp_path / "cache"))
+    labels = [i % 10 for i in range(20)]
+    labels[7] = bad
+    root = _local_parquet(tmp_path / "data", train_labels=labels)
+    load_dataset.cache_clear()
+    with pytest.raises(ValueError) as err:
+        load_dataset("cifar10", "local", str(root))
+    message = str(err.value)
+    assert f"{root / 'train.parquet'}, column 'label'" in message
+    assert "labels must be integers in [0, 9] (10 classes)" in message
+    assert f"1 of 20 rows are out of range (values {bad}; first at row 7)" in message
+    assert not (tmp_path / "cache").exists()  # nothing decoded or cached from a bad file
+    load_dataset.cache_clear()
+
+
+def test_fractional_labels_are_refused_not_truncated(tmp_path, monkeypatch):
+    monkeypatch.setenv("FL_APP_CACHE", str(tmp_path / "cache"))
+    root = _local_parquet(tmp_path / "data", train_labels=[1.5] + [1.0] * 19)
+    load_dataset.cache_clear()
+    with pytest.raises(ValueError, match=r"train\.parquet, column 'label': labels must be integers in \[0, 9\]; "
+                                         "found dtype float64"):
+        load_dataset("cifar10", "local", str(root))
+    load_dataset.cache_clear()
+
+
+def test_bundled_sample_labels_are_checked_too(tmp_path, monkeypatch):
+    monkeypatch.setenv("FL_APP_CACHE", str(tmp_path / "cache"))
+    root = _local_parquet(tmp_path / "sample", train_labels=[-1] * 20)
+    monkeypatch.setattr("fl_app.data.bundled_file", lambda name: root / name.rsplit("/", 1)[-1])
+    load_dataset.cache_clear()
+    with pytest.raises(ValueError, match=r"sample/train\.parquet, column 'label': labels must be integers in \[0, 9\]"):
+        load_dataset("cifar10", "sample")
+    load_dataset.cache_clear()
+
+
+def test_a_decoded_cache_with_bad_labels_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("FL_APP_CACHE", str(tmp_path / "cache"))
+    root = _local_parquet(tmp_path / "data")
+    load_dataset.cache_clear()
+    load_dataset("cifar10", "local", str(root))
+    (cache_file,) = decoded_cache_dir().iterdir()
+    with np.load(cache_file) as cached:
+        arrays = dict(cached)
+    arrays["test_labels"][3] = 42
+    np.savez(cache_file, **arrays)
+    load_dataset.cache_clear()
+    with pytest.raises(ValueError, match=r"decoded test split; delete it to decode again\): labels must be integers in \[0, 9\] "
+                                         r".*\(values 42; first at row 3\)"):
+        load_dataset("cifar10", "local", str(root))
     load_dataset.cache_clear()
