@@ -58,6 +58,9 @@ class RecordState(Mapping):
     def __iter__(self) -> Iterator[str]:
         return iter(self.record)
 
+    def __contains__(self, name: object) -> bool:  # Mapping's default would decode the array to answer
+        return name in self.record
+
     def __len__(self) -> int:
         return len(self.record)
 

@@ -1,0 +1,90 @@
+"""Hostile clients against FEAST and its five supernet / width-sliced baselines: one of three clients answers every
+round with each kind of bad reply (tests/hostile.py); the run completes under min-reply-fraction and the global
+model stays finite and equal to the run in which that client never answers. Strategies are built by the app's own
+wiring (``make_supernet_strategy``) on a tiny supernet."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Message, MetricRecord, RecordDict
+
+from fl_app.config import SUPERNET_METHODS, validate_run_config
+from fl_app.models.elastic_resnet import ElasticResNet
+from fl_app.payload import record_to_state, state_to_record
+from fl_app.server_app import make_supernet_strategy
+from fl_app.slicing import slice_state, subnet_shapes
+from fl_app.subnets import SubnetCache
+from fl_app.supernet import Subnet, SupernetConfig, width_sliced_config
+from tests.hostile import check_hostile, node_of, run_rounds, standard_corruptions
+
+TINY = SupernetConfig.from_dict({
+    "num_stages": 1, "max_extra_blocks_per_stage": 1, "original_stem_out_channels": 8,
+    "original_stage_base_channels": [16], "initial_input_hw": 8, "initial_input_channels": 3, "stem_stride": 1,
+    "stage_downsample_factors": [2], "channel_divisible_by": 4, "n_classes": 10,
+    "width_multiplier_choices": [0.5, 1.0], "expansion_ratio_choices": [0.5, 1.0]}, name="tiny")
+CACHE = SubnetCache(TINY, [TINY.min_subnet(), Subnet((1,), (0.5,), (1, 0)), TINY.max_subnet()])
+BUDGETS = {0: CACHE.min_macs, 1: CACHE.entries[1].macs, 2: CACHE.max_macs}  # client 0: the strictest slice
+EXAMPLES = {0: 50, 1: 70, 2: 90}
+LABELS = {0: [0, 1, 2], 1: [1, 3, 5, 7], 2: list(range(10))}
+PAYLOAD = {"feast": "bfloat16"}  # one method runs with a bfloat16 payload, the int16 wire path
+METHODS = sorted(SUPERNET_METHODS)
+
+
+def test_the_matrix_covers_the_six_supernet_methods():
+    assert METHODS == ["deepfednas", "feast", "fedavg-min", "fedrolex", "heterofl", "superfednas"]
+
+
+def _setup(method: str):
+    payload = PAYLOAD.get(method, "float32")
+
+    def make_strategy(min_reply_fraction: float):
+        run = validate_run_config({"method": method, "seed": 0, "num-server-rounds": 2, "clients-per-round": 3,
+                                   "min-reply-fraction": min_reply_fraction, "payload-dtype": payload})
+        return make_supernet_strategy(run, SimpleNamespace(cfg=TINY, cache=CACHE), BUDGETS,
+                                      {p: node_of(p) for p in BUDGETS}, EXAMPLES)
+
+    def honest(msg: Message, pid: int) -> RecordDict:
+        """Deterministic stand-in for train_feast: the received slice (cut to the assigned subnet) moved by a
+        client/round constant, and the metrics a client reports."""
+        config = msg.content.config_records["config"]
+        received = record_to_state(msg.content.array_records["arrays"], payload)
+        if "arch-d" in config:
+            cfg = width_sliced_config(TINY) if config.get("model", "supernet") == "width-sliced" else TINY
+            arch = Subnet(config["arch-d"], config["arch-e"], config["arch-w"])
+            received = slice_state(received, {k: v for k, v in subnet_shapes(cfg, arch).items() if k in received})
+        shift = 0.1 * (pid + 1) + 0.01 * config["server-round"]
+        trained = {k: 0.5 * v + shift for k, v in received.items()}
+        return RecordDict({"arrays": state_to_record(trained, payload), "metrics": MetricRecord({
+            "num-examples": EXAMPLES[pid], "labels": LABELS[pid], "train-loss": 1.0 + pid, "client-seconds": 0.5})})
+
+    torch.manual_seed(0)
+    model_cfg = make_strategy(1.0).model_cfg
+    initial = {k: v for k, v in ElasticResNet(model_cfg).state_dict().items() if not k.endswith("num_batches_tracked")}
+    return make_strategy, state_to_record(initial), honest, payload
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_one_hostile_client_of_three_changes_nothing(flower_ids, method):
+    make_strategy, initial, honest, payload = _setup(method)
+    reference = run_rounds(make_strategy, initial, honest, (0, 1, 2), 2, 0.6, silent=[0])
+    clean = run_rounds(make_strategy, initial, honest, (0, 1, 2), 2, 0.6)
+    # the reference did real work: two honest replies moved the model, and the third client would have too
+    assert any(not np.array_equal(reference.global_state[k], clean.global_state[k]) for k in clean.global_state)
+    outcomes = {}
+    for corruption in standard_corruptions(10, payload_dtype=payload):
+        strategy, _ = check_hostile(make_strategy, initial, honest, lambda s: s.global_state, corruption,
+                                    reference=reference)
+        outcomes[corruption.name] = corruption.counted
+    assert len(outcomes) >= 40
+
+
+@pytest.mark.parametrize("method", ["feast", "heterofl"])
+def test_below_min_reply_fraction_the_round_fails_with_the_reasons(flower_ids, method):
+    make_strategy, initial, honest, payload = _setup(method)
+    nan = next(c for c in standard_corruptions(payload_dtype=payload) if c.name == "nan")
+    with pytest.raises(RuntimeError, match=r"round 1: 2 valid replies of 3 sampled .* rejected: \[0\]"):
+        run_rounds(make_strategy, initial, honest, (0, 1, 2), 2, 1.0, hostile=0, corruption=nan)
