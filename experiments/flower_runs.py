@@ -44,10 +44,14 @@ def flwr_run(run_config: str | dict, federation: str | None = "num-supernodes=8 
     command = ["flwr", "run", str(APP_DIR), *connection, "--stream", "--run-config", run_config]
     if federation is not None:
         command += ["--federation-config", federation]
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    output = proc.stdout + proc.stderr
-    if log_file is not None:
-        log_file.write_text(output)
+    if log_file is None:
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        output = proc.stdout + proc.stderr
+    else:  # streamed into the log as the run goes, so a long run can be followed (tail -f) and a dead one read
+        with open(log_file, "w") as handle:
+            subprocess.run(command, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True, timeout=timeout,
+                           check=False)
+        output = log_file.read_text(errors="replace")
     found = re.search(r"Successfully started run (\d+)", output)
     if not found:
         raise RuntimeError(f"flwr run did not start a run:\n{output[-3000:]}")

@@ -1,0 +1,231 @@
+"""experiments.runner: suite files, the reuse rule, refusals, resumption and the suite's tables.
+
+Most tests launch runs through a stand-in that writes the files a finished run writes (fast, no Flower); the last
+group runs the real smoke suite through `flwr run` once (module-scoped) and checks the done-means of the runner.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from experiments.runner import COMPLETED, RUN_RECORD, SuiteMismatch, load_suite, plan, run_suite
+from fl_app.outputs import write_csv, write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = """
+[suite]
+seeds = [0, 1, 2]
+reference = "fedavg-min"
+[base]
+num-server-rounds = 2
+eval-every = 1
+[federation]
+num-supernodes = 4
+client-resources-num-cpus = 1
+[methods]
+feast = {}
+fedavg-min = {}
+feast-kd0 = { method = "feast", kd-ratio = 0.0 }
+"""
+# accuracy of the stand-in runs: label offset + seed effect, so paired differences are known exactly
+OFFSET = {"feast": 0.05, "fedavg-min": 0.0, "feast-kd0": 0.04}
+SEED_EFFECT = {0: 0.30, 1: 0.36, 2: 0.33}
+
+
+class FakeLauncher:
+    """Writes summary.json / metrics.csv / rounds.csv like a finished run; remembers what it launched."""
+
+    def __init__(self, fail: set = frozenset(), interrupt_at: int | None = None):
+        self.launched, self.fail, self.interrupt_at = [], fail, interrupt_at
+
+    def __call__(self, run, timeout):
+        self.launched.append((run.label, run.seed, dict(run.cell)))
+        if self.interrupt_at == len(self.launched):
+            raise KeyboardInterrupt  # the suite is stopped in the middle of this run
+        if (run.label, run.seed) in self.fail:
+            return "finished:failed"
+        acc = OFFSET[run.label] + SEED_EFFECT[run.seed] + 0.01 * run.cell.get("gamma", 0)
+        rounds = run.run_config["num-server-rounds"]
+        write_csv(run.folder / "metrics.csv", [{"round": r, "population_weighted_accuracy": acc * r / rounds}
+                                               for r in range(1, rounds + 1)])
+        write_csv(run.folder / "rounds.csv", [{"round": r, "client_seconds": 10.0 * (1 + (run.label == "feast"))}
+                                              for r in range(1, rounds + 1)])
+        write_json(run.folder / "summary.json", {
+            "method": run.run_config["method"], "dataset": "cifar10", "rounds": rounds, "seed": run.seed,
+            "population_weighted_accuracy": acc, "tiers": [{"macs": 5e5, "accuracy": acc}],
+            "bytes_down": 2e6, "bytes_up": 1e6, "run_config": {**run.run_config, "output-dir": str(run.folder)}})
+        return COMPLETED
+
+
+def write_suite(tmp_path: Path, text: str = SUITE, name: str = "suite.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def run(tmp_path, suite_text=SUITE, launcher=None, plots=False, **kwargs):
+    lines = []
+    launcher = launcher or FakeLauncher()
+    result = run_suite(write_suite(tmp_path, suite_text), tmp_path / "out", launch=launcher,
+                       printer=lambda text, **_: lines.append(text), plots=plots, **kwargs)
+    return result, launcher, "\n".join(lines)
+
+
+def test_suite_errors_name_the_section_and_key(tmp_path):
+    bad = SUITE.replace('reference = "fedavg-min"', 'reference = "fedprox"').replace(
+        "feast = {}", "feast = {}\nfeast-fast = { lr = 0.1 }") + "\n[extras]\nx = 1\n"
+    with pytest.raises(ValueError) as error:
+        load_suite(write_suite(tmp_path, bad))
+    text = str(error.value)
+    assert "[extras]" in text and "reference='fedprox'" in text and "feast-fast" in text
+    with pytest.raises(ValueError, match="kd-ratio"):  # run-config values are validated before anything runs
+        plan(load_suite(write_suite(tmp_path, SUITE.replace("kd-ratio = 0.0", "kd-ratio = 2.0"))), tmp_path)
+
+
+def test_first_run_trains_every_cell_and_records_provenance(tmp_path):
+    result, launcher, text = run(tmp_path)
+    assert len(launcher.launched) == 9 and not result["failed"]
+    # seed by seed, methods in file order
+    assert [(label, seed) for label, seed, _ in launcher.launched[:3]] == [("feast", 0), ("fedavg-min", 0),
+                                                                             ("feast-kd0", 0)]
+    assert text.count(" start ") == 9 and text.count(" done in ") == 9 and "ETA" in text
+    record = json.loads((tmp_path / "out/runs/feast-kd0/seed2" / RUN_RECORD).read_text())
+    assert record["status"] == COMPLETED and record["seed"] == 2
+    assert record["run_config"]["kd-ratio"] == 0.0 and record["run_config"]["method"] == "feast"
+    assert record["federation"] == {"num-supernodes": 4, "client-resources-num-cpus": 1}
+    assert len(record["commit"]) == 40 and isinstance(record["dirty"], bool)
+
+
+def test_second_run_trains_nothing(tmp_path):
+    run(tmp_path)
+    _, launcher, text = run(tmp_path)
+    assert launcher.launched == []
+    assert text.count(" reuse ") == 9 and " start " not in text
+
+
+def test_changed_key_is_refused_naming_it_before_anything_trains(tmp_path):
+    run(tmp_path)
+    changed = SUITE.replace("kd-ratio = 0.0", "kd-ratio = 0.25")
+    with pytest.raises(SuiteMismatch) as error:
+        run(tmp_path, changed)
+    text = str(error.value)
+    assert "runs/feast-kd0/seed0" in text and "kd-ratio: 0.0 -> 0.25" in text
+    assert "runs/feast/seed0" not in text  # unchanged runs are not blamed
+    federation = SUITE.replace("num-supernodes = 4", "num-supernodes = 8")
+    with pytest.raises(SuiteMismatch, match=r"federation.num-supernodes: 4 -> 8"):
+        run(tmp_path, federation)
+
+
+def test_rerun_changed_trains_exactly_the_changed_runs_into_new_folders(tmp_path):
+    run(tmp_path)
+    changed = SUITE.replace("kd-ratio = 0.0", "kd-ratio = 0.25")
+    _, launcher, _ = run(tmp_path, changed, rerun_changed=True)
+    assert sorted(launcher.launched) == [("feast-kd0", s, {}) for s in (0, 1, 2)]
+    old = json.loads((tmp_path / "out/runs/feast-kd0/seed0" / RUN_RECORD).read_text())
+    new = json.loads((tmp_path / "out/runs/feast-kd0/seed0.v2" / RUN_RECORD).read_text())
+    assert old["run_config"]["kd-ratio"] == 0.0 and new["run_config"]["kd-ratio"] == 0.25  # the old run is kept
+    _, again, _ = run(tmp_path, changed)  # the new folder is now an exact match: nothing to train, nothing refused
+    assert again.launched == []
+
+
+def test_new_grid_values_train_only_the_new_cells(tmp_path):
+    grid = SUITE + "[grid]\ngamma = [0.0, 1.0]\n"
+    _, first, _ = run(tmp_path, grid)
+    assert len(first.launched) == 18
+    _, second, _ = run(tmp_path, grid.replace("[0.0, 1.0]", "[0.0, 1.0, 1.5]"))
+    assert sorted(second.launched) == sorted((label, seed, {"gamma": 1.5}) for label in OFFSET for seed in (0, 1, 2))
+
+
+def test_key_added_to_the_registry_later_at_its_default_still_matches(tmp_path):
+    run(tmp_path)
+    path = tmp_path / "out/runs/feast/seed0" / RUN_RECORD
+    record = json.loads(path.read_text())
+    del record["run_config"]["topo-kappa"]  # as if the run predates the key
+    path.write_text(json.dumps(record))
+    _, launcher, _ = run(tmp_path)
+    assert launcher.launched == []
+
+
+def test_interrupted_suite_resumes_and_keeps_the_partial_run(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, launcher=FakeLauncher(interrupt_at=4))
+    partial = tmp_path / "out/runs/feast/seed1"
+    assert json.loads((partial / RUN_RECORD).read_text())["status"] == "running"
+    _, launcher, text = run(tmp_path)
+    assert [(label, seed) for label, seed, _ in launcher.launched] == [
+        ("feast", 1), ("fedavg-min", 1), ("feast-kd0", 1), ("feast", 2), ("fedavg-min", 2), ("feast-kd0", 2)]
+    assert (tmp_path / "out/runs/feast/seed1.interrupted-1" / RUN_RECORD).exists()
+    assert "seed1.interrupted-1" in text and text.count(" reuse ") == 3
+
+
+def test_failed_run_does_not_stop_the_suite_and_is_trained_again(tmp_path):
+    result, launcher, text = run(tmp_path, launcher=FakeLauncher(fail={("feast", 1)}))
+    assert len(launcher.launched) == 9 and [r.label for r in result["failed"]] == ["feast"]
+    assert "FAILED finished:failed" in text
+    _, again, _ = run(tmp_path)
+    assert again.launched == [("feast", 1, {})]
+
+
+def test_suite_tables_give_means_with_intervals_and_paired_differences(tmp_path):
+    run(tmp_path, plots=True)
+    table = (tmp_path / "out/table.md").read_text()
+    # feast: 0.35, 0.41, 0.38 -> mean 38.0, sd 3.0 points, half-width 4.3027 * 3 / sqrt(3) = 7.45
+    assert "| feast | cifar10 | 2 | 0,1,2 | 0.50M | 38.0 ± 7.5 |" in table
+    # paired against fedavg-min: every seed +5 points, no spread
+    assert "| feast | fedavg-min | +5.0 ± 0.0 | 3/3 | better |" in table
+    assert "| feast-kd0 | fedavg-min | +4.0 ± 0.0 | 3/3 | better |" in table
+    import csv
+
+    with open(tmp_path / "out/table.csv") as handle:
+        rows = {r["method"]: r for r in csv.DictReader(handle)}
+    assert float(rows["feast"]["accuracy_ci95"]) == pytest.approx(4.302653 * 0.03 / math.sqrt(3), rel=1e-5)
+    # equal compute: fedavg-min spends 20 client seconds, feast 40; at 20 feast has only its round-1 value
+    with open(tmp_path / "out/compute.csv") as handle:
+        compute = {r["method"]: r for r in csv.DictReader(handle)}
+    assert float(compute["feast"]["compute_budget"]) == 20.0
+    assert float(compute["feast"]["accuracy_at_budget"]) == pytest.approx(0.38 / 2)
+    assert float(compute["fedavg-min"]["accuracy_at_budget"]) == pytest.approx(0.33)
+    assert (tmp_path / "out/accuracy_per_round.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# -- the real smoke suite through `flwr run` -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke")
+    lines = []
+    result = run_suite(ROOT / "experiments/suites/smoke.toml", out, printer=lambda text, **_: lines.append(text))
+    return out, result, "\n".join(lines)
+
+
+def test_smoke_suite_finishes_with_progress_and_a_table_with_intervals(smoke):
+    out, result, text = smoke
+    assert not result["failed"], text
+    assert text.count(" start ") == 4 and text.count(" done in ") == 4
+    for label in ("feast", "fedavg-min"):
+        for seed in (0, 1):
+            folder = out / "runs" / label / f"seed{seed}"
+            record = json.loads((folder / RUN_RECORD).read_text())
+            assert record["status"] == COMPLETED
+            assert "Successfully started run" in (folder / "run.log").read_text()
+            summary = json.loads((folder / "summary.json").read_text())
+            assert summary["seed"] == seed and summary["rounds"] == 2
+    table = (out / "table.md").read_text()
+    assert table.count(" ± ") >= 3  # two method rows and the paired difference
+    assert "| feast | fedavg-min |" in table
+
+
+def test_smoke_suite_again_trains_nothing_and_a_changed_key_is_refused(smoke, tmp_path):
+    out, _, _ = smoke
+    lines = []
+    result = run_suite(ROOT / "experiments/suites/smoke.toml", out, printer=lambda text, **_: lines.append(text))
+    text = "\n".join(lines)
+    assert text.count(" reuse ") == 4 and " start " not in text and not result["failed"]
+    changed = tmp_path / "smoke.toml"
+    changed.write_text((ROOT / "experiments/suites/smoke.toml").read_text().replace("max-local-steps = 3",
+                                                                                   "max-local-steps = 4"))
+    with pytest.raises(SuiteMismatch, match=r"max-local-steps: 3 -> 4"):
+        run_suite(changed, out, printer=lambda *a, **k: None)
