@@ -93,7 +93,7 @@ def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Conte
     else:
         plan = plan_subnets(fed.cache, float(config["budget-macs"]), bounds, run.train_subnets)
         returned = {k: v.shape for k, v in received.items()}
-    data = client_data(run, pid, num)
+    data = client_data(run, pid, num, config.get("partition-budgets"))  # declared budgets shape the split
     labels = sorted(int(c) for c in torch.unique(data.labels))
     logit_mask = None
     if config.get("mask-labels", False):  # HeteroFL: only the classifier rows of labels held here are trained

@@ -65,23 +65,36 @@ def server_splits(run: RunConfig, train: ImageData) -> Splits:
     return split_train(train.labels.numpy(), run["val-size"], run["calib-size"], run["seed"])
 
 
+def pool_partitions(run: RunConfig, labels: np.ndarray, budgets) -> tuple[np.ndarray, ...]:
+    """Row indices into the training set of every client's partition, given the training labels and every
+    partition's budget (the γ-allocation's input): the client pool left after the server's held-out splits, split by
+    the run's partitioner."""
+    pool = split_train(labels, run["val-size"], run["calib-size"], run["seed"]).client_pool
+    partitioner = make_partitioner(run["partitioner"], len(budgets), run["seed"], run["dirichlet-alpha"],
+                                   run["gamma"], np.asarray(budgets, dtype=float), run["max-training-macs"])
+    return tuple(pool[idx] for idx in partition_indices(labels[pool], partitioner))
+
+
 @lru_cache(maxsize=2)
-def _all_partitions(run_items: tuple, num_partitions: int) -> tuple[np.ndarray, ...]:
+def _all_partitions(run_items: tuple, num_partitions: int, budgets: tuple | None) -> tuple[np.ndarray, ...]:
     run = RunConfig(dict(run_items))
     fed = Federation.build(run, num_partitions)
     train, _ = dataset_for(run, fed.cfg)
-    pool = server_splits(run, train).client_pool
-    partitioner = make_partitioner(run["partitioner"], num_partitions, run["seed"], run["dirichlet-alpha"],
-                                   run["gamma"], fed.budgets, run["max-training-macs"])
-    return tuple(pool[idx] for idx in partition_indices(train.labels.numpy()[pool], partitioner))
+    return pool_partitions(run, train.labels.numpy(), fed.budgets if budgets is None else budgets)
 
 
-def partition_rows(run: RunConfig, num_partitions: int) -> tuple[np.ndarray, ...]:
-    """Row indices into the training set of every client's partition (cached per process)."""
-    return _all_partitions(tuple(sorted(run.values.items())), num_partitions)
+def partition_rows(run: RunConfig, num_partitions: int, budgets=None) -> tuple[np.ndarray, ...]:
+    """Row indices into the training set of every client's partition (cached per process).
+
+    ``budgets``: every partition's budget, declared where a node declared one (``Federation.client_budgets``); the
+    drawn budgets when None. Server and clients must pass the same ones (the server sends them with each round)."""
+    key = None if budgets is None else tuple(float(b) for b in budgets)
+    if key is not None and len(key) != num_partitions:
+        raise ValueError(f"partition-budgets: {len(key)} values for {num_partitions} partitions")
+    return _all_partitions(tuple(sorted(run.values.items())), num_partitions, key)
 
 
-def client_data(run: RunConfig, partition_id: int, num_partitions: int) -> ImageData:
+def client_data(run: RunConfig, partition_id: int, num_partitions: int, budgets=None) -> ImageData:
     cfg = load_supernet_config(run["supernet"], n_classes=DATASETS[run["dataset"]].num_classes)
     train, _ = dataset_for(run, cfg)
-    return train.subset(partition_rows(run, num_partitions)[partition_id])
+    return train.subset(partition_rows(run, num_partitions, budgets)[partition_id])

@@ -9,22 +9,33 @@ from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Part
 PARTITIONERS = ("gamma", "dirichlet", "iid")
 
 
-def gamma_shares(budgets: np.ndarray, gamma: float, max_training_macs: float = 0.0) -> np.ndarray:
-    """Target data shares q_i = b̃_i^γ / Σ_j b̃_j^γ with capped budgets b̃_i = min(b_i, max-training-macs)."""
+def gamma_weights(budgets: np.ndarray, gamma: float, max_training_macs: float = 0.0) -> np.ndarray:
+    """Unnormalised shares b̃_i^γ with capped budgets b̃_i = min(b_i, max-training-macs) (all exactly 1 at γ = 0)."""
     capped = np.asarray(budgets, dtype=float)
     if max_training_macs > 0:
         capped = np.minimum(capped, max_training_macs)
-    weights = capped ** gamma
+    return capped ** gamma
+
+
+def gamma_shares(budgets: np.ndarray, gamma: float, max_training_macs: float = 0.0) -> np.ndarray:
+    """Target data shares q_i = b̃_i^γ / Σ_j b̃_j^γ with capped budgets b̃_i = min(b_i, max-training-macs)."""
+    weights = gamma_weights(budgets, gamma, max_training_macs)
     return weights / weights.sum()
 
 
 class GammaPartitioner(Partitioner):
     """Dirichlet label skew whose partition *sizes* follow the clients' budgets.
 
-    For each class k, proportions over clients are drawn from Dir(α·n·q) (n clients; so γ = 0, where q is uniform,
-    is exactly the ordinary Dir(α) split) and class k's samples are dealt out by them, except that clients already
-    holding their target q_i·N samples stop receiving any. The whole draw is repeated until every client holds at
-    least ``min_partition_size`` samples.
+    The self-balancing Dirichlet split of flwr-datasets' ``DirichletPartitioner`` with target shares q_i instead of
+    equal ones. For each class k in sorted order, proportions over the n clients are drawn from Dir(α·n·q) and
+    class k's samples are dealt out by them, except that clients already holding more than their target q_i·N
+    samples receive none (the proportions of the others are renormalised). The whole draw is repeated, continuing
+    the same random stream, until every client holds at least ``min_partition_size`` samples.
+
+    γ = 0 (q uniform: Dir(α), target N/n) is exactly ``DirichletPartitioner(n, label, α, min_partition_size,
+    self_balancing=True, seed)``, i.e. ``partitioner = "dirichlet"``: same seed, same partitions (tested). Note that
+    this "plain" split is not the textbook Dir(α) split either: the self-balancing cap shapes the classes drawn
+    last. At γ > 0 the same draw favours budget-rich clients twice: larger Dirichlet concentration and a higher cap.
     """
 
     def __init__(self, budgets, gamma: float, alpha: float, partition_by: str = "label",
@@ -35,7 +46,8 @@ class GammaPartitioner(Partitioner):
             raise ValueError(f"gamma={gamma}: must be >= 0")
         if alpha <= 0:
             raise ValueError(f"dirichlet-alpha={alpha}: must be > 0")
-        self.shares = gamma_shares(np.asarray(budgets), gamma, max_training_macs)
+        self.weights = gamma_weights(np.asarray(budgets), gamma, max_training_macs)
+        self.shares = self.weights / self.weights.sum()
         self.alpha, self.partition_by = alpha, partition_by
         self.min_partition_size, self.seed, self.max_attempts = min_partition_size, seed, max_attempts
         self._indices: list[np.ndarray] | None = None
@@ -54,18 +66,22 @@ class GammaPartitioner(Partitioner):
 
     def _draw(self, labels: np.ndarray) -> list[np.ndarray]:
         rng = np.random.default_rng(self.seed)
-        n, total = self.num_partitions, len(labels)
-        targets = self.shares * total
+        total = len(labels)
+        # written so that uniform weights give flwr's values bit for bit: concentration α·1, target N/n
+        concentration = self.alpha * (self.weights / self.weights.mean())
+        targets = total * self.weights / self.weights.sum()
         for _ in range(self.max_attempts):
-            parts: list[list[int]] = [[] for _ in range(n)]
-            sizes = np.zeros(n)
-            for k in rng.permutation(np.unique(labels)):
-                rows = rng.permutation(np.flatnonzero(labels == k))
-                props = rng.dirichlet(self.alpha * n * self.shares)
-                props = props * (sizes < targets)  # full clients stop filling
-                if props.sum() == 0:
-                    props = self.shares.copy()
-                props /= props.sum()
+            parts: list[list[int]] = [[] for _ in range(self.num_partitions)]
+            sizes = np.zeros(self.num_partitions)
+            for k in np.unique(labels):
+                rows = np.nonzero(labels == k)[0]
+                props = rng.dirichlet(concentration)
+                props = np.where(sizes > targets, 0.0, props)  # clients above their target stop filling
+                mass = sum(props.tolist())  # summed in flwr's order
+                if mass == 0:  # every drawn share underflowed or sits on full clients: deal by the targets
+                    props = np.where(sizes > targets, 0.0, self.shares)
+                    mass = sum(props.tolist())
+                props = props / mass
                 cuts = (np.cumsum(props) * len(rows)).astype(int)[:-1]
                 for i, chunk in enumerate(np.split(rows, cuts)):
                     parts[i].extend(chunk.tolist())

@@ -147,7 +147,8 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
     fed = Federation.build(run, num_clients)
     budgets = fed.client_budgets(run, {pid: info["budget-macs"] for pid, info in nodes.items()
                                        if "budget-macs" in info})
-    examples = {pid: len(rows) for pid, rows in enumerate(partition_rows(run, num_clients))}
+    examples = {pid: len(rows) for pid, rows in
+                enumerate(partition_rows(run, num_clients, [budgets[p] for p in range(num_clients)]))}
     strategy = make_supernet_strategy(run, fed, budgets, {pid: info["node_id"] for pid, info in nodes.items()},
                                       examples)
     tiers = strategy_tiers(run, fed, strategy)

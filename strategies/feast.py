@@ -112,6 +112,8 @@ class FeastStrategy(Strategy):
                 "lr": float(self.lr_of_round(server_round)), "budget-macs": float(self.budgets[pid]),
                 "bounds-d": list(bounds.d), "bounds-e": list(bounds.e), "bounds-w": list(bounds.w),
                 "payload-dtype": self.payload_dtype,
+                # every partition's budget (declared where declared): the client rebuilds its γ-allocated partition
+                "partition-budgets": [float(self.budgets[p]) for p in sorted(self.budgets)],
             }
             if arch is not None:
                 train_config.update({"arch-d": list(arch.d), "arch-e": list(arch.e), "arch-w": list(arch.w)})

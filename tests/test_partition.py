@@ -1,4 +1,5 @@
-"""γ-allocation: shares, sizes following budgets, γ = 0 as plain Dirichlet, reproducibility."""
+"""γ-allocation: shares, sizes following budgets, γ = 0 as plain Dirichlet, reproducibility; every committed paper
+config partitions at its dataset's real size."""
 
 from __future__ import annotations
 
@@ -43,6 +44,17 @@ def test_gamma_zero_gives_no_size_coupling():
     assert mean_sizes[-1] / mean_sizes[0] < 1.6  # γ = 1 would give 16x
 
 
+@pytest.mark.parametrize("alpha,clients", [(0.05, 4), (0.3, 13), (1.0, 30), (10.0, 7)])
+def test_gamma_zero_is_exactly_the_plain_dirichlet_partitioner(alpha, clients):
+    """γ = 0 gives flwr-datasets' self-balancing DirichletPartitioner's partitions, whatever the budgets."""
+    budgets = np.random.default_rng(1).uniform(1e6, 1e7, clients)
+    for seed in range(3):
+        labels = _labels(n=3000, seed=seed + 100)
+        plain = partition_indices(labels, make_partitioner("dirichlet", clients, seed, alpha))
+        gamma0 = partition_indices(labels, GammaPartitioner(budgets, gamma=0.0, alpha=alpha, seed=seed))
+        assert [np.sort(p).tolist() for p in plain] == [p.tolist() for p in gamma0]
+
+
 def test_label_skew_grows_as_alpha_shrinks():
     budgets = np.ones(8)
 
@@ -78,3 +90,36 @@ def test_flwr_partitioners_are_available_by_name():
     assert [len(p) for p in iid] == [1500] * 4
     dirichlet = partition_indices(labels, make_partitioner("dirichlet", 4, 0, 0.5))
     assert sum(len(p) for p in dirichlet) == len(labels)
+
+
+def test_declared_budgets_shape_the_gamma_allocation_on_server_and_client(flower_ids):
+    """A node's declared budget-macs is the budget the γ-allocation uses: the server sends every partition's budget
+    with each round and the client rebuilds its partition from them, so both sides agree on its rows."""
+    from flwr.app import ConfigRecord
+
+    from fl_app.config import validate_run_config
+    from fl_app.federation import Federation, client_data, dataset_for, partition_rows
+    from fl_app.models.elastic_resnet import ElasticResNet
+    from fl_app.payload import state_to_record
+    from fl_app.server_app import make_supernet_strategy
+
+    run = validate_run_config({"gamma": 1.0, "dirichlet-alpha": 1.0, "clients-per-round": 4})
+    fed = Federation.build(run, 4)
+    smallest = int(np.argmin(fed.budgets))
+    budgets = fed.client_budgets(run, {smallest: float(fed.cache.max_macs)})  # it declares the largest budget
+    ordered = [budgets[p] for p in range(4)]
+    assert ordered[smallest] == fed.cache.max_macs != fed.budgets[smallest]
+    strategy = make_supernet_strategy(run, fed, budgets, {p: 10 + p for p in range(4)})
+    state = {k: v.numpy() for k, v in ElasticResNet(fed.cfg).state_dict().items()
+             if not k.endswith("num_batches_tracked")}
+    messages = strategy.configure_train(1, state_to_record(state), ConfigRecord(), grid=None)
+    sent = [list(m.content.config_records["config"]["partition-budgets"]) for m in messages]
+    assert sent == [ordered] * 4
+
+    drawn_rows, declared_rows = partition_rows(run, 4), partition_rows(run, 4, ordered)
+    # the γ = 1 shares follow the declared budget: that client's partition grows, and it equals the split of a
+    # federation whose drawn budgets were those
+    assert len(declared_rows[smallest]) > len(drawn_rows[smallest])
+    train, _ = dataset_for(run, fed.cfg)
+    data = client_data(run, smallest, 4, sent[0])
+    assert np.array_equal(data.labels.numpy(), train.labels.numpy()[declared_rows[smallest]])
