@@ -1,28 +1,191 @@
-"""Round checkpoints and resume: everything a run needs to continue exactly where it stopped.
+"""Checkpoints that are verified before they are trusted, and round checkpoints / resume for the supernet methods.
 
-A checkpoint holds the global model, the strategy's state (round logs, baseline bookkeeping), the server's RNG
-states, the metrics measured so far and the run config. It is written to a temporary name and renamed, so a run killed
-while writing leaves the previous checkpoint intact. Only plain containers and tensors are stored, so loading never
-unpickles code (``weights_only=True``).
+Verified files (any method, any model)::
+
+    fingerprint = model_fingerprint(run, model_config)   # model_config: a plain dict that defines the model
+    save_verified(path, blob, fingerprint, replace_if=None)
+    blob = load_verified(path, fingerprint, what="resume-from='...'")
+
+``save_verified`` adds an ``integrity`` record to ``blob``: the SHA-256 of its content (every tensor's dtype, shape and
+bytes, every other value, in a canonical order) and the model fingerprint with what it was computed from. It writes a
+uniquely named temporary file in the target folder, fsyncs it and moves it into place, so a crash never leaves a half
+file under the real name. It never replaces an existing file unless ``replace_if(existing_blob)`` says so for a
+verified file (e.g. an earlier round of the same run); anything else at the path is refused with ``FileExistsError``.
+``load_verified`` reads with ``weights_only=True`` (no code is unpickled), recomputes the hash and compares the
+fingerprint: a flipped byte, a truncated file or a checkpoint of another model is refused with ``ValueError`` naming
+the file and what differs. The blob holds plain containers, numbers, strings and tensors; ``torch.load(path,
+weights_only=True)`` still reads it directly.
+
+The fingerprint covers ``model_config`` (e.g. the supernet config's ``to_dict()``, which catches a supernet JSON whose
+content changed under the same name) and the run-config keys that define a model (``MODEL_RUN_KEYS``).
+
+Round checkpoints (``write_round_checkpoint`` / ``load_round_checkpoint``) hold the global model, the strategy's
+state (round logs, baseline bookkeeping), the server's RNG states, the metrics measured so far and the run config;
+resuming also demands the same run config (except ``RESUME_MAY_CHANGE``) and federation size.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import random
+import tempfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
 from fl_app.config import RunConfig
-from fl_app.outputs import save_checkpoint
+from fl_app.data import DATASETS
+from fl_app.supernet import load_supernet_config
 
 CHECKPOINT_FILE = "checkpoint.pt"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: every file carries an integrity record
 # keys that may differ between a checkpoint's run and the run resuming it: none of them changes what is computed
 RESUME_MAY_CHANGE = ("output-dir", "resume-from", "checkpoint-every", "round-timeout")
+# run-config keys that decide which model (architecture and classes) a state belongs to
+MODEL_RUN_KEYS = ("method", "dataset", "supernet", "model-family", "feature-dim")
+INTEGRITY = "integrity"
 
 
+# -- verified files ------------------------------------------------------------------------------------------------
+def _feed(digest, value) -> None:
+    """Hash ``value`` canonically: dict keys sorted, tensors by dtype, shape and raw bytes."""
+    if isinstance(value, dict):
+        digest.update(b"d%d;" % len(value))
+        for key in sorted(value, key=repr):
+            _feed(digest, key)
+            _feed(digest, value[key])
+    elif isinstance(value, (list, tuple)):
+        digest.update(b"l%d;" % len(value))
+        for item in value:
+            _feed(digest, item)
+    elif isinstance(value, (torch.Tensor, np.ndarray)):
+        tensor = torch.as_tensor(value).detach().cpu().contiguous()
+        digest.update(f"t{tensor.dtype}{tuple(tensor.shape)};".encode())
+        raw = tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor
+        digest.update(raw.numpy().tobytes())
+    elif value is None or isinstance(value, (bool, int, float, str, np.generic)):
+        digest.update(f"{type(value).__name__}:{value!r};".encode())
+    else:
+        raise TypeError(f"a checkpoint holds containers, numbers, strings and tensors, not {type(value).__name__}")
+
+
+def content_hash(record: dict) -> str:
+    """SHA-256 of everything in ``record`` but the hash itself (the fingerprint is covered too)."""
+    integrity = {k: v for k, v in record.get(INTEGRITY, {}).items() if k != "sha256"}
+    digest = hashlib.sha256()
+    _feed(digest, {**record, INTEGRITY: integrity})
+    return digest.hexdigest()
+
+
+def model_fingerprint(run: RunConfig | dict, model_config: dict) -> dict:
+    """What a saved state belongs to: the model config and the model-defining run-config keys, with their hash."""
+    values = run.to_dict() if isinstance(run, RunConfig) else dict(run)
+    defined_by = {"model": model_config, "run": {k: values.get(k) for k in MODEL_RUN_KEYS}}
+    return {"sha256": hashlib.sha256(json.dumps(defined_by, sort_keys=True).encode()).hexdigest(), **defined_by}
+
+
+def supernet_fingerprint(run: RunConfig) -> dict:
+    """The fingerprint of the supernet methods' model: the supernet config (from its name or JSON file)."""
+    cfg = load_supernet_config(run["supernet"], n_classes=DATASETS[run["dataset"]].num_classes)
+    return model_fingerprint(run, cfg.to_dict())
+
+
+def save_verified(path: str | Path, blob: dict, fingerprint: dict,
+                  replace_if: Callable[[dict], bool] | None = None) -> Path:
+    """Write ``blob`` with its integrity record atomically; see the module docstring for what may be replaced."""
+    path = Path(path)
+    record = {**blob, INTEGRITY: {"format": FORMAT_VERSION, "fingerprint": fingerprint}}
+    record[INTEGRITY]["sha256"] = content_hash(record)
+    if path.exists() or path.is_symlink():
+        _refuse_unless_replaceable(path, replace_if)
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            torch.save(record, out)
+            out.flush()
+            os.fchmod(out.fileno(), 0o644)  # mkstemp's 0600 would hide results from the group
+            os.fsync(out.fileno())
+        if replace_if is None:
+            try:
+                os.link(tmp, path)  # fails if the name exists by now: never replaces
+            except FileExistsError:
+                raise FileExistsError(f"{path} exists; a checkpoint never replaces another file") from None
+            except OSError:  # no hard links on this filesystem: the check above stands
+                os.replace(tmp, path)
+        else:
+            os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+    _fsync_dir(path.parent)
+    return path
+
+
+def _refuse_unless_replaceable(path: Path, replace_if) -> None:
+    if replace_if is None or path.is_symlink() or not path.is_file():
+        raise FileExistsError(f"{path} exists; a checkpoint never replaces another file (choose a new path)")
+    try:
+        existing = load_verified(path)
+    except ValueError as error:
+        raise FileExistsError(f"{path} exists and is not a verified checkpoint, so it is kept: {error}") from None
+    if not replace_if(existing):
+        raise FileExistsError(f"{path} holds a checkpoint of another run (or a later round); it is kept")
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # not every filesystem syncs directories
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_verified(path: str | Path, fingerprint: dict | None = None, what: str | None = None) -> dict:
+    """Read a file written by ``save_verified``; refuse it (``ValueError``) unless its content hash matches and, when
+    ``fingerprint`` is given, it belongs to that model. ``what`` names the file in messages (default: the path)."""
+    what = what or str(path)
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # a truncated, damaged or foreign file
+        raise ValueError(f"{what}: not a readable checkpoint ({type(error).__name__}: {error})") from error
+    integrity = blob.get(INTEGRITY) if isinstance(blob, dict) else None
+    if not isinstance(integrity, dict) or integrity.get("format") != FORMAT_VERSION or not isinstance(
+            integrity.get("fingerprint"), dict):
+        raise ValueError(f"{what}: not a verified checkpoint of this app (no integrity record of format "
+                         f"{FORMAT_VERSION})")
+    try:
+        actual = content_hash(blob)
+    except TypeError as error:
+        raise ValueError(f"{what}: {error}") from None
+    if actual != integrity.get("sha256"):
+        raise ValueError(f"{what}: content hash mismatch (recorded {str(integrity.get('sha256'))[:16]}..., "
+                         f"computed {actual[:16]}...): the file was altered or damaged; it is not used")
+    if fingerprint is not None and integrity["fingerprint"].get("sha256") != fingerprint["sha256"]:
+        difference = _fingerprint_difference(integrity["fingerprint"], fingerprint)
+        raise ValueError(f"{what}: a checkpoint of another model ({difference}); it is not used")
+    return {k: v for k, v in blob.items() if k != INTEGRITY}
+
+
+def _fingerprint_difference(saved: dict, current: dict) -> str:
+    differences = [f"run-config {k}: checkpoint {saved.get('run', {}).get(k)!r} vs now {v!r}"
+                   for k, v in current["run"].items() if saved.get("run", {}).get(k) != v]
+    saved_model, model = saved.get("model") or {}, current["model"] or {}
+    if isinstance(saved_model, dict) and isinstance(model, dict):
+        differences += [f"model {k}: checkpoint {saved_model.get(k)!r} vs now {model.get(k)!r}"
+                        for k in sorted(set(saved_model) | set(model), key=str) if saved_model.get(k) != model.get(k)]
+    return "; ".join(differences) or "fingerprints differ"
+
+
+# -- round checkpoints of the supernet methods ---------------------------------------------------------------------
 def capture_rng() -> dict:
     numpy_state = np.random.get_state(legacy=False)
     return {
@@ -45,36 +208,38 @@ def restore_rng(saved: dict) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
+def _run_config_differences(saved: dict, current: dict) -> list[str]:
+    return sorted(k for k in set(saved) | set(current) if k not in RESUME_MAY_CHANGE and saved.get(k) != current.get(k))
+
+
+def same_run_earlier_round(run: RunConfig, server_round: int) -> Callable[[dict], bool]:
+    """``replace_if`` for round checkpoints: only an earlier round of a run with this run config is replaced."""
+    current = run.to_dict()
+    return lambda old: (not _run_config_differences(old.get("run_config", {}), current)
+                        and old.get("round", server_round) < server_round)
+
+
 def write_round_checkpoint(out_dir: Path, server_round: int, run: RunConfig, num_clients: int,
                            global_state: dict[str, np.ndarray], strategy_state: dict, metrics: dict) -> Path:
-    path = out_dir / CHECKPOINT_FILE
-    save_checkpoint(path, {
+    return save_verified(Path(out_dir) / CHECKPOINT_FILE, {
         "format": FORMAT_VERSION, "round": server_round, "run_config": run.to_dict(), "num_clients": num_clients,
         "global_state": {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in global_state.items()},
         "strategy": strategy_state, "metrics": metrics, "rng": capture_rng(),
-    })
-    return path
+    }, supernet_fingerprint(run), replace_if=same_run_earlier_round(run, server_round))
 
 
 def load_round_checkpoint(location: str | Path, run: RunConfig, num_clients: int) -> dict:
     """Read a checkpoint (a file or the run folder holding it) and check that ``run`` may continue it.
 
-    Raises ``ValueError`` naming every mismatching key before any training starts."""
+    Raises ``ValueError`` before any training starts: a damaged file, another model, or every mismatching key."""
     path = Path(location).expanduser()
     if path.is_dir():
         path = path / CHECKPOINT_FILE
     if not path.is_file():
         raise ValueError(f"resume-from='{location}': no {CHECKPOINT_FILE} there")
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # a truncated or foreign file
-        raise ValueError(f"resume-from='{location}': not a readable checkpoint ({error})") from error
-    if not isinstance(blob, dict) or blob.get("format") != FORMAT_VERSION:
-        raise ValueError(f"resume-from='{location}': not a checkpoint of this app (format "
-                         f"{blob.get('format') if isinstance(blob, dict) else '?'}, expected {FORMAT_VERSION})")
+    blob = load_verified(path, supernet_fingerprint(run), what=f"resume-from='{location}'")
     saved, current = blob["run_config"], run.to_dict()
-    differing = sorted(k for k in set(saved) | set(current)
-                       if k not in RESUME_MAY_CHANGE and saved.get(k) != current.get(k))
+    differing = _run_config_differences(saved, current)
     if differing:
         details = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {current.get(k)!r}" for k in differing)
         raise ValueError(f"resume-from='{location}': the run config differs from the checkpoint's ({details}); "

@@ -1,0 +1,133 @@
+"""Checkpoints are verified before they are trusted: content hash, model fingerprint, atomic writes, no overwrites."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fl_app.checkpoint as checkpoint
+from fl_app.checkpoint import (load_round_checkpoint, load_verified, model_fingerprint, save_verified,
+                               write_round_checkpoint)
+from fl_app.config import validate_run_config
+
+SUPERNET_JSON = Path(__file__).resolve().parents[1] / "fl_app" / "supernets" / "cpu.json"
+
+
+def _state() -> dict[str, np.ndarray]:
+    # small and recognisable: the test finds these bytes in the file
+    return {"stem_conv.weight": np.arange(64, dtype=np.float32).reshape(4, 16) + 1000.0,
+            "classifier.bias": np.zeros(10, dtype=np.float32)}
+
+
+def _run(**kw):
+    return validate_run_config({"num-server-rounds": 6, **kw})
+
+
+def _flip(path: Path, needle: bytes, offsets=(5, 9)) -> None:
+    data = bytearray(path.read_bytes())
+    start = data.index(needle)
+    for offset in offsets:
+        data[start + offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_flipped_bytes_are_refused_on_resume(tmp_path):
+    run = _run()
+    write_round_checkpoint(tmp_path, 2, run, 4, _state(), {}, {})
+    assert load_round_checkpoint(tmp_path, run, 4)["round"] == 2
+    _flip(tmp_path / "checkpoint.pt", _state()["stem_conv.weight"].tobytes())
+    damaged = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["global_state"]["stem_conv.weight"]
+    assert not np.array_equal(damaged.numpy(), _state()["stem_conv.weight"])  # torch alone reads a wrong tensor
+    with pytest.raises(ValueError, match=r"resume-from='.*': content hash mismatch .*altered or damaged"):
+        load_round_checkpoint(tmp_path, run, 4)
+
+
+def test_a_checkpoint_of_another_supernet_with_the_same_run_config_is_refused(tmp_path):
+    net = tmp_path / "net.json"
+    net.write_text(SUPERNET_JSON.read_text())
+    run = _run(supernet=str(net))
+    write_round_checkpoint(tmp_path, 2, run, 4, _state(), {}, {})
+    other = json.loads(net.read_text())
+    other["original_stage_base_channels"] = [16, 32, 64, 256]
+    net.write_text(json.dumps(other))  # same path, same run config, another supernet
+    with pytest.raises(ValueError, match=r"a checkpoint of another model \(model original_stage_base_channels: "
+                                         r"checkpoint \[16, 32, 64, 128\] vs now \[16, 32, 64, 256\]\)"):
+        load_round_checkpoint(tmp_path, run, 4)
+
+
+def test_truncated_and_unverified_files_are_refused(tmp_path):
+    run = _run()
+    path = write_round_checkpoint(tmp_path, 2, run, 4, _state(), {}, {})
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ValueError, match="not a readable checkpoint"):
+        load_round_checkpoint(tmp_path, run, 4)
+    path.unlink()
+    torch.save({"format": 1, "round": 2, "run_config": run.to_dict(), "num_clients": 4, "global_state": {}}, path)
+    with pytest.raises(ValueError, match="not a verified checkpoint of this app"):
+        load_round_checkpoint(tmp_path, run, 4)
+
+
+def test_a_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    run = _run()
+    write_round_checkpoint(tmp_path, 2, run, 4, _state(), {}, {})
+    real_save = torch.save
+
+    def crash_half_way(obj, handle):
+        real_save(obj, handle)
+        handle.truncate(100)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint.torch, "save", crash_half_way)
+    with pytest.raises(OSError, match="disk full"):
+        write_round_checkpoint(tmp_path, 4, run, 4, _state(), {}, {})
+    monkeypatch.undo()
+    assert load_round_checkpoint(tmp_path, run, 4)["round"] == 2
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint.pt"]  # no temporary file left behind
+
+
+def test_nothing_saved_is_overwritten_unexpectedly(tmp_path):
+    run = _run()
+    path = write_round_checkpoint(tmp_path, 2, run, 4, _state(), {}, {})
+    write_round_checkpoint(tmp_path, 4, run, 4, _state(), {}, {})  # a later round of the same run replaces it
+    assert load_round_checkpoint(tmp_path, run, 4)["round"] == 4
+    before = path.read_bytes()
+    with pytest.raises(FileExistsError, match="another run"):  # an earlier round never replaces a later one
+        write_round_checkpoint(tmp_path, 2, run, 4, _state(), {}, {})
+    with pytest.raises(FileExistsError, match="another run"):  # nor does another run's checkpoint
+        write_round_checkpoint(tmp_path, 5, _run(lr=0.1), 4, _state(), {}, {})
+    assert path.read_bytes() == before
+    with pytest.raises(FileExistsError, match="never replaces"):  # the plain API never replaces anything
+        save_verified(path, {"x": torch.zeros(1)}, model_fingerprint(run, {}))
+    assert path.read_bytes() == before
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "checkpoint.pt").write_text("my notes")
+    with pytest.raises(FileExistsError, match="not a verified checkpoint, so it is kept"):
+        write_round_checkpoint(other, 2, run, 4, _state(), {}, {})
+    assert (other / "checkpoint.pt").read_text() == "my notes"
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / "checkpoint.pt").symlink_to(path)
+    with pytest.raises(FileExistsError):
+        write_round_checkpoint(planted, 6, run, 4, _state(), {}, {})
+    assert path.read_bytes() == before
+
+
+def test_the_verified_file_api_for_other_model_families(tmp_path):
+    run = _run(method="fedtopo", **{"feature-dim": 32})
+    model = {"architectures": ["cnn4", "mobilenetv2"], "num_classes": 10}
+    blob = {"round": 3, "client_models": {"0": {"w": torch.ones(2, 2)}}, "topology": torch.eye(3)}
+    path = save_verified(tmp_path / "fedtopo.pt", blob, model_fingerprint(run, model))
+    loaded = load_verified(path, model_fingerprint(run, model))
+    assert loaded["round"] == 3 and torch.equal(loaded["topology"], torch.eye(3))
+    assert torch.load(path, weights_only=True)["round"] == 3  # plain torch still reads it
+    with pytest.raises(ValueError, match=r"run-config feature-dim: checkpoint 32 vs now 64"):
+        load_verified(path, model_fingerprint(_run(method="fedtopo"), model))
+    with pytest.raises(ValueError, match=r"model architectures: checkpoint \['cnn4', 'mobilenetv2'\] vs now"):
+        load_verified(path, model_fingerprint(run, {**model, "architectures": ["cnn4", "resnet18"]}))
