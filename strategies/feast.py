@@ -17,7 +17,7 @@ from fl_app.payload import RecordState, record_bytes, record_to_state, state_to_
 from fl_app.slicing import slice_state, state_numel, subnet_shapes
 from fl_app.subnets import SubnetCache
 from fl_app.supernet import Subnet, SupernetConfig
-from strategies.rounds import RoundLog, sample_partitions
+from strategies.rounds import LiveNodes, RoundLog, sample_partitions
 from strategies.screening import NON_NEGATIVE, MetricSpec, examples_spec, labels_spec, magnitude_bound, \
     metrics_problem, record_problem
 from strategies.sparse import sparse_average, update_problem
@@ -30,6 +30,7 @@ class FeastStrategy(Strategy):
                  lr_of_round=None, examples_of_partition: dict[int, int] | None = None):
         self.cfg, self.cache, self.budgets = cfg, cache, budgets
         self.node_of_partition = node_of_partition
+        self.nodes = LiveNodes(node_of_partition, num_partitions=len(budgets))
         self.clients_per_round, self.seed, self.routing = clients_per_round, seed, routing
         self.payload_dtype, self.weighting, self.min_reply_fraction = payload_dtype, weighting, min_reply_fraction
         self.lr_of_round = lr_of_round or (lambda r: 0.0)
@@ -99,7 +100,8 @@ class FeastStrategy(Strategy):
         view = self.to_wire_view(self.global_state, server_round)
         self._view = (server_round, view)
         log_ = self.rounds.setdefault(server_round, RoundLog())
-        log_.sampled = sample_partitions(self.node_of_partition, self.clients_per_round, self.seed, server_round)
+        live = self.nodes.refresh(grid, server_round) if grid is not None else sorted(self.node_of_partition)
+        log_.sampled = sample_partitions(live, self.clients_per_round, self.seed, server_round)
         self.routed, self._sent, self._sent_bytes = {}, {}, {}
         for pid in log_.sampled:
             bounds, arch = self.assign(pid, server_round)
@@ -192,6 +194,7 @@ class FeastStrategy(Strategy):
         ``initial_arrays`` as the model after round ``first_round - 1``, and calls ``round_done(round)`` after
         each round (checkpoints). Client-side evaluation rounds are skipped: FEAST evaluates tiers centrally."""
         log(INFO, "Starting %s at round %d of %d", type(self).__name__, first_round, num_rounds)
+        self.nodes.query_timeout = min(timeout, 60.0)  # a new node answering its partition query
         self.summary()
         train_config = train_config or ConfigRecord()
         result, arrays, started = Result(), initial_arrays, time.time()

@@ -1,15 +1,17 @@
-"""Round bookkeeping shared by every strategy: seeded client sampling over partition ids and the per-round log of
-who was sampled, who failed, whose reply was rejected, and what it cost."""
+"""Round bookkeeping shared by every strategy: seeded client sampling over partition ids, the per-round log of who
+was sampled, who failed, whose reply was rejected, and what it cost, and the set of partitions whose node is
+connected now (nodes leave, join and rejoin in a deployment)."""
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass, field
-from logging import WARNING
+from logging import INFO, WARNING
 from typing import Iterable, Mapping
 
 import numpy as np
-from flwr.app import Message
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
@@ -102,8 +104,109 @@ class RoundLog:
             if pid in self.unreached:
                 self.bytes_down -= size
                 self.bytes_down_unanswered += size
+        if not self.sampled:
+            raise RuntimeError(f"round {server_round}: no client to sample: no partition has a connected node")
         needed = math.ceil(min_reply_fraction * len(self.sampled))
         if valid < needed:
             raise RuntimeError(f"round {server_round}: {valid} valid replies of {len(self.sampled)} sampled "
                                f"(min-reply-fraction={min_reply_fraction} needs {needed}); "
                                f"failed: {self.failed}, rejected: {self.rejected}")
+
+
+def round_totals(rounds: Mapping[int, RoundLog]) -> dict:
+    """Run totals for summary.json: every failure and rejection counted once, bytes delivered and not."""
+    return {"bytes_down": sum(r.bytes_down for r in rounds.values()),
+            "bytes_down_unanswered": sum(r.bytes_down_unanswered for r in rounds.values()),
+            "bytes_up": sum(r.bytes_up for r in rounds.values()),
+            "accepted_replies": sum(len(r.accepted) for r in rounds.values()),
+            "failed_replies": sum(len(r.failed) for r in rounds.values()),
+            "rejected_replies": sum(len(r.rejected) for r in rounds.values())}
+
+
+# -- which nodes hold which partition, followed as nodes leave, join and rejoin -----------------------------------
+def partition_query(node_id: int) -> Message:
+    """The QUERY a node answers with its node config's partition-id and num-partitions (and budget, if set)."""
+    return Message(RecordDict({"config": ConfigRecord({})}), message_type=MessageType.QUERY, dst_node_id=node_id)
+
+
+def partition_info(reply: Message, num_partitions: int | None = None) -> dict:
+    """A node's answer to ``partition_query``: {"node_id", "partition-id", "num-partitions", ...}. Raises ValueError
+    naming the node and its values when the answer is malformed, or when ``num_partitions`` (the federation's) is
+    given and the node's num-partitions or partition-id does not fit it."""
+    node = reply.metadata.src_node_id
+    if reply.has_error():
+        raise ValueError(f"SuperNode {node} did not answer the partition query: {reply.error.reason}")
+    config = reply.content.config_records.get("config")
+    info = dict(config) if config is not None else {}
+    pid, num = info.get("partition-id"), info.get("num-partitions")
+    if not (isinstance(pid, int) and isinstance(num, int) and 0 <= pid < num):
+        raise ValueError(f"SuperNode {node} answered partition-id={pid!r}, num-partitions={num!r}: its node-config "
+                         f"needs integers with 0 <= partition-id < num-partitions")
+    if num_partitions is not None and num != num_partitions:
+        raise ValueError(f"SuperNode {node} (partition-id={pid}) has num-partitions={num} in its node-config, but "
+                         f"this federation has {num_partitions} partitions (0..{num_partitions - 1}): "
+                         f"start it with num-partitions={num_partitions}")
+    return {**info, "node_id": node}
+
+
+class LiveNodes:
+    """Which partitions have a connected node now, followed round by round.
+
+    ``refresh(grid)`` reads ``grid.get_node_ids()``: a partition whose node is gone is not sampled while it is gone;
+    a node id not seen before (a node that joined late, or rejoined after a restart with a new id) is asked its
+    partition (``partition_query``) and used from this round on, unless its num-partitions differs from the
+    federation's or its partition is held by another live node (refused, with the reason logged once). In a
+    simulation the node set never changes, so every partition stays live and sampling is exactly what the seed
+    gives. ``node_of_partition`` is updated in place (the strategy addresses its messages through it)."""
+
+    def __init__(self, node_of_partition: dict[int, int], num_partitions: int, query_timeout: float = 60.0):
+        self.node_of_partition, self.num_partitions = node_of_partition, num_partitions
+        self.query_timeout = query_timeout
+        self.live: set[int] = set(node_of_partition)
+        self.refused: dict[int, str] = {}  # node id -> why it is not used
+
+    def refresh(self, grid, server_round: int) -> list[int]:
+        """The live partition ids this round, sorted."""
+        connected = set(grid.get_node_ids())
+        known = set(self.node_of_partition.values())
+        self._ask(grid, server_round, sorted(connected - known - set(self.refused)), connected)
+        live = {pid for pid, node in self.node_of_partition.items() if node in connected}
+        for pid in sorted(self.live - live):
+            log(WARNING, "round %d: client %d (node %d) is gone: not sampled while it is away", server_round, pid,
+                self.node_of_partition[pid])
+        self.live = live
+        return sorted(live)
+
+    def _ask(self, grid, server_round: int, nodes: list[int], connected: set[int]) -> None:
+        if not nodes:
+            return
+        pending = set(grid.push_messages([partition_query(n) for n in nodes]))
+        replies, deadline = [], time.time() + self.query_timeout
+        while pending and time.time() < deadline:
+            pulled = list(grid.pull_messages(pending))
+            pending.difference_update(reply.metadata.reply_to_message_id for reply in pulled)
+            replies += pulled
+            if pending:
+                time.sleep(0.2)
+        if pending:
+            log(WARNING, "round %d: %d new node(s) did not answer the partition query within %.0fs; asked again "
+                "next round", server_round, len(pending), self.query_timeout)
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            try:
+                info = partition_info(reply, self.num_partitions)
+            except ValueError as problem:
+                self._refuse(node, str(problem))
+                continue
+            pid = info["partition-id"]
+            previous = self.node_of_partition.get(pid)
+            if previous is not None and previous in connected and previous != node:
+                self._refuse(node, f"SuperNode {node} claims partition-id={pid}, held by live SuperNode {previous}")
+                continue
+            log(INFO, "round %d: client %d is on node %d%s", server_round, pid, node,
+                f" (was node {previous})" if previous is not None else " (joined)")
+            self.node_of_partition[pid] = node
+
+    def _refuse(self, node: int, reason: str) -> None:
+        log(WARNING, "refused: %s", reason)
+        self.refused[node] = reason

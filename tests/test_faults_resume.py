@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import random
+import uuid
 
 import numpy as np
 import pytest
 import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import Error
+from flwr.common.constant import ErrorCode
 
 from fl_app.checkpoint import capture_rng, load_round_checkpoint, restore_rng, write_round_checkpoint
 from fl_app.config import validate_run_config
 from fl_app.models.elastic_resnet import ElasticResNet
-from fl_app.payload import record_to_state, state_to_record
+from fl_app.payload import record_bytes, record_to_state, state_to_record
 from fl_app.slicing import slice_state, slice_subnet, subnet_shapes
 from fl_app.supernet import Subnet, load_supernet_config
 from strategies.feast import FeastStrategy
+from strategies.rounds import round_totals, sample_partitions
 from strategies.superfednas import SuperFedNASStrategy
+from tests.hostile import SUPERLINK_NODE_ID, honest_memo, reply_to
+from tests.test_hostile_feast import supernet_setup
 
 EXAMPLES = {0: 50, 1: 70, 2: 90}
 CFG = load_supernet_config("cpu")
@@ -124,6 +129,9 @@ def test_a_faulty_client_is_left_out_and_the_aggregate_equals_that_of_the_valid_
 
 def _run_rounds(strategy, initial: dict, first_round: int, last_round: int) -> dict:
     class Grid:  # answers every message at once with the stand-in training
+        def get_node_ids(self):
+            return list(strategy.node_of_partition.values())
+
         def send_and_receive(self, messages, timeout):
             return [_valid(m, m.content.config_records["config"]["server-round"]) for m in messages]
 
@@ -202,3 +210,88 @@ def test_resume_refuses_a_different_run_and_bad_files(tmp_path, cpu_cfg):
         validate_run_config({"resume-from": "relative"})
     with pytest.raises(ValueError, match="does not checkpoint"):
         validate_run_config({"resume-from": str(tmp_path), "method": "fedtopo"})
+
+
+class ChurnGrid:
+    """A deployment in miniature. ``nodes``: node id -> partition. Before round r, ``events[r](grid)`` may change
+    the nodes; ``killed_in`` (round -> node) dies after the round's messages are built, so the SuperLink answers its
+    message with NODE_UNAVAILABLE under its own node id, and the node is gone from ``get_node_ids()`` afterwards.
+    Nodes answer the partition query with ``num_partitions`` (per node, default 3)."""
+
+    def __init__(self, honest, nodes: dict[int, int], events=None, killed_in=None, num_partitions=None):
+        self.honest, self.nodes = honest_memo(honest), dict(nodes)
+        self.events, self.killed_in = dict(events or {}), dict(killed_in or {})
+        self.num_partitions = dict(num_partitions or {})
+        self.round, self.sent, self.queries = 0, {}, {}
+
+    def get_node_ids(self):
+        if self.round + 1 in self.events:
+            self.events.pop(self.round + 1)(self)
+        return list(self.nodes)
+
+    def push_messages(self, messages):
+        ids = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = mid = uuid.uuid4().hex
+            node = msg.metadata.dst_node_id
+            self.queries[mid] = reply_to(msg, RecordDict({"config": ConfigRecord({
+                "partition-id": self.nodes[node], "num-partitions": self.num_partitions.get(node, 3)})}))
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, ids):
+        return [self.queries.pop(mid) for mid in list(ids) if mid in self.queries]
+
+    def send_and_receive(self, messages, timeout=None):
+        self.round += 1
+        dead = self.killed_in.get(self.round)
+        replies = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            node = msg.metadata.dst_node_id
+            self.sent[(self.round, self.nodes[node])] = (node, record_bytes(msg.content.array_records["arrays"]))
+            if node == dead:
+                replies.append(reply_to(msg, (SUPERLINK_NODE_ID, Error(ErrorCode.NODE_UNAVAILABLE,
+                                                                         "Node Unavailable"))))
+            else:
+                replies.append(reply_to(msg, self.honest(msg, self.nodes[node])))
+        if dead is not None:
+            del self.nodes[dead]
+        return replies
+
+
+def test_a_node_killed_mid_run_is_counted_once_skipped_while_gone_and_used_when_it_rejoins(flower_ids):
+    make_strategy, initial, honest, _ = supernet_setup("feast")
+    strategy = make_strategy(0.3)
+
+    def restart_and_intrude(grid):
+        grid.nodes[201] = 1  # partition 1 restarted: a new node id
+        grid.nodes[300] = 2  # a node set up for another federation
+        grid.num_partitions[300] = 5
+
+    grid = ChurnGrid(honest, {100: 0, 101: 1, 102: 2}, events={4: restart_and_intrude}, killed_in={2: 101})
+    strategy.start(grid, initial_arrays=initial, num_rounds=4, timeout=1.0)
+    rounds = strategy.rounds
+
+    assert [rounds[r].sampled for r in (1, 2, 3, 4)] == [[0, 1, 2], [0, 1, 2], [0, 2], [0, 1, 2]]
+    assert rounds[2].failed == [1] and rounds[2].unreached == [1] and rounds[2].accepted == [0, 2]
+    assert all(rounds[r].failed == [] and rounds[r].accepted == rounds[r].sampled for r in (1, 3, 4))
+    # bytes: what went to the dead node is not delivered
+    assert rounds[2].bytes_down_unanswered == grid.sent[(2, 1)][1]
+    assert rounds[2].bytes_down == grid.sent[(2, 0)][1] + grid.sent[(2, 2)][1]
+    assert grid.sent[(4, 1)][0] == 201  # the restarted node got partition 1's work
+    assert rounds[2].row(2)["replies"] == 2 and rounds[2].row(2)["failed"] == 1
+    assert round_totals(rounds) == {
+        "bytes_down": sum(size for (r, pid), (_, size) in grid.sent.items() if (r, pid) != (2, 1)),
+        "bytes_down_unanswered": grid.sent[(2, 1)][1], "bytes_up": sum(rounds[r].bytes_up for r in rounds),
+        "accepted_replies": 3 + 2 + 2 + 3, "failed_replies": 1, "rejected_replies": 0}
+    assert "num-partitions=5" in strategy.nodes.refused[300] and strategy.node_of_partition[2] == 102
+
+
+def test_with_every_node_present_sampling_is_the_seeds_alone(flower_ids):
+    """Following live nodes changes nothing in a simulation: the sample is a function of seed and round."""
+    make_strategy, initial, honest, _ = supernet_setup("heterofl")
+    strategy = make_strategy(1.0)
+    strategy.clients_per_round = 2
+    strategy.start(ChurnGrid(honest, {100: 0, 101: 1, 102: 2}), initial_arrays=initial, num_rounds=3, timeout=1.0)
+    assert [strategy.rounds[r].sampled for r in (1, 2, 3)] == [sample_partitions(range(3), 2, 0, r) for r in (1, 2, 3)]

@@ -38,7 +38,7 @@ def test_the_matrix_covers_the_six_supernet_methods():
     assert METHODS == ["deepfednas", "feast", "fedavg-min", "fedrolex", "heterofl", "superfednas"]
 
 
-def _setup(method: str):
+def supernet_setup(method: str):
     payload = PAYLOAD.get(method, "float32")
 
     def make_strategy(min_reply_fraction: float):
@@ -69,7 +69,7 @@ def _setup(method: str):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_one_hostile_client_of_three_changes_nothing(flower_ids, method):
-    make_strategy, initial, honest, payload = _setup(method)
+    make_strategy, initial, honest, payload = supernet_setup(method)
     reference = run_rounds(make_strategy, initial, honest, (0, 1, 2), 2, 0.6, silent=[0])
     clean = run_rounds(make_strategy, initial, honest, (0, 1, 2), 2, 0.6)
     # the reference did real work: two honest replies moved the model, and the third client would have too
@@ -84,7 +84,7 @@ def test_one_hostile_client_of_three_changes_nothing(flower_ids, method):
 
 @pytest.mark.parametrize("method", ["feast", "heterofl"])
 def test_below_min_reply_fraction_the_round_fails_with_the_reasons(flower_ids, method):
-    make_strategy, initial, honest, payload = _setup(method)
+    make_strategy, initial, honest, payload = supernet_setup(method)
     nan = next(c for c in standard_corruptions(payload_dtype=payload) if c.name == "nan")
     with pytest.raises(RuntimeError, match=r"round 1: 2 valid replies of 3 sampled .* rejected: \[0\]"):
         run_rounds(make_strategy, initial, honest, (0, 1, 2), 2, 1.0, hostile=0, corruption=nan)
