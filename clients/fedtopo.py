@@ -148,6 +148,40 @@ def fedtopo_upload(model, data: ImageData, num_classes: int, source: str, max_sa
     return {"relations": relation_scores(protos, counts).numpy(), "counts": counts.numpy()}
 
 
+# -- what a client accepts from the server ------------------------------------------------------------------------
+BROADCAST_MAX_ABS = 1e6  # prototypes, soft labels and head weights beyond this are not something a server computes
+
+
+def broadcast_problem(global_arrays: dict, expected: dict[str, tuple]) -> str | None:
+    """Why a client must refuse what the server sent (None when it may train with it): only ``expected`` keys (all
+    or none), their shapes, finite values within ``BROADCAST_MAX_ABS``; a topology is non-negative with a zero
+    diagonal and rows summing to 1; ``has`` flags are 0 or 1. Checked before the model is touched, so a poisoned
+    broadcast can never reach the saved model."""
+    if not global_arrays:
+        return None
+    if set(global_arrays) != set(expected):
+        return f"broadcast keys {sorted(global_arrays)}, expected {sorted(expected)}"
+    for key, shape in expected.items():
+        values = np.asarray(global_arrays[key], dtype=np.float64)
+        if values.shape != tuple(shape):
+            return f"broadcast '{key}' has shape {values.shape}, expected {tuple(shape)}"
+        if not np.all(np.isfinite(values)) or np.abs(values).max(initial=0) > BROADCAST_MAX_ABS:
+            return f"broadcast '{key}' is not finite or beyond {BROADCAST_MAX_ABS:g}"
+    topology = global_arrays.get("topology")
+    if topology is not None:
+        topology = np.asarray(topology, dtype=np.float64)
+        if (topology < 0).any() or np.any(np.diag(topology) != 0) or not np.allclose(topology.sum(1), 1, atol=1e-3):
+            return "broadcast 'topology' is not row-stochastic over the other classes"
+    has = global_arrays.get("has")
+    if has is not None and not np.isin(np.asarray(has), (0.0, 1.0)).all():
+        return "broadcast 'has' flags are not 0/1"
+    return None
+
+
+def model_is_finite(model: torch.nn.Module) -> bool:
+    return all(bool(torch.isfinite(v).all()) for v in model.state_dict().values() if v.is_floating_point())
+
+
 def fedtopo_loss(global_arrays: dict, beta: float):
     """Topology-guided CE against the broadcast R̄ (absent in a message = plain CE)."""
     topology = global_arrays.get("topology")

@@ -21,7 +21,8 @@ from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, R
 from flwr.common.logger import log
 
 from clients.feast import LocalSettings
-from clients.fedtopo import class_counts, evaluate, fedtopo_loss, fedtopo_upload, local_train
+from clients.fedtopo import (broadcast_problem, class_counts, evaluate, fedtopo_loss, fedtopo_upload, local_train,
+                             model_is_finite)
 from clients.fedtopo_baselines import FdLoss, class_means_upload, head_upload, load_head, plain_ce, proto_loss
 from fl_app.config import RunConfig
 from fl_app.data import DATASETS, ImageData, load_dataset, split_train, stratified_holdout
@@ -125,19 +126,34 @@ def evaluate_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: C
                                                         "partition-id": pid})}), reply_to=msg)
 
 
+def broadcast_shapes(run: RunConfig) -> dict[str, tuple]:
+    """What the server of ``run``'s method broadcasts (key -> shape) once it has merged something."""
+    c, d = DATASETS[run["dataset"]].num_classes, run["feature-dim"]
+    return {"fedtopo": {"topology": (c, c)}, "lg-fedavg": {"head.weight": (c, d), "head.bias": (c,)},
+            "fd": {"soft-labels": (c, c), "has": (c,)}, "fedproto": {"prototypes": (c, d), "has": (c,)},
+            "fedtgp": {"prototypes": (c, d), "has": (c,)}, "local": {}}[run["method"]]
+
+
 def train_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
     """One client step of a model-heterogeneous method: train the node's own model and upload what the method
-    shares (never the weights, except LG-FedAvg's head)."""
+    shares (never the weights, except LG-FedAvg's head). A broadcast that fails ``broadcast_problem`` is refused
+    (the client raises: the server counts a failure) before the model is touched; a model that is no longer finite
+    after training is not saved, so the node keeps its last good model."""
     config = msg.content.config_records["config"]
     server_round = int(config["server-round"])
     train, _ = client_data(run, pid, num)
-    model = load_client_model(run, pid, context.state)
     dtype = str(config["payload-dtype"])
     record = msg.content.array_records.get("arrays")
     global_arrays = record_to_state(record, dtype) if record is not None else {}
+    problem = broadcast_problem(global_arrays, broadcast_shapes(run))
+    if problem:
+        raise ValueError(f"client {pid} refuses the round-{server_round} broadcast: {problem}")
+    model = load_client_model(run, pid, context.state)
     seed = _seed(run["seed"], server_round, pid)
     loss_fn = client_loss(run, model, global_arrays)
     metrics = local_train(model, train, LocalSettings.from_run(run, float(config["lr"]), seed), loss_fn)
+    if not model_is_finite(model):
+        raise FloatingPointError(f"client {pid}: training diverged in round {server_round}; the model is not saved")
     upload = client_upload(run, model, train, seed, loss_fn)
     save_client_model(model, context.state)
     return Message(RecordDict({
@@ -155,18 +171,23 @@ def lr_of_round(run: RunConfig):
 
 
 def build_strategy(run: RunConfig, node_of_partition: dict[int, int]):
+    """The method's strategy. The server derives every client's split from the seed as the clients do, so it knows
+    the size of each training and test split and holds replies to them."""
     method = run["method"]
+    rows = client_rows(run, len(node_of_partition))
     common = dict(clients_per_round=run.clients_per_round(len(node_of_partition)), seed=run["seed"],
                   num_rounds=run["num-server-rounds"], eval_every=run["eval-every"],
                   payload_dtype=run["payload-dtype"], min_reply_fraction=run["min-reply-fraction"],
-                  lr_of_round=lr_of_round(run))
+                  lr_of_round=lr_of_round(run), feature_dim=run["feature-dim"],
+                  train_size_of_partition={pid: len(rows[pid][0]) for pid in node_of_partition},
+                  test_size_of_partition={pid: len(rows[pid][1]) for pid in node_of_partition})
     num_classes = DATASETS[run["dataset"]].num_classes
     if method == "fedtopo":
         return FedTopoStrategy(node_of_partition, num_classes, tau=run["topo-tau"], weighting=run["topo-weighting"],
                                kappa=run["topo-kappa"], **common)
     if method == "fedtgp":
-        return FedTgpStrategy(node_of_partition, num_classes, feature_dim=run["feature-dim"],
-                              server_epochs=run["tgp-server-epochs"], margin_cap=run["tgp-margin-cap"],
+        return FedTgpStrategy(node_of_partition, num_classes, server_epochs=run["tgp-server-epochs"],
+                              margin_cap=run["tgp-margin-cap"],
                               margin_rule=run["tgp-margin"], server_lr=run["tgp-server-lr"],
                               server_batch_size=run["tgp-batch-size"], **common)
     classes = {"local": LocalStrategy, "lg-fedavg": LgFedAvgStrategy, "fd": FdStrategy,
@@ -198,42 +219,64 @@ def plot_accuracy_per_round(path: Path, lines: dict[str, list[tuple[int, float]]
     tmp.replace(path)
 
 
-def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
-    """Run a model-heterogeneous method end to end and write metrics.csv, summary.json, accuracy_per_round.png."""
-    num_clients = len(nodes)
-    node_of_partition = {pid: info["node_id"] for pid, info in nodes.items()}
-    out_dir = prepare_output_dir(run["output-dir"], run["method"], run["dataset"], run["seed"])
-    strategy = build_strategy(run, node_of_partition)
-    archs = [architecture_of(run["model-family"], pid) for pid in range(num_clients)]
-    log(INFO, "%s on %s: %d clients (%s family), Dirichlet α=%s, output %s", run["method"], run["dataset"],
-        num_clients, run["model-family"], run["dirichlet-alpha"], out_dir)
-    started = time.time()
-    strategy.start(grid, state_to_record({}), num_rounds=run["num-server-rounds"], timeout=run["round-timeout"])
-    elapsed = time.time() - started
+def hetero_summary(run: RunConfig, strategy, num_clients: int, seconds: float, error: str | None) -> dict:
     rounds = strategy.rounds
-    last = strategy.history[-1] if strategy.history else {}
-    summary = {
+    last = next((h for h in reversed(strategy.history) if not math.isnan(h["mean_client_accuracy"])), {})
+    return {
         "method": run["method"], "dataset": run["dataset"], "rounds": run["num-server-rounds"], "seed": run["seed"],
+        "completed": error is None, "error": error, "rounds_done": max(rounds, default=0),
         "num_clients": num_clients, "clients_per_round": run.clients_per_round(num_clients),
-        "model_family": run["model-family"], "architectures": archs,
+        "model_family": run["model-family"],
+        "architectures": [architecture_of(run["model-family"], pid) for pid in range(num_clients)],
         "mean_client_accuracy": last.get("mean_client_accuracy"), "pooled_accuracy": last.get("pooled_accuracy"),
+        "accuracy_round": last.get("round"),
         "client_accuracy": [strategy.client_accuracy.get(p) for p in range(num_clients)],
         "bytes_up": sum(r.bytes_up for r in rounds.values()), "bytes_down": sum(r.bytes_down for r in rounds.values()),
         "bytes_up_per_round": sum(r.bytes_up for r in rounds.values()) / max(len(rounds), 1),
         "bytes_down_per_round": sum(r.bytes_down for r in rounds.values()) / max(len(rounds), 1),
         "failed_replies": sum(len(r.failed) for r in rounds.values()),
         "rejected_replies": sum(len(r.rejected) for r in rounds.values()),
-        "history": strategy.history, "wall_seconds": round(elapsed, 1), "run_config": run.to_dict(),
+        "failed_evaluations": sum(len(r.failed) for r in strategy.eval_rounds.values()),
+        "rejected_evaluations": sum(len(r.rejected) for r in strategy.eval_rounds.values()),
+        "history": strategy.history, "wall_seconds": round(seconds, 1), "run_config": run.to_dict(),
     }
+
+
+def write_round_files(out_dir: Path, strategy) -> None:
+    """metrics.csv (evaluated rounds) and rounds.csv (every training round), rewritten after each round."""
     write_csv(out_dir / "metrics.csv", strategy.history)
-    plot_accuracy_per_round(out_dir / "accuracy_per_round.png",
-                            {run["method"]: [(h["round"], h["mean_client_accuracy"]) for h in strategy.history]},
-                            f"{run['method']} on {run['dataset']} ({num_clients} clients)")
-    write_json(out_dir / "summary.json", summary)
+    write_csv(out_dir / "rounds.csv", [log_.row(r) for r, log_ in sorted(strategy.rounds.items())])
+
+
+def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
+    """Run a model-heterogeneous method end to end. metrics.csv and rounds.csv are rewritten after every round;
+    summary.json and accuracy_per_round.png at the end, also when a round fails (``completed: false`` and the
+    error, before the error is raised again)."""
+    num_clients = len(nodes)
+    node_of_partition = {pid: info["node_id"] for pid, info in nodes.items()}
+    out_dir = prepare_output_dir(run["output-dir"], run["method"], run["dataset"], run["seed"])
+    strategy = build_strategy(run, node_of_partition)
+    log(INFO, "%s on %s: %d clients (%s family), Dirichlet α=%s, output %s", run["method"], run["dataset"],
+        num_clients, run["model-family"], run["dirichlet-alpha"], out_dir)
+    started, error = time.time(), None
+    try:
+        strategy.start(grid, state_to_record({}), num_rounds=run["num-server-rounds"], timeout=run["round-timeout"],
+                       round_done=lambda r: write_round_files(out_dir, strategy))
+    except Exception as failure:
+        error = f"{type(failure).__name__}: {failure}"
+        raise
+    finally:
+        elapsed = time.time() - started
+        summary = hetero_summary(run, strategy, num_clients, elapsed, error)
+        write_round_files(out_dir, strategy)
+        plot_accuracy_per_round(out_dir / "accuracy_per_round.png",
+                                {run["method"]: [(h["round"], h["mean_client_accuracy"]) for h in strategy.history]},
+                                f"{run['method']} on {run['dataset']} ({num_clients} clients)")
+        write_json(out_dir / "summary.json", summary)
+        log(INFO, "Results written to %s", out_dir)
     log(INFO, "Done in %.0fs: mean client accuracy %.1f%%, pooled %.1f%%, %.0f bytes up per round", elapsed,
         100 * (summary["mean_client_accuracy"] or 0), 100 * (summary["pooled_accuracy"] or 0),
         summary["bytes_up_per_round"])
-    log(INFO, "Results written to %s", out_dir)
     return summary
 
 

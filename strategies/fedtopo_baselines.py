@@ -3,11 +3,14 @@ skeleton in ``strategies.fedtopo``)."""
 
 from __future__ import annotations
 
+from logging import WARNING
+
 import numpy as np
 import torch
+from flwr.common.logger import log
 from torch import nn
 
-from strategies.fedtopo import HeteroStrategy
+from strategies.fedtopo import HeteroStrategy, absent_rows_problem, counts_problem
 
 
 def weighted_class_means(means: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -23,6 +26,12 @@ class LgFedAvgStrategy(HeteroStrategy):
 
     name = "lg-fedavg"
 
+    def expected_upload(self):
+        return {"head.weight": (self.num_classes, self.feature_dim), "head.bias": (self.num_classes,)}
+
+    def magnitude_reference(self, key):
+        return self.global_arrays.get(key)
+
     def aggregate_uploads(self, server_round, uploads):
         total = sum(n for _, _, n in uploads)
         if not uploads or total <= 0:
@@ -36,6 +45,21 @@ class _ClassMeanStrategy(HeteroStrategy):
 
     key = "means"
     count_weighted = True  # FedProto weighs client i's class-c mean by n_ic; FD takes the plain mean over holders
+    exact_counts = True  # counts of the whole training split (FD: of the classes seen in training, so at most)
+
+    def mean_dim(self) -> int:
+        return self.feature_dim
+
+    def expected_upload(self):
+        return {"means": (self.num_classes, self.mean_dim()), "counts": (self.num_classes,)}
+
+    def magnitude_reference(self, key):
+        return self.global_arrays.get(self.key) if key == "means" else None
+
+    def upload_problem(self, partition_id, upload):
+        size = None if self.train_size_of_partition is None else self.train_size_of_partition[partition_id]
+        return counts_problem(upload["counts"], size, self.exact_counts) or \
+            absent_rows_problem("means", upload["means"], upload["counts"])
 
     def merge_class_means(self, uploads) -> None:
         if not uploads:
@@ -59,6 +83,10 @@ class FdStrategy(_ClassMeanStrategy):
     name = "fd"
     key = "soft-labels"
     count_weighted = False
+    exact_counts = False
+
+    def mean_dim(self) -> int:  # mean logits
+        return self.num_classes
 
 
 class FedProtoStrategy(_ClassMeanStrategy):
@@ -132,13 +160,15 @@ def train_generator(generator: PrototypeGenerator, client_protos: torch.Tensor, 
     return float(loss.detach())
 
 
-class FedTgpStrategy(HeteroStrategy):
+class FedTgpStrategy(_ClassMeanStrategy):
     """FedTGP: the server trains the prototype generator on the uploaded client prototypes each round and
     broadcasts its output for every class."""
 
     name = "fedtgp"
 
-    def __init__(self, *args, feature_dim: int, server_epochs: int = 100, margin_cap: float = 100.0,
+    key = "prototypes"
+
+    def __init__(self, *args, server_epochs: int = 100, margin_cap: float = 100.0,
                  margin_rule: str = "class-gap", server_lr: float = 0.01, server_batch_size: int = 10, **kw):
         super().__init__(*args, **kw)
         if margin_rule not in TGP_MARGINS:
@@ -146,7 +176,7 @@ class FedTgpStrategy(HeteroStrategy):
         self.margin_rule, self.server_lr, self.server_batch_size = margin_rule, server_lr, server_batch_size
         with torch.random.fork_rng():  # seeded init without touching the caller's global generator
             torch.manual_seed(self.seed)
-            self.generator = PrototypeGenerator(self.num_classes, feature_dim)
+            self.generator = PrototypeGenerator(self.num_classes, self.feature_dim)
         self.server_epochs, self.margin_cap = server_epochs, margin_cap
         self.margins: dict[int, float] = {}
 
@@ -166,10 +196,15 @@ class FedTgpStrategy(HeteroStrategy):
                                  self.margin_rule)
         self.margins[server_round] = margin
         order_seed = int(np.random.SeedSequence([self.seed, server_round]).generate_state(1)[0])
+        previous = {k: v.clone() for k, v in self.generator.state_dict().items()}
         train_generator(self.generator, client_protos, labels_t, margin, self.server_epochs, self.server_lr,
                         self.server_batch_size, seed=order_seed)
         self.generator.eval()
         with torch.no_grad():
             global_protos = self.generator().numpy()
+        if not np.all(np.isfinite(global_protos)):  # a diverged step must not stay in the generator for good
+            log(WARNING, "round %d: the prototype generator diverged: its previous state is kept", server_round)
+            self.generator.load_state_dict(previous)
+            return
         self.global_arrays = {"prototypes": global_protos.astype(np.float32),
                               "has": np.ones(self.num_classes, dtype=np.float32)}

@@ -4,6 +4,7 @@ for the strategies, direct calls of the client function, and a two-round in-proc
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -48,41 +49,50 @@ def test_fedtopo_strategy_broadcasts_merges_and_scores(flower_ids, tmp_path):
     np.testing.assert_allclose(sent["topology"], uniform_topology(10), rtol=1e-6)  # before any merge
 
     rng = np.random.default_rng(0)
-    uploads = []
+    uploads, sizes = [], []
     for i, msg in enumerate(messages):
-        counts = rng.integers(0, 50, 10).astype(np.float32)
-        counts[i] = 0  # each client misses a class
+        size = strategy.train_size_of_partition[msg.metadata.dst_node_id - 100]
+        counts = rng.multinomial(size, np.full(10, 0.1)).astype(np.float32)
+        counts[i + 1] += counts[i]  # each client misses a class
+        counts[i] = 0
         held = counts > 0
         scores = rng.uniform(-1, 1, (10, 10))
         scores = np.where(held[:, None] & held[None, :] & ~np.eye(10, dtype=bool), (scores + scores.T) / 2, 0)
         uploads.append({"relations": scores.astype(np.float32), "counts": counts})
-    replies = [_reply(m, u, 100) for m, u in zip(messages, uploads)]
+        sizes.append(size)
+    replies = [_reply(m, u, n) for m, u, n in zip(messages, uploads, sizes)]
     unsampled = ({0, 1, 2} - {m.metadata.dst_node_id - 100 for m in messages}).pop()
-    stray = _reply(messages[0], uploads[0], 100)
+    stray = _reply(messages[0], uploads[0], sizes[0])
     stray.metadata.__dict__["_src_node_id"] = 100 + unsampled
     _, metrics = strategy.aggregate_train(1, replies + [stray])
     assert strategy.rounds[1].rejected == [unsampled]
     expected, _, _ = merge_relations(np.stack([u["relations"] for u in uploads]),
                                      np.stack([u["counts"] for u in uploads]), run["topo-tau"], "support", 5.0)
     np.testing.assert_allclose(strategy.global_arrays["topology"], expected, rtol=1e-5)
-    assert metrics["bytes-up"] == sum(record_bytes(state_to_record(u)) for u in uploads)
+    assert metrics["bytes-up"] == sum(record_bytes(state_to_record(u)) for u in uploads) + \
+        record_bytes(state_to_record(uploads[0]))  # the stray reply's bytes arrived too
     assert metrics["bytes-down"] == 2 * record_bytes(state_to_record({"topology": uniform_topology(10)}))
 
     assert list(strategy.configure_evaluate(1, None, ConfigRecord(), None)) == []  # eval-every = 2
     evals = list(strategy.configure_evaluate(2, None, ConfigRecord(), None))
     assert sorted(m.metadata.dst_node_id for m in evals) == [100, 101, 102]
     assert all(m.metadata.message_type == MessageType.EVALUATE for m in evals)
-    row = strategy.aggregate_evaluate(2, [_eval_reply(evals[0], 9, 10), _eval_reply(evals[1], 1, 10),
-                                          _eval_reply(evals[2], 30, 80)])
-    assert row["mean_client_accuracy"] == pytest.approx((0.9 + 0.1 + 0.375) / 3)
-    assert row["pooled_accuracy"] == pytest.approx(40 / 100)
-    with pytest.raises(RuntimeError, match=r"no evaluation reply from clients \[2\]"):
-        strategy.aggregate_evaluate(2, [_eval_reply(evals[0], 9, 10), _eval_reply(evals[1], 1, 10)])
+    tests = [strategy.test_size_of_partition[p] for p in range(3)]
+    correct = [tests[0] // 2, 1, tests[2]]
+    row = strategy.aggregate_evaluate(2, [_eval_reply(m, c, n) for m, c, n in zip(evals, correct, tests)])
+    assert row["mean_client_accuracy"] == pytest.approx(np.mean([c / n for c, n in zip(correct, tests)]))
+    assert row["pooled_accuracy"] == pytest.approx(sum(correct) / sum(tests))
+    # a missing evaluation reply does not end the run; below min-reply-fraction (1.0 here) the round has no accuracy
+    evals = list(strategy.configure_evaluate(2, None, ConfigRecord(), None))
+    row = strategy.aggregate_evaluate(2, [_eval_reply(evals[0], 1, tests[0]), _eval_reply(evals[1], 1, tests[1])])
+    assert math.isnan(row["mean_client_accuracy"]) and row["evaluated"] == 2 and row["eval_failed"] == 1
+    assert strategy.eval_rounds[2].failed == [2]
 
 
 def test_lg_fedavg_and_fd_strategies(flower_ids, tmp_path):
     nodes = {0: 100, 1: 101}
     lg = build_strategy(_run(tmp_path, method="lg-fedavg", **{"clients-per-round": 2}), nodes)
+    lg.train_size_of_partition = {0: 10, 1: 30}  # what the clients' num-examples must equal
     msgs = list(lg.configure_train(1, state_to_record({}), ConfigRecord(), grid=None))
     assert record_to_state(msgs[0].content.array_records["arrays"]) == {}  # nothing to share yet
     heads = [{"head.weight": np.full((10, 64), v, np.float32), "head.bias": np.full(10, v, np.float32)}
@@ -91,6 +101,7 @@ def test_lg_fedavg_and_fd_strategies(flower_ids, tmp_path):
     np.testing.assert_allclose(lg.global_arrays["head.weight"], 3.25)  # (10·1 + 30·4) / 40
 
     fd = build_strategy(_run(tmp_path, method="fd", **{"clients-per-round": 2}), nodes)
+    fd.train_size_of_partition = {0: 5, 1: 5}
     msgs = list(fd.configure_train(1, state_to_record({}), ConfigRecord(), grid=None))
     means = np.zeros((10, 10), np.float32)
     means[3] = 2.0
