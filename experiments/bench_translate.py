@@ -7,8 +7,12 @@ values (GPT-2 with 2,048 learned positions so that 1,024-token contexts fit its 
 since no hub is reachable here. Weights are random in both cases (latency does not depend on them);
 texts are tokenised with the tiny models' own byte-level BPE tokenizers (the ids fit every vocabulary), so the
 alignment work is real. Translator: MoT with the demo's settings (4 experts, hidden 256, k=2, window 8). Batch 1, one
-thread. translate_ms counts token alignment, RoPE handling, the translator and building the target cache from an
-already-computed source cache; prefill_ms is the target's forward over the same context.
+thread unless --threads. translate_ms counts token alignment, RoPE handling, the translator and building the target
+cache from an already-computed source cache; prefill_ms is the target's forward over the same context (last-position
+logits only). The two are timed in alternation and medians are reported, so a load that comes and goes on a shared
+machine falls on both alike. FLOPs per token are counted by torch's FlopCounterMode (matrix products and attention)
+over one translation and one prefill of each length. Writes the JSON line to
+experiments/results/kvtranslate/bench_translate_<shapes>[_<device>].json as well.
 """
 import argparse
 import json
@@ -22,8 +26,10 @@ from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausa
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kvtranslate.corpus import make_item  # noqa: E402
-from kvtranslate.evaluate import time_translate_vs_prefill  # noqa: E402
-from kvtranslate.models import build_tiny  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from kvtranslate.evaluate import translate_and_prefill, time_translate_vs_prefill  # noqa: E402
+from kvtranslate.models import build_tiny, pick_device, set_threads  # noqa: E402
 from kvtranslate.tokenization import train_tokenizer  # noqa: E402
 from kvtranslate.train import TRAIN_DEFAULTS, build_translator  # noqa: E402
 
@@ -47,13 +53,31 @@ def real_shaped_models():
     return (source.eval(), source_tok), (target.eval(), target_tok)
 
 
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "kvtranslate")
+
+
+def flops_per_token(fn, tokens):
+    counter = FlopCounterMode(display=False)
+    with counter:
+        fn()
+    return counter.get_total_flops() / tokens
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shapes", choices=("tiny", "real"), default="tiny",
                         help="tiny: the demo's tiny architectures; real: GPT-2 (124M) -> Qwen2.5-0.5B architectures")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per length (median reported)")
+    parser.add_argument("--tokens", nargs="+", type=int, default=[128, 256, 512, 1024])
+    parser.add_argument("--device", default="cpu", help="cpu, cuda[:N] or auto (CUDA when present)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=None, help="JSON file (default: in experiments/results/kvtranslate)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    try:
+        set_threads(args.threads)
+        device = pick_device(args.device)
+    except ValueError as e:
+        parser.error(str(e))
     torch.manual_seed(0)
     if args.shapes == "tiny":
         (source, source_tok), (target, target_tok) = (build_tiny("tiny-gpt2", positions=2048),
@@ -62,19 +86,32 @@ def main(argv=None):
     else:
         (source, source_tok), (target, target_tok) = real_shaped_models()
         names = ("gpt2 arch (124M, random weights)", "Qwen2.5-0.5B arch (random weights)")
-    repeats = args.repeats or (10 if args.shapes == "tiny" else 3)
+    repeats = args.repeats or (10 if args.shapes == "tiny" else 5)
+    source, target = source.to(device), target.to(device)
     translator = build_translator(source, target, TRAIN_DEFAULTS).eval()
     params = lambda m: sum(p.numel() for p in m.parameters())
-    result = dict(shapes=args.shapes, tokens=[], translate_ms=[], prefill_ms=[], source=names[0], target=names[1],
-                  translator="mot, 4 experts", translator_params=params(translator), target_params=params(target),
-                  threads=1, repeats=repeats)
-    for n in (128, 256, 512, 1024):
+    embedding = target.get_input_embeddings().weight.numel()
+    result = dict(shapes=args.shapes, tokens=[], translate_ms=[], prefill_ms=[], ratio=[], source=names[0],
+                  target=names[1], translator="mot, 4 experts", translator_params=params(translator),
+                  target_params=params(target), target_params_without_embeddings=params(target) - embedding,
+                  translator_flops_per_token=[], target_flops_per_token=[], device=str(device),
+                  threads=torch.get_num_threads(), repeats=repeats)
+    for n in args.tokens:
         text = passage_with_tokens(target_tok, n)
         t = time_translate_vs_prefill(source, source_tok, target, target_tok, translator, text, repeats)
+        translate, prefill = translate_and_prefill(source, source_tok, target, target_tok, translator, text)
         result["tokens"].append(t["tokens"])
         result["translate_ms"].append(round(t["translate_ms"], 2))
         result["prefill_ms"].append(round(t["prefill_ms"], 2))
+        result["ratio"].append(round(t["translate_ms"] / t["prefill_ms"], 3))
+        result["translator_flops_per_token"].append(round(flops_per_token(translate, t["tokens"])))
+        result["target_flops_per_token"].append(round(flops_per_token(prefill, t["tokens"])))
     print(json.dumps(result))
+    suffix = "" if device.type == "cpu" else f"_{device.type}"
+    out = args.out or os.path.join(RESULTS, f"bench_translate_{args.shapes}{suffix}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ def add_train_args(p):
                    help="fraction of the steps trained on reconstruction only before the CCL joins")
     p.add_argument("--w-balance", type=float, default=D["w_balance"], help="router load-balancing weight")
     p.add_argument("--n-train", type=int, default=D["n_train"], help="training passages")
+    p.add_argument("--phrase-mix", type=float, default=D["phrase_mix"],
+                   help="share of training facts phrased with random words of the training templates (variety)")
     p.add_argument("--seed", type=int, default=D["seed"])
 
 
@@ -36,7 +38,8 @@ def train_overrides(args):
     return dict(kind=args.kind, steps=args.steps, batch=args.batch, lr=args.lr, k_layers=args.k_layers,
                 hidden=args.hidden, window=args.window, n_experts=args.n_experts, gating=args.gating,
                 top_k=args.top_k, w_rec=args.w_rec, w_ccl=args.w_ccl, w_hidden=args.w_hidden, w_kl=args.w_kl,
-                w_balance=args.w_balance, ccl_start=args.ccl_start, n_train=args.n_train, seed=args.seed)
+                w_balance=args.w_balance, ccl_start=args.ccl_start, n_train=args.n_train,
+                phrase_mix=args.phrase_mix, seed=args.seed)
 
 
 def cmd_pretrain(args):
@@ -84,11 +87,16 @@ def parse_steps(values, models):
     return steps
 
 
+def add_device_args(p):
+    p.add_argument("--device", default="auto", help="cpu, cuda[:N] or auto (CUDA when present); default auto")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1: the machine is shared)")
+
+
 def cmd_train(args):
     from .models import load_model
     from .train import save_translator, train_translator
-    source, source_tok = load_model(args.source)
-    target, target_tok = load_model(args.target)
+    source, source_tok = load_model(args.source, device=args.device)
+    target, target_tok = load_model(args.target, device=args.device)
     translator, history, cfg = train_translator(source, source_tok, target, target_tok, **train_overrides(args))
     cfg.update(source=args.source, target=args.target)
     save_translator(translator, cfg, args.out)
@@ -102,8 +110,8 @@ def cmd_eval(args):
     from .evaluate import qa_scores
     from .models import load_model
     from .train import encode_pair_items, load_translator
-    source, source_tok = load_model(args.source)
-    target, target_tok = load_model(args.target)
+    source, source_tok = load_model(args.source, device=args.device)
+    target, target_tok = load_model(args.target, device=args.device)
     translator = load_translator(source, target, args.translator)[0] if args.translator else None
     data = encode_pair_items(source_tok, target_tok, make_dataset(args.n, seed=args.seed, split="eval"))
     results = {}
@@ -120,7 +128,7 @@ def cmd_eval(args):
 
 def cmd_demo(args):
     from .demo import run_demo
-    run_demo(args.out, quick=args.quick, seed=args.seed, save_translators=args.save_translators)
+    run_demo(args.out, quick=args.quick, seed=args.seed, save_translators=args.save_translators, device=args.device)
 
 
 def main(argv=None):
@@ -156,6 +164,7 @@ def main(argv=None):
     p.add_argument("--target", required=True, help="tiny model name, local folder or hub id (e.g. Qwen/Qwen2.5-0.5B)")
     p.add_argument("--out", required=True, help="folder for translator.pt / translator.json")
     add_train_args(p)
+    add_device_args(p)
     p.set_defaults(func=cmd_train)
 
     from .evaluate import MODES
@@ -168,6 +177,7 @@ def main(argv=None):
     p.add_argument("--n", type=int, default=300, help="evaluation passages")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--out", required=True)
+    add_device_args(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("demo", help="whole offline pipeline at CPU scale; writes OUT/summary.json and plots")
@@ -175,10 +185,17 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="much smaller run (smoke test)")
     p.add_argument("--save-translators", action="store_true", help="also write every trained translator")
     p.add_argument("--seed", type=int, default=0)
+    add_device_args(p)
     p.set_defaults(func=cmd_demo)
 
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)  # the machine is shared; every command runs on one thread
+    from .models import pick_device, set_threads
+    try:
+        set_threads(getattr(args, "threads", 1))  # the machine is shared: one thread unless told otherwise
+        if hasattr(args, "device"):
+            args.device = pick_device(args.device)
+    except ValueError as e:
+        parser.error(str(e))
     if args.command == "pretrain":
         from .pretrain import DEFAULTS, check_config
         try:

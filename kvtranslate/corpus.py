@@ -77,12 +77,34 @@ class QAItem:
     person: str = ""        # whom the question is about
 
 
-def state_facts(rng, slots, split):
-    """(person, attribute, value, sentence) for each (person, attribute) slot, in order."""
+def template_words(split):
+    """The words of the split's fact and question templates (placeholders and punctuation removed)."""
+    words = set()
+    for facts, questions in TEMPLATES.values():
+        for template in split_templates(facts, split) + split_templates(questions, split):
+            words.update(w.strip(".?") for w in template.split() if "{" not in w)
+    return sorted(words - {""})
+
+
+def varied_template(rng, split):
+    """A fact template never used in pretraining: 0-2 words, the name, 1-3 words, the value, all words drawn from
+    the split's own templates ("Where job Kalo of moved Marton."), so training on it adds phrasing variety
+    without reading any held-out template."""
+    words = template_words(split)
+    before, between = rng.sample(words, rng.randint(0, 2)), rng.sample(words, rng.randint(1, 3))
+    text = " ".join(before + ["{n}"] + between + ["{v}."])
+    return text[0].upper() + text[1:]
+
+
+def state_facts(rng, slots, split, phrase_mix=0.0):
+    """(person, attribute, value, sentence) for each (person, attribute) slot, in order; with probability
+    phrase_mix a fact is phrased with a varied_template instead of one of the split's templates."""
     facts = []
     for person, attr in slots:
         value = rng.choice(VALUES[attr])
         template = rng.choice(split_templates(TEMPLATES[attr][0], split))
+        if phrase_mix > 0 and rng.random() < phrase_mix:  # no extra draw at 0: datasets stay as they were
+            template = varied_template(rng, split)
         facts.append((person, attr, value, template.format(n=person, v=value)))
     return facts
 
@@ -106,7 +128,7 @@ def qa_item(facts, person, attr, value, question, options):
                   attribute=attr, facts=[f[:3] for f in facts], person=person)
 
 
-def make_item(rng, n_facts, split="all", n_options=4, max_people=None, template_split=None):
+def make_item(rng, n_facts, split="all", n_options=4, max_people=None, template_split=None, phrase_mix=0.0):
     """One passage with n_facts facts, a question about one of them, and closed-set options.
 
     Facts are spread over people with attributes drawn so that same-type distractors are common. Names come from
@@ -123,7 +145,7 @@ def make_item(rng, n_facts, split="all", n_options=4, max_people=None, template_
     chosen += rest[: max(0, n_facts - len(chosen))]
     chosen = chosen[:n_facts]
     rng.shuffle(chosen)
-    facts = state_facts(rng, chosen, template_split)
+    facts = state_facts(rng, chosen, template_split, phrase_mix)
     person, attr, value, question = ask_one(rng, facts, template_split)
     # options: the answer, same-type values present in the passage (hardest), then random ones
     in_passage = [f[2] for f in facts if f[1] == attr and f[2] != value]
@@ -167,10 +189,11 @@ def questions_about(rng, item, n, split="eval", skip_asked=False):
     return out
 
 
-def make_dataset(n, seed, split="all", min_facts=2, max_facts=6, n_options=4, template_split=None):
+def make_dataset(n, seed, split="all", min_facts=2, max_facts=6, n_options=4, template_split=None,
+                 phrase_mix=0.0):
     rng = random.Random(seed)
-    return [make_item(rng, rng.randint(min_facts, max_facts), split, n_options, template_split=template_split)
-            for _ in range(n)]
+    return [make_item(rng, rng.randint(min_facts, max_facts), split, n_options, template_split=template_split,
+                      phrase_mix=phrase_mix) for _ in range(n)]
 
 
 def make_long_dataset(n, seed, split="eval", n_facts=24, n_options=4):

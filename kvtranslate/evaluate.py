@@ -34,7 +34,7 @@ def prefix_and_tails(mode, examples, source, source_tok, target, target_tok, tra
         raise ValueError("mode='translated' needs a translator")
     if not 0.0 < frac <= 1.0:
         raise ValueError(f"frac (injection point as a fraction of the context) must be in (0, 1], got {frac}")
-    batch = collate(examples, source_tok, target_tok)
+    batch = collate(examples, source_tok, target_tok, target.device)
     with torch.no_grad():
         if mode == "translated":
             kv, _ = translate_batch(translator, source, target, batch)
@@ -100,7 +100,7 @@ def injection_errors(data, source, source_tok, target, target_tok, translator, f
         kv_t, mask_t, tails = prefix_and_tails("translated", chunk, source, source_tok, target, target_tok,
                                                translator, frac)
         kv_n, mask_n, _ = prefix_and_tails("native", chunk, source, source_tok, target, target_tok, None, frac)
-        ids, mask = pad_right(tails, target_tok.pad_token_id)
+        ids, mask = pad_right(tails, target_tok.pad_token_id, target.device)
         out_t = forward(target, ids, mask, inject_kv(target, kv_t, mask_t), mask_t, hidden_states=True)
         out_n = forward(target, ids, mask, inject_kv(target, kv_n, mask_n), mask_n, hidden_states=True)
         h_t, h_n = out_t.hidden_states[-1], out_n.hidden_states[-1]
@@ -137,35 +137,50 @@ def multi_agent(documents, source, source_tok, target, target_tok, translator):
     return sum(f1s) / len(f1s), transcript
 
 
-@torch.no_grad()
-def time_translate_vs_prefill(source, source_tok, target, target_tok, translator, text, repeats=20):
-    """Median milliseconds (batch 1) to translate a context that agent A has already read, vs. the target
-    prefilling it. Translation counts alignment, RoPE stripping, the translator and RoPE re-rotation."""
+def translate_and_prefill(source, source_tok, target, target_tok, translator, text):
+    """Two no-argument functions for one context (batch 1): `translate` turns the source cache agent A already
+    holds into the target's cache (alignment, RoPE stripping, the translator, RoPE re-rotation), `prefill` has the
+    target read the context itself."""
     src_ids, src_off = char_offsets(source_tok, text)
     tgt_ids, tgt_off = char_offsets(target_tok, text)
-    s_ids, t_ids = torch.tensor([src_ids]), torch.tensor([tgt_ids])
+    s_ids, t_ids = torch.tensor([src_ids], device=source.device), torch.tensor([tgt_ids], device=target.device)
     s_mask, t_mask = torch.ones_like(s_ids), torch.ones_like(t_ids)
-    source_cache = forward(source, s_ids, s_mask).cache  # agent A's own cache
-    source_raw = [(l.keys.clone(), l.values.clone()) for l in source_cache.layers]
+    with torch.no_grad():
+        source_cache = forward(source, s_ids, s_mask).cache  # agent A's own cache
+    source_raw = [(layer.keys.clone(), layer.values.clone()) for layer in source_cache.layers]
 
+    @torch.no_grad()
     def translate():
-        index = torch.tensor([align_offsets(src_off, tgt_off)])
+        index = torch.tensor([align_offsets(src_off, tgt_off)], device=target.device)
         kv_src = extract_kv(source, DynamicCache(ddp_cache_data=source_raw), s_mask)
         batch = dict(tgt_ids=t_ids, tgt_mask=t_mask, index=index)
         kv, _ = translate_batch(translator, source, target, batch, source_kv=kv_src)
         return inject_kv(target, kv, t_mask)
 
+    @torch.no_grad()
     def prefill():
         # the fairest prefill: logits for the last position only, as a server filling a cache would run it
         return target(input_ids=t_ids, attention_mask=t_mask, use_cache=True, logits_to_keep=1).cache
 
-    def median_ms(fn):
-        fn()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1000)
-        return statistics.median(times)
+    return translate, prefill
 
-    return dict(tokens=len(tgt_ids), translate_ms=median_ms(translate), prefill_ms=median_ms(prefill))
+
+def time_translate_vs_prefill(source, source_tok, target, target_tok, translator, text, repeats=20):
+    """Median milliseconds (batch 1) to translate a context that agent A has already read, vs. the target
+    prefilling it. The two are timed in alternation (which goes first alternates too), so a load that comes and
+    goes on a shared machine falls on both alike."""
+    translate, prefill = translate_and_prefill(source, source_tok, target, target_tok, translator, text)
+    synchronize = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
+    times = {"translate": [], "prefill": []}
+    fns = {"translate": translate, "prefill": prefill}
+    for fn in fns.values():
+        fn()  # warm-up
+    for r in range(repeats):
+        for name in (("translate", "prefill") if r % 2 == 0 else ("prefill", "translate")):
+            synchronize()
+            t0 = time.perf_counter()
+            fns[name]()
+            synchronize()
+            times[name].append((time.perf_counter() - t0) * 1000)
+    return dict(tokens=len(char_offsets(target_tok, text)[0]), translate_ms=statistics.median(times["translate"]),
+                prefill_ms=statistics.median(times["prefill"]))

@@ -29,8 +29,8 @@ def prefix_kv(kv, mask, lengths):
     B, T = mask.shape
     P = max(1, max(lengths))
     real = mask.sum(1)
-    q = torch.arange(P)[None, :]
-    lengths_t = torch.tensor(lengths)[:, None]
+    q = torch.arange(P, device=mask.device)[None, :]
+    lengths_t = torch.tensor(lengths, device=mask.device)[:, None]
     src = (T - real)[:, None] + lengths_t - P + q
     valid = q >= P - lengths_t
     src = src.clamp(0, T - 1)
@@ -44,7 +44,7 @@ def prefix_kv(kv, mask, lengths):
 def context_correction_loss(target, translated_kv, native_kv, cache_mask, tails, pad_id, w_hidden=1.0, w_kl=1.0):
     """Align the target's trajectory over `tails` (token lists after the injection point) on the translated vs
     native cache. Returns (loss, {"hidden": ..., "kl": ...}); exactly zero when the two caches are equal."""
-    ids, mask = pad_right(tails, pad_id)
+    ids, mask = pad_right(tails, pad_id, cache_mask.device)
     with torch.no_grad():
         native = forward(target, ids, mask, inject_kv(target, native_kv, cache_mask), cache_mask, hidden_states=True)
     trans = forward(target, ids, mask, inject_kv(target, translated_kv, cache_mask), cache_mask, hidden_states=True)

@@ -10,7 +10,7 @@ import os
 
 import torch
 from transformers.pytorch_utils import Conv1D
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM, \
+from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM, \
     Qwen2Config, Qwen2ForCausalLM
 
 from .tokenization import load_tokenizer, save_tokenizer, train_tokenizer
@@ -116,17 +116,38 @@ def resolve(name_or_path):
     return name_or_path  # hub id such as "gpt2" or "Qwen/Qwen2.5-0.5B"
 
 
-def load_model(name_or_path, dtype=torch.float32):
+def load_model(name_or_path, dtype=torch.float32, device="cpu"):
     where = resolve(name_or_path)
+    config = AutoConfig.from_pretrained(where)
+    family_of(config)  # before loading weights: an unsupported family fails with its name
     model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation="eager").eval()
-    family_of(model)
-    return model, load_tokenizer(where)
+    return model.to(device), load_tokenizer(where)
 
 
-def family_of(model):
-    family = model.config.model_type
+def pick_device(name):
+    """"cpu", "cuda" (an error naming --device when CUDA is absent) or "auto" (CUDA when present)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {name} was requested but CUDA is not available here (use --device cpu or auto)")
+    if not name.startswith(("cpu", "cuda")):
+        raise ValueError(f"--device must be cpu, cuda[:N] or auto, got {name!r}")
+    return torch.device(name)
+
+
+def set_threads(n):
+    """CPU threads for torch (the shared machine runs everything on one)."""
+    if n < 1:
+        raise ValueError(f"--threads must be >= 1, got {n}")
+    torch.set_num_threads(n)
+
+
+def family_of(model_or_config):
+    config = getattr(model_or_config, "config", model_or_config)
+    family = config.model_type
     if family not in FAMILIES:
-        raise ValueError(f"model family must be one of {FAMILIES}, got model_type={family!r}")
+        raise ValueError(f"unsupported model family {family!r} (model_type in the config): kvtranslate supports "
+                         f"{', '.join(FAMILIES)}")
     return family
 
 

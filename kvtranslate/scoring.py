@@ -15,17 +15,17 @@ from .cache import inject_kv, repeat_kv_batch
 from .models import forward
 
 
-def pad_right(rows, pad_id):
+def pad_right(rows, pad_id, device=None):
     length = max(len(r) for r in rows)
     ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), length), dtype=torch.long)
     for i, r in enumerate(rows):
         ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
         mask[i, :len(r)] = 1
-    return ids, mask
+    return ids.to(device), mask.to(device)
 
 
-def pad_left(rows, pad_id):
+def pad_left(rows, pad_id, device=None):
     length = max(len(r) for r in rows)
     ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), length), dtype=torch.long)
@@ -33,11 +33,11 @@ def pad_left(rows, pad_id):
         if len(r):
             ids[i, length - len(r):] = torch.tensor(r, dtype=torch.long)
             mask[i, length - len(r):] = 1
-    return ids, mask
+    return ids.to(device), mask.to(device)
 
 
 def run_tail(model, kv, kv_mask, tails, pad_id, hidden_states=False):
-    ids, mask = pad_right(tails, pad_id)
+    ids, mask = pad_right(tails, pad_id, model.device)
     cache = inject_kv(model, kv, kv_mask) if kv is not None else None
     out = forward(model, ids, mask, cache, kv_mask if kv is not None else None, hidden_states=hidden_states)
     return out, ids, mask
@@ -59,7 +59,7 @@ def option_logprobs(model, kv, kv_mask, tails, options, pad_id):
     if kv is not None:
         kv, kv_mask = repeat_kv_batch(kv, kv_mask, n_opt)
     out, ids, mask = run_tail(model, kv, kv_mask, rows, pad_id)
-    logp = F.log_softmax(out.logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None])[..., 0]
+    logp = F.log_softmax(out.logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None])[..., 0].cpu()
     scores = torch.zeros(len(rows))
     for i, (row, s) in enumerate(zip(rows, starts)):
         scores[i] = logp[i, s - 1:len(row) - 1].sum()
@@ -72,7 +72,7 @@ def greedy_answers(model, kv, kv_mask, tails, pad_id, eos_id, max_new_tokens=6):
     out, ids, mask = run_tail(model, kv, kv_mask, tails, pad_id)
     past_mask = mask if kv is None else torch.cat([kv_mask, mask], 1)
     last = mask.sum(1) - 1
-    next_tok = out.logits[torch.arange(len(tails)), last].argmax(-1)
+    next_tok = out.logits[torch.arange(len(tails), device=last.device), last].argmax(-1)
     cache, answers, done = out.cache, [[] for _ in tails], torch.zeros(len(tails), dtype=torch.bool)
     for _ in range(max_new_tokens):
         for i, t in enumerate(next_tok.tolist()):
@@ -83,7 +83,7 @@ def greedy_answers(model, kv, kv_mask, tails, pad_id, eos_id, max_new_tokens=6):
                     answers[i].append(t)
         if done.all():
             break
-        step_mask = torch.ones(len(tails), 1, dtype=torch.long)
+        step_mask = torch.ones(len(tails), 1, dtype=torch.long, device=mask.device)
         out = forward(model, next_tok[:, None], step_mask, cache, past_mask)
         past_mask = torch.cat([past_mask, step_mask], 1)
         cache, next_tok = out.cache, out.logits[:, -1].argmax(-1)

@@ -22,8 +22,9 @@ from .tokenization import encode_item
 from .translators import KVTranslator, source_features, target_embeddings
 
 TRAIN_DEFAULTS = dict(kind="mot", steps=1500, batch=16, lr=2e-3, k_layers=2, hidden=256, n_experts=4,
-                      gating="softmax", top_k=2, latent=256, window=8, w_rec=1.0, w_ccl=1.0, w_hidden=1.0, w_kl=1.0,
-                      w_balance=0.01, ccl_start=0.5, injection_points=(0.25, 0.5, 0.75, 1.0), n_train=3000, seed=0)
+                      gating="softmax", top_k=2, latent=256, window=8, embed_dim=128, w_rec=1.0, w_ccl=1.0,
+                      w_hidden=1.0, w_kl=1.0, w_balance=0.01, ccl_start=0.5, injection_points=(0.25, 0.5, 0.75, 1.0),
+                      n_train=3000, phrase_mix=0.0, seed=0)
 
 
 def encode_pair_items(source_tok, target_tok, items):
@@ -41,11 +42,11 @@ def encode_pair_items(source_tok, target_tok, items):
     return out
 
 
-def collate(examples, source_tok, target_tok):
-    src_ids, src_mask = pad_left([e["src"] for e in examples], source_tok.pad_token_id)
-    tgt_ids, tgt_mask = pad_left([e["tgt"] for e in examples], target_tok.pad_token_id)
+def collate(examples, source_tok, target_tok, device=None):
+    src_ids, src_mask = pad_left([e["src"] for e in examples], source_tok.pad_token_id, device)
+    tgt_ids, tgt_mask = pad_left([e["tgt"] for e in examples], target_tok.pad_token_id, device)
     index = padded_alignment([e["align"] for e in examples], [len(e["src"]) for e in examples],
-                             src_ids.shape[1], tgt_ids.shape[1])
+                             src_ids.shape[1], tgt_ids.shape[1]).to(device)
     return dict(src_ids=src_ids, src_mask=src_mask, tgt_ids=tgt_ids, tgt_mask=tgt_mask, index=index)
 
 
@@ -62,13 +63,13 @@ def translate_batch(translator, source, target, batch, source_kv=None):
             source_kv = prefill_kv(source, batch["src_ids"], batch["src_mask"])
     feats = aligned_features(source_kv, batch["index"])
     with torch.no_grad():
-        emb = target_embeddings(target, batch["tgt_ids"], batch["tgt_mask"], translator.window)
+        emb = target_embeddings(target, batch["tgt_ids"], batch["tgt_mask"])  # the translator builds the window
     return translator(feats, emb, batch["tgt_mask"])
 
 
 def training_loss(translator, source, source_tok, target, target_tok, examples, cfg, frac):
     """KV reconstruction + load balancing + CCL at injection point `frac` for one batch of examples."""
-    batch = collate(examples, source_tok, target_tok)
+    batch = collate(examples, source_tok, target_tok, target.device)
     with torch.no_grad():
         native_kv = prefill_kv(target, batch["tgt_ids"], batch["tgt_mask"])
     pred_kv, aux = translate_batch(translator, source, target, batch)
@@ -88,9 +89,12 @@ def training_loss(translator, source, source_tok, target, target_tok, examples, 
 
 
 def build_translator(source, target, cfg):
+    """A translator for the pair, initialised on the CPU (same weights from the same seed on every device) and
+    placed on the target's device."""
     return KVTranslator(kv_geometry(source), kv_geometry(target), kv_geometry(target)["hidden"], kind=cfg["kind"],
                         k_layers=cfg["k_layers"], hidden=cfg["hidden"], n_experts=cfg["n_experts"],
-                        gating=cfg["gating"], top_k=cfg["top_k"], latent=cfg["latent"], window=cfg["window"])
+                        gating=cfg["gating"], top_k=cfg["top_k"], latent=cfg["latent"],
+                        window=cfg["window"], embed_dim=cfg["embed_dim"]).to(target.device)
 
 
 def train_translator(source, source_tok, target, target_tok, log=print, **overrides):
@@ -103,7 +107,7 @@ def train_translator(source, source_tok, target, target_tok, log=print, **overri
         raise ValueError(f"n_train must be >= batch ({cfg['batch']}), got {cfg['n_train']}")
     torch.manual_seed(cfg["seed"])
     rng = random.Random(cfg["seed"])
-    items = make_dataset(cfg["n_train"], seed=cfg["seed"] + 1000, split="train")
+    items = make_dataset(cfg["n_train"], seed=cfg["seed"] + 1000, split="train", phrase_mix=cfg["phrase_mix"])
     data = encode_pair_items(source_tok, target_tok, items)
     translator = build_translator(source, target, cfg)
     for p in list(source.parameters()) + list(target.parameters()):
@@ -111,7 +115,7 @@ def train_translator(source, source_tok, target, target_tok, log=print, **overri
     # output statistics from a few batches of native target KV
     stats_kv, stats_mask = [], []
     for i in range(0, min(256, len(data)), 64):
-        b = collate(data[i:i + 64], source_tok, target_tok)
+        b = collate(data[i:i + 64], source_tok, target_tok, target.device)
         with torch.no_grad():
             stats_kv.append(prefill_kv(target, b["tgt_ids"], b["tgt_mask"]))
         stats_mask.append(b["tgt_mask"])
@@ -153,5 +157,6 @@ def load_translator(source, target, folder):
         # every setting is saved; folders written before the window option existed read one token
         cfg = {**TRAIN_DEFAULTS, "window": 1, **json.load(f)}
     translator = build_translator(source, target, cfg)
-    translator.load_state_dict(torch.load(os.path.join(folder, "translator.pt")))
+    state = torch.load(os.path.join(folder, "translator.pt"), map_location=target.device, weights_only=True)
+    translator.load_state_dict(state)
     return translator.eval(), cfg

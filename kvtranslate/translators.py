@@ -14,7 +14,7 @@ Kinds:
 - "single": one MLP per target layer (C2C-like projector);
 - "shared-latent": the source maps all its layers into one latent vector per token, and every target layer
   decodes its K/V from that latent (one encoder per source model, one decoder per target model).
-All target layers are computed in one batched einsum, which keeps the translator cheaper than a prefill.
+All target layers are computed in batched matrix products, which keeps the translator cheaper than a prefill.
 """
 import math
 
@@ -47,25 +47,24 @@ def target_embeddings(model, ids, mask, window=1):
         emb = dec.embed_tokens(ids) + dec.embed_positions(mask, 0, positions)
     else:
         emb = model.model.embed_tokens(ids)
-    emb = emb * mask[..., None].to(emb.dtype)
+    return embedding_window(emb * mask[..., None].to(emb.dtype), window)
+
+
+def embedding_window(emb, window):
+    """[B, T, E] -> [B, T, window * E]: each token's vector, then its predecessors' (zeros before the first)."""
     return torch.cat([F.pad(emb[:, :emb.shape[1] - i], (0, 0, i, 0)) for i in range(window)], dim=-1)
 
 
-class StackedLinear(nn.Module):
-    """`groups` independent linear maps applied in one einsum: x [G, N, I] -> [G, N, O]."""
-
-    def __init__(self, groups, d_in, d_out):
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(groups, d_in, d_out) / math.sqrt(d_in))
-        self.bias = nn.Parameter(torch.zeros(groups, 1, d_out))
-
-    def forward(self, x):
-        return torch.baddbmm(self.bias, x, self.weight)
-
-
 class KVTranslator(nn.Module):
+    """Per target layer: [source part | target embedding window] -> hidden (+ router logits) -> experts -> K/V.
+
+    The input projection is split into its source part (different per target layer) and its embedding-window
+    part, which is the same input for every target layer: it is multiplied once by all layers' weights instead of
+    being copied per layer (at GPT-2 -> Qwen2.5-0.5B shapes the copies dominated the translation time). Target
+    embeddings wider than `embed_dim` are first projected down (one shared, bias-free map, so padding stays zero)."""
+
     def __init__(self, source_geom, target_geom, target_embed_dim, kind="mot", k_layers=2, hidden=128,
-                 n_experts=4, gating="softmax", top_k=2, latent=256, window=1):
+                 n_experts=4, gating="softmax", top_k=2, latent=256, window=1, embed_dim=128):
         super().__init__()
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -76,10 +75,9 @@ class KVTranslator(nn.Module):
         if kind == "mot" and not 1 <= top_k <= n_experts:
             raise ValueError(f"top_k must be in 1..n_experts={n_experts}, got {top_k}")
         self.kind, self.gating, self.top_k, self.window = kind, gating, top_k, window
-        target_embed_dim *= window
         self.n_experts = n_experts if kind == "mot" else 1
         L_t, L_s = target_geom["layers"], source_geom["layers"]
-        self.layers = L_t
+        self.layers, self.hidden = L_t, hidden
         self.layer_map = layer_map(L_s, L_t, min(k_layers, L_s))
         src_dim = 2 * source_geom["kv_heads"] * source_geom["head_dim"]
         self.kv_heads, self.head_dim = target_geom["kv_heads"], target_geom["head_dim"]
@@ -91,19 +89,29 @@ class KVTranslator(nn.Module):
             enc_in = L_s * src_dim
             self.encoder = nn.Sequential(nn.LayerNorm(enc_in), nn.Linear(enc_in, latent), nn.GELU(),
                                          nn.Linear(latent, latent))
-            in_dim = latent + target_embed_dim
+            src_in = latent
         else:
-            in_dim = len(self.layer_map[0]) * src_dim + target_embed_dim
-        self.in_norm = nn.LayerNorm(in_dim)
-        self.proj_in = StackedLinear(L_t, in_dim, hidden)
+            src_in = len(self.layer_map[0]) * src_dim
+        self.embed_proj = (nn.Linear(target_embed_dim, embed_dim, bias=False) if target_embed_dim > embed_dim
+                           else nn.Identity())
+        emb_in = window * min(target_embed_dim, embed_dim)
         M = self.n_experts
-        self.expert_up = StackedLinear(L_t * M, hidden, hidden)
-        self.expert_out = StackedLinear(L_t * M, hidden, out_dim)
-        self.router = StackedLinear(L_t, in_dim, M) if kind == "mot" else None
+        self.router_out = M if kind == "mot" else 0  # router logits ride along with the input projection
+        width = hidden + self.router_out
+        scale = 1 / math.sqrt(src_in + emb_in)
+        self.src_norm, self.emb_norm = nn.LayerNorm(src_in), nn.LayerNorm(emb_in)
+        self.w_src = nn.Parameter(torch.randn(L_t, src_in, width) * scale)
+        self.w_emb = nn.Parameter(torch.randn(emb_in, L_t * width) * scale)
+        self.b_in = nn.Parameter(torch.zeros(L_t, 1, width))
+        # experts of one layer side by side: up [H, M*H], out [M*H, O] (gates scale each expert's block)
+        self.expert_up = nn.Parameter(torch.randn(L_t, hidden, M * hidden) / math.sqrt(hidden))
+        self.expert_up_bias = nn.Parameter(torch.zeros(L_t, 1, M * hidden))
+        self.expert_out = nn.Parameter(torch.randn(L_t, M * hidden, out_dim) / math.sqrt(hidden))
+        self.expert_out_bias = nn.Parameter(torch.zeros(L_t, M, out_dim))
 
-    def route(self, x):
+    def route(self, logits):
         """Token-wise mixture weights [L, N, M] (sum to 1) from router logits."""
-        probs = F.softmax(self.router(x), dim=-1)
+        probs = F.softmax(logits, dim=-1)
         if self.gating == "softmax":
             return probs, probs
         top = probs.topk(self.top_k, dim=-1)
@@ -111,32 +119,34 @@ class KVTranslator(nn.Module):
         return gates / gates.sum(-1, keepdim=True), probs
 
     def forward(self, src_feats, tgt_embed, mask=None):
-        """src_feats [B, T, L_s, F_s] (already aligned to target tokens), tgt_embed [B, T, E], mask [B, T].
+        """src_feats [B, T, L_s, F_s] (already aligned to target tokens), tgt_embed [B, T, E] (the target's
+        embedding lookups, one per token: the window is built here), mask [B, T].
         Returns target pre-RoPE kv (list of (K, V) [B, H_t, T, D_t]) and aux {"balance", "gates"}."""
         B, T = tgt_embed.shape[:2]
+        L, N, M, H = self.layers, B * T, self.n_experts, self.hidden
         if self.kind == "shared-latent":
-            z = self.encoder(src_feats.flatten(2))                               # [B, T, Z]
-            x = torch.cat([z, tgt_embed], -1).unsqueeze(0).expand(self.layers, -1, -1, -1)
+            z = self.encoder(src_feats.flatten(2)).reshape(1, N, -1)                 # [1, N, Z]
+            a = torch.matmul(self.src_norm(z), self.w_src)                           # [L, N, W]
         else:
-            per_layer = [src_feats[:, :, idx].flatten(2) for idx in self.layer_map]
-            x = torch.stack([torch.cat([f, tgt_embed], -1) for f in per_layer])  # [L, B, T, in]
-        x = self.in_norm(x.reshape(self.layers, B * T, -1))                      # [L, N, in]
-        h = F.gelu(self.proj_in(x))                                              # [L, N, H]
-        M, N = self.n_experts, B * T
-        hm = h.unsqueeze(1).expand(-1, M, -1, -1).reshape(self.layers * M, N, -1)
-        y = self.expert_out(F.gelu(self.expert_up(hm)) + hm)                     # [L*M, N, O]
-        y = y.view(self.layers, M, N, -1)
-        aux = {"balance": torch.zeros(())}
-        if self.router is not None:
-            gates, probs = self.route(x)                                         # [L, N, M]
-            y = torch.einsum("lmno,lnm->lno", y, gates)
+            per_layer = torch.stack([src_feats[:, :, idx].reshape(N, -1) for idx in self.layer_map])
+            a = torch.bmm(self.src_norm(per_layer), self.w_src)                      # [L, N, W]
+        e = self.emb_norm(embedding_window(self.embed_proj(tgt_embed), self.window)).reshape(N, -1)
+        a = a + (e @ self.w_emb).view(N, L, -1).transpose(0, 1) + self.b_in         # [L, N, W]
+        h = F.gelu(a[..., :H])                                                       # [L, N, H]
+        u = F.gelu(torch.baddbmm(self.expert_up_bias, h, self.expert_up)).view(L, N, M, H) + h[:, :, None]
+        aux = {"balance": torch.zeros((), device=h.device)}
+        if self.router_out:
+            gates, probs = self.route(a[..., H:])                                    # [L, N, M]
             aux["gates"] = gates
             aux["balance"] = balance_loss(probs, mask)
+            u = u * gates[..., None]
+            bias = torch.bmm(gates, self.expert_out_bias)                            # [L, N, O]
         else:
-            y = y[:, 0]
+            bias = self.expert_out_bias
+        y = torch.baddbmm(bias, u.reshape(L, N, M * H), self.expert_out)             # [L, N, O]
         y = y * self.out_std + self.out_mean
-        y = y.view(self.layers, B, T, 2, self.kv_heads, self.head_dim).permute(0, 3, 1, 4, 2, 5)
-        return [(y[j, 0], y[j, 1]) for j in range(self.layers)], aux
+        y = y.view(L, B, T, 2, self.kv_heads, self.head_dim).permute(0, 3, 1, 4, 2, 5)
+        return [(y[j, 0], y[j, 1]) for j in range(L)], aux
 
     @torch.no_grad()
     def fit_output_stats(self, kv_list, masks):
@@ -155,7 +165,7 @@ class KVTranslator(nn.Module):
 def balance_loss(probs, mask=None):
     """Switch-Transformer load balancing: M * sum_m (fraction routed to m) * (mean router prob of m)."""
     L, N, M = probs.shape
-    weight = torch.ones(N) if mask is None else mask.reshape(-1).float()
+    weight = torch.ones(N, device=probs.device) if mask is None else mask.reshape(-1).float()
     weight = weight / weight.sum().clamp(min=1)
     top1 = F.one_hot(probs.argmax(-1), M).float()
     frac = torch.einsum("lnm,n->lm", top1, weight)
