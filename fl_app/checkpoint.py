@@ -7,10 +7,11 @@ Verified files (any method, any model)::
     blob = load_verified(path, fingerprint, what="resume-from='...'")
 
 ``save_verified`` adds an ``integrity`` record to ``blob``: the SHA-256 of its content (every tensor's dtype, shape and
-bytes, every other value, in a canonical order) and the model fingerprint with what it was computed from. It writes a
-uniquely named temporary file in the target folder, fsyncs it and moves it into place, so a crash never leaves a half
-file under the real name. It never replaces an existing file unless ``replace_if(existing_blob)`` says so for a
-verified file (e.g. an earlier round of the same run); anything else at the path is refused with ``FileExistsError``.
+bytes, every other value, in a canonical order) and the model fingerprint with what it was computed from. It writes
+through ``fl_app.files.write_new_file`` (a fresh temporary file, fsynced, then moved into place), so a crash never
+leaves a half file under the real name. It never replaces an existing file unless ``replace_if(existing_blob)``
+says so for a verified file (e.g. an earlier round of the same run); anything else at the path (another file, a
+symlink) is refused with ``FileExistsError``.
 ``load_verified`` reads with ``weights_only=True`` (no code is unpickled), recomputes the hash and compares the
 fingerprint: a flipped byte, a truncated file or a checkpoint of another model is refused with ``ValueError`` naming
 the file and what differs. The blob holds plain containers, numbers, strings and tensors; ``torch.load(path,
@@ -30,7 +31,6 @@ import hashlib
 import json
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -39,6 +39,7 @@ import torch
 
 from fl_app.config import RunConfig
 from fl_app.data import DATASETS
+from fl_app.files import write_new_file
 from fl_app.supernet import load_supernet_config
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -100,29 +101,9 @@ def save_verified(path: str | Path, blob: dict, fingerprint: dict,
     path = Path(path)
     record = {**blob, INTEGRITY: {"format": FORMAT_VERSION, "fingerprint": fingerprint}}
     record[INTEGRITY]["sha256"] = content_hash(record)
-    if path.exists() or path.is_symlink():
+    if os.path.lexists(path):
         _refuse_unless_replaceable(path, replace_if)
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            torch.save(record, out)
-            out.flush()
-            os.fchmod(out.fileno(), 0o644)  # mkstemp's 0600 would hide results from the group
-            os.fsync(out.fileno())
-        if replace_if is None:
-            try:
-                os.link(tmp, path)  # fails if the name exists by now: never replaces
-            except FileExistsError:
-                raise FileExistsError(f"{path} exists; a checkpoint never replaces another file") from None
-            except OSError:  # no hard links on this filesystem: the check above stands
-                os.replace(tmp, path)
-        else:
-            os.replace(tmp, path)
-    finally:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-    _fsync_dir(path.parent)
-    return path
+    return write_new_file(path, lambda out: torch.save(record, out), replace=replace_if is not None)
 
 
 def _refuse_unless_replaceable(path: Path, replace_if) -> None:
@@ -134,19 +115,6 @@ def _refuse_unless_replaceable(path: Path, replace_if) -> None:
         raise FileExistsError(f"{path} exists and is not a verified checkpoint, so it is kept: {error}") from None
     if not replace_if(existing):
         raise FileExistsError(f"{path} holds a checkpoint of another run (or a later round); it is kept")
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # not every filesystem syncs directories
-        pass
-    finally:
-        os.close(fd)
 
 
 def load_verified(path: str | Path, fingerprint: dict | None = None, what: str | None = None) -> dict:

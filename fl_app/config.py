@@ -80,8 +80,8 @@ def _comma_items(text: str, allowed: str) -> list[str]:
 
 
 TRAIN_SUBNETS_RULE = f"a comma list of {list(TRAIN_SUBNETS)} without repeats that includes 'max' (the teacher)"
-TIER_RANGE = Range(1, MAX_MACS)
-TIERS_RULE = f"empty, or comma-separated MACs, each a number {TIER_RANGE.rule}"
+MACS_RANGE = Range(1, MAX_MACS)
+MACS_LIST_RULE = f"empty, or comma-separated MACs, each a number {MACS_RANGE.rule}"
 PARTITION_IDS_RULE = f"empty, or comma-separated partition ids, each an integer in [0, {MAX_CLIENTS})"
 
 
@@ -93,17 +93,17 @@ def parse_train_subnets(text: str) -> tuple[str, ...]:
     return tuple(subnets)
 
 
-def parse_tiers(text: str) -> tuple[float, ...]:
-    tiers = []
-    for item in _comma_items(text, TIERS_RULE):
+def parse_macs_list(text: str) -> tuple[float, ...]:
+    values = []
+    for item in _comma_items(text, MACS_LIST_RULE):
         try:
             macs = float(item)
         except ValueError:
-            raise ValueError(f"'{item}' is not a number; allowed: {TIERS_RULE}") from None
-        if not TIER_RANGE(macs):  # also refuses inf and nan
-            raise ValueError(f"{item} is out of range; allowed: {TIERS_RULE}")
-        tiers.append(macs)
-    return tuple(tiers)
+            raise ValueError(f"'{item}' is not a number; allowed: {MACS_LIST_RULE}") from None
+        if not MACS_RANGE(macs):  # also refuses inf and nan
+            raise ValueError(f"{item} is out of range; allowed: {MACS_LIST_RULE}")
+        values.append(macs)
+    return tuple(values)
 
 
 def parse_partition_ids(text: str) -> frozenset[int]:
@@ -158,7 +158,7 @@ KEYS: dict[str, Key] = {
     "budget-levels": Key(0, "number of budget ranks (0 = number of clients)", check=Range(0, MAX_CLIENTS)),
     "max-training-macs": Key(0.0, "cap on budgets in the γ data allocation (0 = no cap)", check=Range(0.0, MAX_MACS)),
     "tiers": Key("", "reporting tiers as comma-separated MACs (empty = 4 log-spaced cached subnets)",
-                 parse=parse_tiers),
+                 parse=parse_macs_list),
     "aggregation-weights": Key("num-examples", "weights of the sparse average", ("num-examples", "uniform")),
     "payload-dtype": Key("float32", "dtype of arrays in messages", PAYLOAD_DTYPES),
     "eval-every": Key(5, "evaluate the tiers every N rounds (and after the last)", check=ROUNDS),
@@ -327,9 +327,6 @@ def _cross_checks(v: dict) -> list[str]:
                       "use data-source='hub' or 'local'")
     if v["resume-from"] and not Path(v["resume-from"]).expanduser().is_absolute():
         errors.append(f"resume-from='{v['resume-from']}': must be an absolute path to a checkpoint.pt or its folder")
-    if v["resume-from"] and v["method"] not in SUPERNET_METHODS:
-        errors.append(f"resume-from: method='{v['method']}' does not checkpoint; resume works for "
-                      f"{list(SUPERNET_METHODS)}")
     if v["output-dir"] and not Path(v["output-dir"]).expanduser().is_absolute():
         errors.append(f"output-dir='{v['output-dir']}': must be an absolute path (the ServerApp's working "
                       "directory is the SuperLink's, not yours), or empty for the default")

@@ -43,10 +43,75 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-CA_CERT, SERVER_CERT, SERVER_KEY = "ca.crt", "server.pem", "server.key"
+from fl_app.config import MACS_RANGE, parse_macs_list
+from fl_app.files import write_new_file
+
+CA_CERT, CA_KEY, SERVER_CERT, SERVER_KEY = "ca.crt", "ca.key", "server.pem", "server.key"
 DEFAULT_SUPERLINK_PORT = 9093
 DEFAULT_SUPERNODE_PORT = 9094
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+MAX_CERT_DAYS = 3650  # certificate lifetime in days: at least one, at most ten years
+PRIVATE, PUBLIC = 0o600, 0o644
+DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+INSECURE_REMOTE_FLAG = "--insecure-allow-remote"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 0. Checks of what the operator types
+# ---------------------------------------------------------------------------------------------------------------
+def check_host(host: str, what: str = "--host") -> str:
+    """A DNS name (labels of letters, digits and '-', 1-63 characters each, at most 253 in all) or an IP address;
+    raises ``ValueError`` naming ``what`` otherwise."""
+    if isinstance(host, str) and host:
+        try:
+            ipaddress.ip_address(host)
+            return host
+        except ValueError:
+            if len(host) <= 253 and all(DNS_LABEL.fullmatch(label) for label in host.split(".")):
+                return host
+    raise ValueError(f"{what} {host!r}: not a DNS name or an IP address (DNS names: labels of letters, digits and "
+                     "'-', 1-63 characters each, at most 253 characters in all)")
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def check_insecure_address(host: str, what: str, allow_remote: bool) -> None:
+    """The insecure local-test mode sends everything in plain text without authentication: loopback only, unless
+    the operator says otherwise in so many words (``allow_remote``), and then it is said loudly."""
+    if is_loopback(host):
+        return
+    if not allow_remote:
+        raise ValueError(f"{what} {host!r}: the insecure local-test mode (no TLS, no SuperNode authentication) only "
+                         f"uses loopback addresses ({', '.join(LOOPBACK_NAMES)}); for anything else set up TLS "
+                         f"(certs, keys) or pass {INSECURE_REMOTE_FLAG}")
+    print(f"WARNING: {what} {host!r} is not a loopback address: traffic is unencrypted and any host that reaches it "
+          "can join or submit runs", file=sys.stderr, flush=True)
+
+
+def _split_address(address: str) -> str:
+    """The host of HOST:PORT or [IPv6]:PORT."""
+    host = address.rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def _refuse_existing(paths, force: bool) -> None:
+    """Refuse to replace existing keys or certificates unless ``force``: one set is written whole or not at all (an
+    old CA beside a new server key would not match)."""
+    existing = [str(path) for path in paths if os.path.lexists(path)]
+    if existing and not force:
+        raise FileExistsError(f"{', '.join(existing)} already exist(s) and are kept; pass --force (force=True) to "
+                              "replace them (certificates and keys made or registered before then stop working)")
+
+
+def _write_all_new(files: dict[Path, tuple[bytes, int]], force: bool) -> None:
+    _refuse_existing(files, force)
+    for path, (data, mode) in files.items():
+        write_new_file(path, data, mode, replace=force)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -57,18 +122,24 @@ def _name(common_name: str) -> x509.Name:
                       x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def _write_key(path: Path, key) -> None:
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
-    path.chmod(0o600)
+def _key_bytes(key) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
 
 
-def make_certs(out_dir: str | Path, hosts: tuple[str, ...] | list[str] = (), days: int = 365) -> dict[str, Path]:
+def make_certs(out_dir: str | Path, hosts: tuple[str, ...] | list[str] = (), days: int = 365,
+               force: bool = False) -> dict[str, Path]:
     """A local CA and a SuperLink server certificate signed by it, valid for localhost, 127.0.0.1, ::1 and `hosts`
-    (DNS names or IP addresses the SuperNodes and the `flwr` CLI use to reach the SuperLink).
-    Returns {"ca": ca.crt, "cert": server.pem, "key": server.key}; the CA's own key stays in ca.key."""
+    (DNS names or IP addresses the SuperNodes and the `flwr` CLI use to reach the SuperLink) for `days` days.
+    Returns {"ca": ca.crt, "cert": server.pem, "key": server.key}; the CA's own key stays in ca.key. Private keys
+    are created with mode 0600; existing files are refused unless `force`."""
+    hosts = [check_host(host) for host in hosts]
+    if not (isinstance(days, int) and 1 <= days <= MAX_CERT_DAYS):
+        raise ValueError(f"--days {days!r}: a certificate lifetime in whole days in [1, {MAX_CERT_DAYS}]")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    paths = {"ca": out / CA_CERT, "cert": out / SERVER_CERT, "key": out / SERVER_KEY}
+    _refuse_existing([out / CA_KEY, *paths.values()], force)  # before any key is generated
     now = datetime.datetime.now(datetime.UTC)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
 
@@ -102,46 +173,56 @@ def make_certs(out_dir: str | Path, hosts: tuple[str, ...] | list[str] = (), day
                                   critical=False)
                    .sign(ca_key, hashes.SHA256()))
 
-    paths = {"ca": out / CA_CERT, "cert": out / SERVER_CERT, "key": out / SERVER_KEY}
-    paths["ca"].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    _write_key(out / "ca.key", ca_key)
-    paths["cert"].write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
-    _write_key(paths["key"], server_key)
+    _write_all_new({out / CA_KEY: (_key_bytes(ca_key), PRIVATE), paths["key"]: (_key_bytes(server_key), PRIVATE),
+                    paths["ca"]: (ca_cert.public_bytes(serialization.Encoding.PEM), PUBLIC),
+                    paths["cert"]: (server_cert.public_bytes(serialization.Encoding.PEM), PUBLIC)}, force)
     return paths
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # 2. SuperNode authentication keys
 # ---------------------------------------------------------------------------------------------------------------
-def make_node_key(private_path: str | Path) -> tuple[Path, Path]:
-    """One SuperNode key pair: an EC P-384 private key in OpenSSH format at `private_path` and its public key
-    (`ecdsa-sha2-nistp384 ...`) at `private_path`.pub. Returns (private, public)."""
+def make_node_key(private_path: str | Path, force: bool = False) -> tuple[Path, Path]:
+    """One SuperNode key pair: an EC P-384 private key in OpenSSH format at `private_path` (mode 0600) and its public
+    key (`ecdsa-sha2-nistp384 ...`) at `private_path`.pub. Existing files are refused unless `force`.
+    Returns (private, public)."""
     private_path = Path(private_path)
+    public_path = private_path.with_name(private_path.name + ".pub")
+    _refuse_existing([private_path, public_path], force)
     private_path.parent.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP384R1())
-    private_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                               serialization.NoEncryption()))
-    private_path.chmod(0o600)
-    public_path = private_path.with_name(private_path.name + ".pub")
-    public_path.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                                          serialization.PublicFormat.OpenSSH) + b"\n")
+    _write_all_new({
+        private_path: (key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                         serialization.NoEncryption()), PRIVATE),
+        public_path: (key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                    serialization.PublicFormat.OpenSSH) + b"\n", PUBLIC)}, force)
     return private_path, public_path
 
 
-def make_node_keys(out_dir: str | Path, nodes: int, prefix: str = "supernode", start: int = 0
+def make_node_keys(out_dir: str | Path, nodes: int, prefix: str = "supernode", start: int = 0, force: bool = False
                    ) -> list[tuple[Path, Path]]:
     """`nodes` key pairs named <prefix>-<i> / <prefix>-<i>.pub, i = start .. start+nodes-1 (i = partition id)."""
-    return [make_node_key(Path(out_dir) / f"{prefix}-{i}") for i in range(start, start + nodes)]
+    if nodes < 1 or start < 0 or not re.fullmatch(r"[A-Za-z0-9_.-]+", prefix) or prefix.startswith("."):
+        raise ValueError(f"--nodes {nodes}, --start {start}, --prefix {prefix!r}: need nodes >= 1, start >= 0 and a "
+                         "file-name prefix of letters, digits, '_', '.' and '-' (not starting with '.')")
+    paths = [Path(out_dir) / f"{prefix}-{i}" for i in range(start, start + nodes)]
+    _refuse_existing([q for p in paths for q in (p, p.with_name(p.name + ".pub"))], force)  # all or nothing
+    return [make_node_key(path, force) for path in paths]
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # 3. SuperLink
 # ---------------------------------------------------------------------------------------------------------------
 def superlink_command(state_dir: str | Path, certs_dir: str | Path | None = None, port: int = DEFAULT_SUPERLINK_PORT,
-                      host: str = "127.0.0.1", insecure: bool = False) -> list[str]:
+                      host: str = "127.0.0.1", insecure: bool = False, allow_remote_insecure: bool = False
+                      ) -> list[str]:
     """`flower-superlink` with TLS and SuperNode authentication (or, only for a local test, `--insecure` and no
-    node authentication), its state in `state_dir`/state.db and no runtime `uv sync` of app dependencies.
+    node authentication, bound to a loopback address unless `allow_remote_insecure`), its state in
+    `state_dir`/state.db and no runtime `uv sync` of app dependencies.
     In Flower 1.42 one HTTP(S) port serves the Fleet, Control and Runtime APIs."""
+    check_host(host)
+    if insecure:
+        check_insecure_address(host, "--host", allow_remote_insecure)
     command = ["flower-superlink", "--host", host, "--port", str(port),
                "--database", str(Path(state_dir).resolve() / "state.db"),
                "--disable-runtime-dependency-installation"]
@@ -172,11 +253,12 @@ def start_process(command: list[str], log_file: str | Path, env: dict | None = N
 
 def start_superlink(state_dir: str | Path, certs_dir: str | Path | None = None,
                     port: int = DEFAULT_SUPERLINK_PORT, host: str = "127.0.0.1", env: dict | None = None,
-                    insecure: bool = False) -> subprocess.Popen:
+                    insecure: bool = False, allow_remote_insecure: bool = False) -> subprocess.Popen:
     """Start the SuperLink (log in `state_dir`/superlink.log) and return its Popen."""
+    command = superlink_command(state_dir, certs_dir, port, host, insecure, allow_remote_insecure)
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    return start_process(superlink_command(state_dir, certs_dir, port, host, insecure),
+    return start_process(command,
                          state_dir / "superlink.log", env=env, cwd=state_dir)
 
 
@@ -268,17 +350,24 @@ def list_nodes(connection: str, env: dict | None = None, timeout: float = 120.0)
 # ---------------------------------------------------------------------------------------------------------------
 def node_config(partition_id: int, num_partitions: int, budget_macs: float | None = None) -> str:
     """The `--node-config` string the app reads (`budget-macs` is FEAST's optional per-node budget)."""
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(f"--partition-id {partition_id}: must be in [0, --num-partitions {num_partitions})")
     text = f"partition-id={partition_id} num-partitions={num_partitions}"
+    if budget_macs is not None and not MACS_RANGE(float(budget_macs)):
+        raise ValueError(f"--budget-macs {budget_macs!r}: must be a number {MACS_RANGE.rule}")
     return text if budget_macs is None else f"{text} budget-macs={float(budget_macs)!r}"
 
 
 def supernode_command(superlink: str, partition_id: int, num_partitions: int, port: int,
                       root_certificates: str | Path | None = None, private_key: str | Path | None = None,
                       budget_macs: float | None = None, insecure: bool = False,
-                      max_retries: int | None = None) -> list[str]:
+                      max_retries: int | None = None, allow_remote_insecure: bool = False) -> list[str]:
     """`flower-supernode` for one partition: TLS towards the SuperLink (`root_certificates` = the CA), its
     authentication key, and its own `--port` for the local ClientApp runtime API (one per SuperNode on a host).
-    `insecure=True` (no TLS, no key) is only for a local test against an `--insecure` SuperLink."""
+    `insecure=True` (no TLS, no key) is only for a local test against an `--insecure` SuperLink on a loopback
+    address (another one only with `allow_remote_insecure`)."""
+    if insecure:
+        check_insecure_address(_split_address(superlink), "--superlink", allow_remote_insecure)
     command = ["flower-supernode", "--superlink", superlink, "--port", str(port),
                "--node-config", node_config(partition_id, num_partitions, budget_macs)]
     if max_retries is not None:
@@ -294,10 +383,10 @@ def supernode_command(superlink: str, partition_id: int, num_partitions: int, po
 def start_supernode(log_file: str | Path, superlink: str, partition_id: int, num_partitions: int, port: int,
                     root_certificates: str | Path | None = None, private_key: str | Path | None = None,
                     budget_macs: float | None = None, env: dict | None = None, insecure: bool = False,
-                    max_retries: int | None = None) -> subprocess.Popen:
+                    max_retries: int | None = None, allow_remote_insecure: bool = False) -> subprocess.Popen:
     """Start one SuperNode (see `supernode_command`) and return its Popen."""
     command = supernode_command(superlink, partition_id, num_partitions, port, root_certificates, private_key,
-                                budget_macs, insecure, max_retries)
+                                budget_macs, insecure, max_retries, allow_remote_insecure)
     return start_process(command, log_file, env=env, cwd=Path(log_file).parent)
 
 
@@ -402,9 +491,14 @@ def _is_zombie(pid: int) -> bool:
 # ---------------------------------------------------------------------------------------------------------------
 def recipe(deploy_dir: str | Path, nodes: int, connection: str | None = None, superlink_host: str = "127.0.0.1",
            superlink_port: int = DEFAULT_SUPERLINK_PORT, first_node_port: int = DEFAULT_SUPERNODE_PORT,
-           budgets: list[float] | None = None, insecure_local_test: bool = False) -> str:
+           budgets: list[float] | None = None, insecure_local_test: bool = False,
+           allow_remote_insecure: bool = False) -> str:
     """The commands for a deployment with `nodes` SuperNodes on one host (start each long-running one in its own
-    terminal). `insecure_local_test=True` gives the local-test-only variant without TLS and node authentication."""
+    terminal). `insecure_local_test=True` gives the local-test-only variant without TLS and node authentication.
+    Every path and name is shell-quoted: the lines can be pasted as they are, whatever the folder is called."""
+    check_host(superlink_host)
+    if budgets is not None and len(budgets) != nodes:
+        raise ValueError(f"--budgets: {len(budgets)} values for --nodes {nodes}; give one budget per node")
     d = Path(deploy_dir)
     connection = connection or ("local-test" if insecure_local_test else "deployment")
     address = f"{superlink_host}:{superlink_port}"
@@ -414,24 +508,27 @@ def recipe(deploy_dir: str | Path, nodes: int, connection: str | None = None, su
              "export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1"]
     if insecure_local_test:
         lines += ["# LOCAL TEST ONLY: no TLS, no SuperNode authentication",
-                  f"mkdir -p {d / 'insecure-superlink'}",
+                  q(["mkdir", "-p", str(d / "insecure-superlink")]),
                   q(superlink_command(d / "insecure-superlink", None, superlink_port, superlink_host,
-                                      insecure=True)) + " &"]
-        lines += [q(supernode_command(address, i, nodes, first_node_port + i, insecure=True)) + " &"
-                  for i in range(nodes)]
-        lines += [f"{me} connection {connection} --address {address} --insecure",
-                  f"flwr run . {connection} --stream"]
+                                      insecure=True, allow_remote_insecure=allow_remote_insecure)) + " &"]
+        lines += [q(supernode_command(address, i, nodes, first_node_port + i, insecure=True,
+                                      allow_remote_insecure=allow_remote_insecure)) + " &" for i in range(nodes)]
+        lines += [f"{me} {q(['connection', connection, '--address', address, '--insecure'])}",
+                  q(["flwr", "run", ".", connection, "--stream"])]
         return "\n".join(lines)
-    lines += [f"{me} certs {d / 'certs'}" + ("" if superlink_host in LOOPBACK_NAMES else f" --host {superlink_host}"),
-              f"{me} keys {d / 'keys'} --nodes {nodes}",
-              f"mkdir -p {d / 'superlink'}",
+    host_option = [] if superlink_host in LOOPBACK_NAMES else ["--host", superlink_host]
+    lines += [f"{me} {q(['certs', str(d / 'certs'), *host_option])}",
+              f"{me} {q(['keys', str(d / 'keys'), '--nodes', str(nodes)])}",
+              q(["mkdir", "-p", str(d / "superlink")]),
               q(superlink_command(d / "superlink", d / "certs", superlink_port, superlink_host)) + " &",
-              f"{me} connection {connection} --address {address} --root-certificates {d / 'certs' / CA_CERT}",
-              *[f"flwr supernode register {d / 'keys' / f'supernode-{i}.pub'} {connection}" for i in range(nodes)]]
+              f"{me} " + q(["connection", connection, "--address", address, "--root-certificates",
+                            str(d / "certs" / CA_CERT)]),
+              *[q(["flwr", "supernode", "register", str(d / "keys" / f"supernode-{i}.pub"), connection])
+                for i in range(nodes)]]
     lines += [q(supernode_command(address, i, nodes, first_node_port + i, d / "certs" / CA_CERT,
                                   d / "keys" / f"supernode-{i}", budgets[i] if budgets else None)) + " &"
               for i in range(nodes)]
-    lines += [f"flwr run . {connection} --stream", f"flwr ls {connection}"]
+    lines += [q(["flwr", "run", ".", connection, "--stream"]), q(["flwr", "ls", connection])]
     return "\n".join(lines)
 
 
@@ -455,13 +552,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", action="append", default=[],
                    help="extra DNS name / IP for the server certificate (repeatable); localhost and 127.0.0.1 "
                         "are always included")
-    p.add_argument("--days", type=int, default=365)
+    p.add_argument("--days", type=int, default=365, help=f"certificate lifetime in days, 1-{MAX_CERT_DAYS}")
+    p.add_argument("--force", action="store_true", help="replace an existing CA, server certificate and keys "
+                   "(SuperNodes and the flwr CLI must then get the new ca.crt)")
 
     p = sub.add_parser("keys", help="SuperNode authentication key pairs (EC P-384, OpenSSH format)")
     p.add_argument("out_dir")
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--prefix", default="supernode")
     p.add_argument("--start", type=int, default=0, help="first index in the file names (default 0)")
+    p.add_argument("--force", action="store_true", help="replace existing key pairs (register the new public keys)")
 
     p = sub.add_parser("superlink", help="run flower-superlink with TLS + SuperNode authentication (foreground)")
     p.add_argument("--certs", help="folder with ca.crt, server.pem, server.key")
@@ -470,6 +570,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=DEFAULT_SUPERLINK_PORT)
     p.add_argument("--insecure-local-test", action="store_true",
                    help="LOCAL TEST ONLY: no TLS and no SuperNode authentication")
+    p.add_argument(INSECURE_REMOTE_FLAG, action="store_true",
+                   help="with --insecure-local-test: allow a non-loopback address (unencrypted, unauthenticated)")
     p.add_argument("--print", action="store_true", help="only print the command")
 
     p = sub.add_parser("connection", help="write the `flwr` CLI's SuperLink connection into $FLWR_HOME/config.toml")
@@ -494,6 +596,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, help="local ClientApp runtime API port (default 9094 + partition id)")
     p.add_argument("--insecure-local-test", action="store_true",
                    help="LOCAL TEST ONLY: no TLS, no authentication key")
+    p.add_argument(INSECURE_REMOTE_FLAG, action="store_true",
+                   help="with --insecure-local-test: allow a non-loopback address (unencrypted, unauthenticated)")
     p.add_argument("--print", action="store_true", help="only print the command")
 
     p = sub.add_parser("recipe", help="print the whole sequence of commands")
@@ -504,20 +608,30 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=DEFAULT_SUPERLINK_PORT)
     p.add_argument("--budgets", help="comma-separated MACs budget per node (FEAST)")
     p.add_argument("--insecure-local-test", action="store_true")
+    p.add_argument(INSECURE_REMOTE_FLAG, action="store_true",
+                   help="with --insecure-local-test: allow a non-loopback address (unencrypted, unauthenticated)")
 
     args = parser.parse_args(argv)
+    try:
+        _run_step(parser, args)
+    except (ValueError, FileExistsError) as error:  # bad input: the message, not a traceback
+        parser.error(str(error))
+
+
+def _run_step(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.step == "certs":
-        for path in make_certs(args.out_dir, args.host, args.days).values():
+        for path in make_certs(args.out_dir, args.host, args.days, args.force).values():
             print(path)
     elif args.step == "keys":
-        for private, public in make_node_keys(args.out_dir, args.nodes, args.prefix, args.start):
+        for private, public in make_node_keys(args.out_dir, args.nodes, args.prefix, args.start, args.force):
             print(private, public)
     elif args.step == "superlink":
         if not args.insecure_local_test and not args.certs:
             parser.error("superlink needs --certs (or --insecure-local-test)")
+        command = superlink_command(args.state, args.certs, args.port, args.host, args.insecure_local_test,
+                                    args.insecure_allow_remote)
         Path(args.state).mkdir(parents=True, exist_ok=True)
-        _exec_or_print(superlink_command(args.state, args.certs, args.port, args.host, args.insecure_local_test),
-                       args.print)
+        _exec_or_print(command, args.print)
     elif args.step == "connection":
         if not args.insecure and not args.root_certificates:
             parser.error("connection needs --root-certificates (or --insecure for a local test)")
@@ -531,11 +645,17 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("supernode needs --ca and --key (or --insecure-local-test)")
         port = args.port if args.port is not None else DEFAULT_SUPERNODE_PORT + args.partition_id
         _exec_or_print(supernode_command(args.superlink, args.partition_id, args.num_partitions, port, args.ca,
-                                         args.key, args.budget_macs, args.insecure_local_test), args.print)
+                                         args.key, args.budget_macs, args.insecure_local_test,
+                                         allow_remote_insecure=args.insecure_allow_remote), args.print)
     elif args.step == "recipe":
-        budgets = [float(b) for b in args.budgets.split(",")] if args.budgets else None
+        budgets = None
+        if args.budgets:
+            try:
+                budgets = list(parse_macs_list(args.budgets))
+            except ValueError as error:
+                raise ValueError(f"--budgets {args.budgets!r}: {error}") from None
         print(recipe(args.dir, args.nodes, args.connection, args.host, args.port, budgets=budgets,
-                     insecure_local_test=args.insecure_local_test))
+                     insecure_local_test=args.insecure_local_test, allow_remote_insecure=args.insecure_allow_remote))
 
 
 if __name__ == "__main__":

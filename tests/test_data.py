@@ -143,7 +143,7 @@ def test_a_decoded_cache_with_bad_labels_is_refused(tmp_path, monkeypatch):
     arrays["test_labels"][3] = 42
     np.savez(cache_file, **arrays)
     load_dataset.cache_clear()
-    with pytest.raises(ValueError, match=r"decoded test split; delete it to decode again\): labels must be integers in \[0, 9\] "
-                                         r".*\(values 42; first at row 3\)"):
+    with pytest.raises(ValueError, match=r"decoded test split; delete it to decode again\): labels must be "
+                                         r"integers in \[0, 9\] .*\(values 42; first at row 3\)"):
         load_dataset("cifar10", "local", str(root))
     load_dataset.cache_clear()
