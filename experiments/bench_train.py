@@ -1,0 +1,357 @@
+"""Local training against the processor's limit: images/s and achieved FLOP/s of one client step, and the machine's
+measured peak for the same kind of work on the same threads.
+
+    python -m experiments.bench_train                      # this tree, CPU-scale supernet, batch 32, one thread
+    python -m experiments.bench_train --base /work/base    # before/after: the old tree's step, interleaved
+    python -m experiments.bench_train --profile            # plus where the time goes (torch.profiler)
+
+FEAST: the client step of ``clients.feast.train_subnets`` (local max + min + one random in-between subnet with
+in-place KD, crop/flip augmentation, SGD) at every budget level of the default run (8 clients, Zipf budgets), on the
+sub-supernet routed to that budget. FedTopo family: ``clients.fedtopo.local_train`` with the topology loss on the
+first ``cpu`` family architecture. FLOPs are analytic (``torch.utils.flop_counter``: convolutions and matmuls of
+forward and backward, counted over exactly the timed steps). Peaks: a large fp32 matmul and a large convolution
+timed in the same process with the same threads. ``ratio`` = achieved / matmul peak.
+
+With ``--base``, each repeat runs one worker process on the old tree and one on this tree, alternating, and the
+medians over repeats are reported side by side (``speedup`` = new / old images/s), so both sides see the same load.
+Prints one JSON line (and the load average at start and end, since the machine may be shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CLIENTS = 8  # the README's default federation
+
+
+def _timed(fn, repeats: int, clock=time.perf_counter) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls after one warm-up."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        started = clock()
+        fn()
+        times.append(clock() - started)
+    return statistics.median(times)
+
+
+def machine_peaks(device, repeats: int = 3, size: int = 1024, dtype=None) -> dict:
+    """GFLOP/s of a large dense matmul and a large 3x3 convolution (forward) on ``device``."""
+    import torch
+    import torch.nn.functional as F
+
+    dtype = dtype or torch.float32
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    x = torch.randn(32, 128, 16, 16, device=device, dtype=dtype)
+    w = torch.randn(128, 128, 3, 3, device=device, dtype=dtype)
+
+    def matmul():
+        a @ b
+        sync()
+
+    def conv():
+        F.conv2d(x, w, padding=1)
+        sync()
+
+    matmul_flops = 2 * size ** 3
+    conv_flops = 2 * 32 * 128 * 128 * 9 * 16 * 16
+    clock = time.perf_counter if device.type == "cuda" else time.process_time  # as in _measure
+    return {"matmul_gflops": round(matmul_flops / _timed(matmul, repeats, clock) / 1e9, 2),
+            "conv_gflops": round(conv_flops / _timed(conv, repeats, clock) / 1e9, 2)}
+
+
+def default_levels(supernet: str, clients: int) -> list[float]:
+    """The distinct client budgets (MACs) of the default run config with ``clients`` clients, cheapest first."""
+    from fl_app.config import validate_run_config
+    from fl_app.federation import Federation
+
+    run = validate_run_config({"supernet": supernet})
+    return sorted({float(b) for b in Federation.build(run, clients).budgets})
+
+
+def _data(n: int, num_classes: int, hw: int, seed: int = 0):
+    import torch
+
+    from fl_app.data import ImageData
+
+    gen = torch.Generator().manual_seed(seed)
+    return ImageData(torch.randint(0, 256, (n, 3, hw, hw), dtype=torch.uint8, generator=gen),
+                     torch.randint(0, num_classes, (n,), generator=gen))
+
+
+def _settings(batch: int, steps: int, seed: int = 0):
+    from clients.feast import LocalSettings
+
+    return LocalSettings(epochs=1, max_steps=steps, batch_size=batch, lr=0.05, momentum=0.9, weight_decay=5e-4,
+                         kd_ratio=0.5, crop_flip=True, randaugment=False, mixup_alpha=0.0, cutmix_alpha=0.0,
+                         seed=seed)
+
+
+def _autocast(device, bf16: bool):
+    import contextlib
+
+    import torch
+
+    return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+
+def _measure(step, steps: int, batch: int, repeats: int, device) -> dict:
+    """images/s (median over repeats) and analytic FLOPs of ``step(steps)``, which trains ``steps`` batches.
+
+    On the CPU the clock is this process's CPU time (one thread: the time it actually computed, which other
+    processes sharing the cores do not inflate); ``images_per_s_wall`` is wall time. On CUDA both are wall time."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    clock = time.perf_counter if device.type == "cuda" else time.process_time
+    step(1)  # warm-up: allocator, kernels
+    with FlopCounterMode(display=False) as counter:
+        step(steps)
+    flops = counter.get_total_flops()
+    times, walls = [], []
+    for _ in range(repeats):
+        sync()
+        started, wall_started = clock(), time.perf_counter()
+        step(steps)
+        sync()
+        times.append(clock() - started)
+        walls.append(time.perf_counter() - wall_started)
+    seconds = statistics.median(times)
+    return {"images_per_s": round(steps * batch / seconds, 1), "gflops": round(flops / seconds / 1e9, 3),
+            "gflop_per_step": round(flops / steps / 1e9, 4),
+            "images_per_s_wall": round(steps * batch / statistics.median(walls), 1)}
+
+
+def feast_step(cfg, cache, budget: float, batch: int, device, bf16: bool):
+    """A function ``step(n)`` that runs ``n`` FEAST client steps on the sub-supernet routed to ``budget``."""
+    import torch
+
+    from clients.feast import plan_subnets, train_subnets
+    from fl_app.models.elastic_resnet import ElasticResNet
+
+    torch.manual_seed(0)
+    bounds = cache.route_bounds(budget)
+    model = ElasticResNet(cfg, bounds)
+    plan = plan_subnets(cache, budget, bounds, ("max", "min", "random"))
+    data_by_steps = {}
+
+    def step(n: int):
+        if n not in data_by_steps:
+            data_by_steps[n] = _data(n * batch, cfg.n_classes, cfg.initial_input_hw)
+        with _autocast(device, bf16):
+            train_subnets(model, plan, data_by_steps[n], _settings(batch, n))
+    return step, plan
+
+
+def fedtopo_step(batch: int, device, bf16: bool):
+    import torch
+
+    from clients.fedtopo import local_train, topology_loss
+    from fl_app.models.hetero import architecture_of, client_model
+
+    torch.manual_seed(0)
+    model = client_model("cpu", 0, 10, 64).to(device)
+    topology = torch.zeros(10, 10, device=device)
+    data_by_steps = {}
+
+    def loss_fn(logits, features, labels):
+        return topology_loss(logits, labels, topology, 0.5)
+
+    def step(n: int):
+        if n not in data_by_steps:
+            data_by_steps[n] = _data(n * batch, 10, 32)
+        with _autocast(device, bf16):
+            local_train(model, data_by_steps[n], _settings(batch, n), loss_fn)
+    return step, architecture_of("cpu", 0)
+
+
+# -- where the time goes ---------------------------------------------------------------------------------------------
+CATEGORIES = (("convolution", ("conv",)), ("batch_norm", ("batch_norm",)),
+              ("slicing_copies", ("slice", "as_strided", "copy_", "contiguous", "clone", "zeros", "zero_", "fill_",
+                                  "empty", "select", "index", "narrow", "view", "t", "transpose", "_to_copy")))
+LABELS = {"augment": "augmentation", "Optimizer.step": "optimizer", "Optimizer.zero_grad": "optimizer",
+          "clip_grad": "optimizer"}
+
+
+def profile_step(step, steps: int) -> dict:
+    """Share of wall time per category: convolutions, BN, slicing/copies, augmentation, optimizer (SGD + gradient
+    clipping), other aten ops, and Python (wall time not inside any op)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import clients.feast as feast
+    import fl_app.augment as augment
+
+    def labelled(fn, name):
+        def wrapper(*args, **kwargs):
+            with torch.profiler.record_function(name):
+                return fn(*args, **kwargs)
+        return wrapper
+
+    saved = {name: getattr(feast, name) for name in ("crop_flip", "normalize")}
+    original_clip = torch.nn.utils.clip_grad_norm_
+    for name, fn in saved.items():
+        setattr(feast, name, labelled(fn, "augment"))
+    torch.nn.utils.clip_grad_norm_ = labelled(original_clip, "clip_grad")
+    step(1)
+    try:
+        started = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step(steps)
+        wall = time.perf_counter() - started
+    finally:
+        for name, fn in saved.items():
+            setattr(feast, name, fn)
+        torch.nn.utils.clip_grad_norm_ = original_clip
+    del augment
+    totals: dict[str, float] = {}
+    inside_ops = 0.0
+    for event in prof.events():
+        label = None
+        parent = event
+        while parent is not None:
+            label = next((v for k, v in LABELS.items() if parent.name.startswith(k)), None)
+            if label:
+                break
+            parent = parent.cpu_parent
+        if event.cpu_parent is None:
+            inside_ops += event.cpu_time_total
+        if not event.name.startswith("aten::") and not label:
+            continue
+        op = event.name.removeprefix("aten::")
+        category = label or next((c for c, keys in CATEGORIES if any(k == op or (len(k) > 2 and k in op)
+                                                                     for k in keys)), "other_ops")
+        totals[category] = totals.get(category, 0.0) + event.self_cpu_time_total
+    wall_us = wall * 1e6
+    totals["python_and_dispatch"] = max(wall_us - inside_ops, 0.0)
+    return {"profiled_wall_s": round(wall, 3), **{k: round(v / wall_us, 3) for k, v in sorted(totals.items())}}
+
+
+# -- one worker: everything measured in one process -------------------------------------------------------------------
+def worker(args) -> dict:
+    import torch
+
+    from fl_app.config import validate_run_config
+    from fl_app.federation import Federation
+
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    run = validate_run_config({"supernet": args.supernet})
+    fed = Federation.build(run, DEFAULT_CLIENTS)
+    levels = args.levels or sorted({float(b) for b in fed.budgets})
+    result = {"peak": machine_peaks(device), "feast": [], "fedtopo": None}
+    for budget in levels:
+        step, plan = feast_step(fed.cfg, fed.cache, budget, args.batch, device, args.bf16)
+        row = {"budget_macs": int(budget), **_measure(step, args.steps, args.batch, args.repeats, device)}
+        if args.profile:
+            row["profile"] = profile_step(step, args.steps)
+        result["feast"].append(row)
+    if not args.skip_fedtopo:
+        step, name = fedtopo_step(args.batch, device, args.bf16)
+        result["fedtopo"] = {"architecture": name, **_measure(step, args.steps, args.batch, args.repeats, device)}
+    return result
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _median_rows(runs: list[dict]) -> dict:
+    """Per-measurement medians over worker runs (same structure as one run)."""
+    def med(values):
+        return round(statistics.median(values), 3)
+    out = {"peak": {k: med([r["peak"][k] for r in runs]) for k in runs[0]["peak"]}, "feast": []}
+    for i, row in enumerate(runs[0]["feast"]):
+        merged = {"budget_macs": row["budget_macs"], "gflop_per_step": row["gflop_per_step"]}
+        for key in ("images_per_s", "gflops", "images_per_s_wall"):
+            merged[key] = med([r["feast"][i][key] for r in runs])
+        merged["ratio"] = round(merged["gflops"] / out["peak"]["matmul_gflops"], 4)
+        if "profile" in row:
+            merged["profile"] = row["profile"]
+        out["feast"].append(merged)
+    if runs[0].get("fedtopo"):
+        top = runs[0]["fedtopo"]
+        out["fedtopo"] = {"architecture": top["architecture"], "gflop_per_step": top["gflop_per_step"],
+                          **{k: med([r["fedtopo"][k] for r in runs]) for k in ("images_per_s", "gflops",
+                                                                             "images_per_s_wall")}}
+        out["fedtopo"]["ratio"] = round(out["fedtopo"]["gflops"] / out["peak"]["matmul_gflops"], 4)
+    return out
+
+
+def _worker_command(args, root: Path) -> tuple[list[str], dict]:
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--supernet", args.supernet,
+               "--batch", str(args.batch), "--steps", str(args.steps), "--repeats", str(args.repeats),
+               "--threads", str(args.threads), "--device", args.device,
+               "--levels", *[str(b) for b in args.levels]]
+    command += [flag for flag, on in (("--bf16", args.bf16), ("--profile", args.profile),
+                                      ("--skip-fedtopo", args.skip_fedtopo)) if on]
+    threads = str(args.threads)
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    return command, env
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--supernet", default="cpu")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=5, help="client steps per timed call")
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per worker (median)")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes per tree (alternating with --base)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast around the client step")
+    parser.add_argument("--base", type=Path, help="a checkout of the code before a change, measured alternately")
+    parser.add_argument("--levels", type=float, nargs="*", default=[], help="budgets in MACs (default: the "
+                                                                             "default run's levels)")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--skip-fedtopo", action="store_true")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return {}
+    if args.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: no CUDA device visible")
+
+    if not args.levels:
+        args.levels = default_levels(args.supernet, DEFAULT_CLIENTS)
+    trees = {"new": ROOT} if args.base is None else {"old": args.base.resolve(), "new": ROOT}
+    load_start = _load()
+    runs: dict[str, list[dict]] = {name: [] for name in trees}
+    for _ in range(args.workers):
+        for name, root in trees.items():
+            command, env = _worker_command(args, root)
+            out = subprocess.run(command, env=env, capture_output=True, text=True, cwd=root)
+            if out.returncode != 0:
+                raise RuntimeError(f"worker on {root} failed:\n{out.stderr[-3000:]}")
+            runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    result = {"supernet": args.supernet, "batch": args.batch, "threads": args.threads, "device": args.device,
+              "bf16": args.bf16, "steps": args.steps, "repeats": args.repeats, "workers": args.workers,
+              "flops": "analytic (torch.utils.flop_counter), forward + backward",
+              **{name: _median_rows(r) for name, r in runs.items()}}
+    if "old" in result:
+        result["speedup"] = [round(n["images_per_s"] / o["images_per_s"], 2)
+                             for o, n in zip(result["old"]["feast"], result["new"]["feast"])]
+        if result["new"].get("fedtopo"):
+            result["speedup_fedtopo"] = round(result["new"]["fedtopo"]["images_per_s"]
+                                              / result["old"]["fedtopo"]["images_per_s"], 2)
+    result["load_average"] = {"start": load_start, "end": _load()}
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
