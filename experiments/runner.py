@@ -9,6 +9,7 @@ A suite file (``experiments/suites/*.toml``)::
     seeds = [0, 1]
     reference = "feast"          # label the paired differences are taken against
     run-timeout = 3600           # seconds per run
+    base-file = "experiments/conf/fedtopo-cifar10.toml"   # optional run config under [base] (its seed is ignored)
     [base]                       # run config of every run (fl_app.config keys); a relative data-path is read
     num-server-rounds = 2        #   from the repository root
     [federation]                 # simulation settings (--federation-config)
@@ -55,7 +56,7 @@ COMPLETED = "finished:completed"
 # keys that say where and how a run is kept, not what it computes: never part of the reuse comparison
 NOT_COMPARED = ("output-dir",)
 SUITE_SECTIONS = ("suite", "base", "federation", "methods", "grid")
-SUITE_KEYS = ("seeds", "reference", "run-timeout", "description", "metric")
+SUITE_KEYS = ("seeds", "reference", "run-timeout", "description", "base-file")
 
 
 @dataclass
@@ -71,9 +72,35 @@ class Suite:
     description: str = ""
 
 
-def load_suite(path: Path) -> Suite:
-    """Read and check a suite file; errors name the section and key."""
+def parse_assignments(items: list[str]) -> dict:
+    """['num-server-rounds=40', "method='feast'"] -> run-config values (TOML syntax, as in a suite file)."""
+    values = {}
+    for item in items:
+        try:
+            values.update(tomllib.loads(item))
+        except tomllib.TOMLDecodeError as error:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE in TOML syntax (strings quoted): {error}") from None
+    return values
+
+
+def load_suite(path: Path, seeds: list[int] | None = None, methods: list[str] | None = None,
+               overrides: dict | None = None) -> Suite:
+    """Read and check a suite file; errors name the section and key. ``seeds``, ``methods`` (a subset of its
+    labels, or plain method names) and ``overrides`` (run-config values over [base]) change it from the command
+    line without editing it."""
     raw = tomllib.loads(Path(path).read_text())
+    if seeds is not None:
+        raw.setdefault("suite", {})["seeds"] = seeds
+    if methods is not None:
+        known = raw.get("methods", {})
+        unknown = [m for m in methods if m not in known and m not in METHODS]
+        if unknown:
+            raise ValueError(f"--methods {unknown}: not in {path}'s [methods] {list(known)} nor a method name")
+        raw["methods"] = {m: known.get(m, {}) for m in methods}
+        if raw.get("suite", {}).get("reference") not in raw["methods"]:
+            raw.get("suite", {}).pop("reference", None)
+    if overrides:
+        raw["base"] = {**raw.get("base", {}), **overrides}
     errors = [f"unknown section [{s}]; allowed: {list(SUITE_SECTIONS)}" for s in raw if s not in SUITE_SECTIONS]
     head = raw.get("suite", {})
     errors += [f"[suite] unknown key '{k}'; allowed: {list(SUITE_KEYS)}" for k in head if k not in SUITE_KEYS]
@@ -96,7 +123,14 @@ def load_suite(path: Path) -> Suite:
         if not isinstance(values, list) or not values:
             errors.append(f"[grid] {key}: expected a non-empty list of values")
     base = raw.get("base", {})
-    if any(k in base for k in ("seed", "output-dir")):
+    if "base-file" in head:  # a run-config TOML (e.g. experiments/conf/*.toml) under [base]; seeds come from [suite]
+        base_file = ROOT / head["base-file"]
+        if not base_file.is_file():
+            errors.append(f"[suite] base-file='{head['base-file']}': no such file under {ROOT}")
+        else:
+            loaded = {k: v for k, v in tomllib.loads(base_file.read_text()).items() if k not in ("seed", "output-dir")}
+            base = {**loaded, **base}
+    if any(k in raw.get("base", {}) for k in ("seed", "output-dir")):
         errors.append("[base]: seed and output-dir are set by the runner ([suite] seeds)")
     reference = head.get("reference")
     if reference is not None and reference not in methods:
@@ -302,15 +336,16 @@ def execute(runs: list[PlannedRun], out: Path, launch: Callable[[PlannedRun, flo
     return failed
 
 
-def run_suite(suite_path: Path, out: Path, rerun_changed: bool = False, allow_mixed_commits: bool = False,
+def run_suite(suite: Path | Suite, out: Path, rerun_changed: bool = False, allow_mixed_commits: bool = False,
               launch: Callable[[PlannedRun, float], str] | None = None, printer=print, plots: bool = True) -> dict:
     """Plan (refusing mismatches before any training), train what is missing, write and print the tables."""
-    suite = load_suite(suite_path)
+    suite = suite if isinstance(suite, Suite) else load_suite(suite)
     out = Path(out).resolve()
     runs = plan(suite, out, rerun_changed)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "suite.json", {
         "suite": str(suite.path), "suite_text": suite.path.read_text(), "reference": suite.reference,
+        "seeds": suite.seeds, "methods": suite.methods, "base": suite.base, "grid": suite.grid,
         "runs": [{"label": r.label, "cell": r.cell, "seed": r.seed, "folder": str(r.folder.relative_to(out))}
                  for r in runs]})
     printer(f"suite {suite.path.name}: {len(runs)} runs ({sum(r.action == 'train' for r in runs)} to train, "
@@ -345,13 +380,19 @@ def main(argv: list[str] | None = None) -> int:
                              help="train runs whose finished folder has other settings into new folders")
         command.add_argument("--allow-mixed-commits", action="store_true",
                              help="let one table hold runs made at different commits")
+        command.add_argument("--seeds", help="comma list replacing the suite's seeds, e.g. 0,1")
+        command.add_argument("--methods", help="comma list of the suite's labels (or method names) to run")
+        command.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                             help="run-config values over the suite's [base], TOML syntax: num-server-rounds=40")
     args = parser.parse_args(argv)
     try:
+        suite = load_suite(args.suite, [int(s) for s in args.seeds.split(",")] if args.seeds else None,
+                           args.methods.split(",") if args.methods else None, parse_assignments(args.set))
         if args.command == "plan":
-            for run in plan(load_suite(args.suite), args.out.resolve(), args.rerun_changed):
+            for run in plan(suite, args.out.resolve(), args.rerun_changed):
                 print(f"{run.action:<6} {run.name} seed={run.seed} -> {run.folder}")
             return 0
-        result = run_suite(args.suite, args.out, args.rerun_changed, args.allow_mixed_commits)
+        result = run_suite(suite, args.out, args.rerun_changed, args.allow_mixed_commits)
     except (SuiteMismatch, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients.feast import LocalSettings, SubnetPlan, plan_subnets, train_subnets
+from fl_app.compute import train_costs
 from fl_app.config import SUPERNET_METHODS, RunConfig, validate_run_config
 from fl_app.federation import Federation, client_data
 from fl_app.models.elastic_resnet import ElasticResNet
@@ -108,6 +109,8 @@ def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Conte
     reply = RecordDict({
         "arrays": state_to_record(trained, dtype),
         "metrics": MetricRecord({"num-examples": len(data), "partition-id": pid, "labels": labels, **metrics,
+                                 **train_costs(cfg, plan.largest, plan.smallest, plan.between,
+                                               metrics["local-steps"] * settings.batch_size),
                                  "client-seconds": time.perf_counter() - started}),
     })
     return Message(reply, reply_to=msg)

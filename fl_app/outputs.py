@@ -65,6 +65,102 @@ def write_csv(path: Path, rows: list[dict]) -> None:
     _atomic_write(path, write)
 
 
+def metrics_with_round_costs(metrics_rows: list[dict], rounds: dict) -> list[dict]:
+    """metrics.csv rows (one per evaluated round and tier) with their round's train loss and bytes; ``rounds`` maps
+    round -> the strategy's round log."""
+    out = []
+    for row in metrics_rows:
+        log_ = rounds.get(row["round"])
+        out.append({**row, "train_loss": log_.train_loss if log_ else math.nan,
+                    "bytes_down": log_.bytes_down if log_ else 0, "bytes_up": log_.bytes_up if log_ else 0})
+    return out
+
+
+def write_round_files(out_dir: Path, metrics_rows: list[dict], rounds: dict,
+                      clients: "ClientRecords | None" = None) -> None:
+    """metrics.csv and rounds.csv (with the clients' training FLOPs per round) and clients.csv, with every round
+    finished so far. Called after each round (each file replaced atomically), so a run that dies keeps every finished
+    round; the run's end writes them once more."""
+    write_csv(out_dir / "metrics.csv", metrics_with_round_costs(metrics_rows, rounds))
+    write_csv(out_dir / "rounds.csv", [{**log_.row(r), **(clients.round_columns(r) if clients else {})}
+                                       for r, log_ in sorted(rounds.items())])
+    if clients is not None:
+        write_csv(out_dir / "clients.csv", clients.rows())
+
+
+# reply metric -> (clients.csv column, how successive rounds combine)
+CLIENT_METRICS = {"train-loss": ("last_train_loss", "last"), "trained-macs": ("trained_macs", "last"),
+                  "client-seconds": ("client_seconds", "sum"), "train-flops": ("train_flops", "sum"),
+                  "peak-rss-mb": ("peak_rss_mb", "max"), "cuda-peak-mb": ("cuda_peak_mb", "max")}
+
+
+class ClientRecords:
+    """clients.csv (one row per partition) and the clients' training FLOPs per round, read from the training
+    messages a strategy sends and the replies it receives (``wrap(grid)``). Reply values are untrusted: only
+    finite, non-negative numbers are recorded; they are statistics, never used for training or aggregation."""
+
+    def __init__(self, budgets: dict[int, float], examples: dict[int, int], node_of_partition: dict[int, int]):
+        self.partition_of_node = {node: pid for pid, node in node_of_partition.items()}
+        self.clients = {pid: {"partition_id": pid, "budget_macs": budgets.get(pid), "num_examples": examples.get(pid),
+                              "rounds_sampled": 0, "rounds_answered": 0,
+                              **{column: math.nan if how != "sum" else 0.0 for column, how in CLIENT_METRICS.values()}}
+                        for pid in sorted(node_of_partition)}
+        self.flops_of_round: dict[int, float] = {}
+
+    def wrap(self, grid) -> "RecordingGrid":
+        return RecordingGrid(grid, self)
+
+    def round_columns(self, server_round: int) -> dict:
+        return {"client_train_flops": self.flops_of_round.get(server_round, 0.0)}
+
+    def rows(self) -> list[dict]:
+        return [dict(row) for _, row in sorted(self.clients.items())]
+
+    def observe(self, sent: list, replies: list) -> None:
+        from flwr.app import MessageType
+
+        train = [m for m in sent if m.metadata.message_type == MessageType.TRAIN]
+        if not train:
+            return
+        server_round = int(train[0].content.config_records["config"].get("server-round", 0))
+        for message in train:
+            pid = self.partition_of_node.get(message.metadata.dst_node_id)
+            if pid in self.clients:
+                self.clients[pid]["rounds_sampled"] += 1
+        for reply in replies:
+            pid = self.partition_of_node.get(reply.metadata.src_node_id)
+            if pid not in self.clients or reply.has_error():
+                continue
+            row = self.clients[pid]
+            row["rounds_answered"] += 1
+            metrics = reply.content.metric_records.get("metrics", {})
+            for key, (column, how) in CLIENT_METRICS.items():
+                value = metrics.get(key)
+                if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                    continue
+                old = row[column]
+                row[column] = (value if how == "last" or math.isnan(old) else
+                               old + value if how == "sum" else max(old, value))
+                if key == "train-flops":
+                    self.flops_of_round[server_round] = self.flops_of_round.get(server_round, 0.0) + value
+
+
+class RecordingGrid:
+    """A Grid that tells a ``ClientRecords`` what went out and came back; everything else is the wrapped grid's."""
+
+    def __init__(self, grid, records: ClientRecords):
+        self._grid, self._records = grid, records
+
+    def send_and_receive(self, messages, *args, **kwargs):
+        messages = list(messages)
+        replies = list(self._grid.send_and_receive(messages, *args, **kwargs))
+        self._records.observe(messages, replies)
+        return replies
+
+    def __getattr__(self, name):
+        return getattr(self._grid, name)
+
+
 def save_checkpoint(path: Path, blob: dict) -> None:
     _atomic_write(path, lambda p: torch.save(blob, p))
 

@@ -6,7 +6,6 @@ import math
 import time
 from logging import INFO
 
-import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.common.logger import log
@@ -18,8 +17,8 @@ from fl_app.data import DATASETS
 from fl_app.evaluation import TierEvaluator
 from fl_app.federation import Federation, dataset_for, partition_rows, server_splits
 from fl_app.models.elastic_resnet import ElasticResNet
-from fl_app.outputs import (memory_mb, plot_accuracy_vs_macs, prepare_output_dir, save_checkpoint, write_csv,
-                            write_json)
+from fl_app.outputs import (ClientRecords, memory_mb, plot_accuracy_vs_macs, prepare_output_dir, save_checkpoint,
+                            write_json, write_round_files)
 from fl_app.payload import record_to_state, state_to_record
 from fl_app.slicing import subnet_shapes
 from fl_app.supernet import load_supernet_config
@@ -183,6 +182,7 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
         log_.server_rss_mb, log_.server_peak_rss_mb = memory_mb()
         log(INFO, "round %d: %.1fs, server memory %.0f MiB (peak %.0f)", server_round, log_.seconds,
             log_.server_rss_mb, log_.server_peak_rss_mb)
+        write_round_files(out_dir, evaluator.rows, strategy.rounds, clients)
         every = run["checkpoint-every"]
         if every and server_round % every == 0 and server_round < run["num-server-rounds"]:
             path = write_round_checkpoint(out_dir, server_round, run, num_clients, strategy.global_state,
@@ -191,17 +191,14 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
             log(INFO, "Checkpoint after round %d: %s", server_round, path)
 
     started = time.time()
-    result = strategy.start(grid, state_to_record(initial), num_rounds=run["num-server-rounds"],
+    clients = ClientRecords(budgets, examples, {pid: info["node_id"] for pid, info in nodes.items()})
+    result = strategy.start(clients.wrap(grid), state_to_record(initial), num_rounds=run["num-server-rounds"],
                             timeout=run["round-timeout"], evaluate_fn=evaluator, first_round=first_round,
                             round_done=round_done)
     elapsed = time.time() - started
 
     final_state = strategy.global_state or record_to_state(result.arrays)
     rounds = strategy.rounds
-    for row in evaluator.rows:
-        log_ = rounds.get(row["round"])
-        row.update({"train_loss": log_.train_loss if log_ else np.nan,
-                    "bytes_down": log_.bytes_down if log_ else 0, "bytes_up": log_.bytes_up if log_ else 0})
     summary = {
         "method": run["method"], "dataset": run["dataset"], "rounds": run["num-server-rounds"], "seed": run["seed"],
         "supernet": fed.cfg.name, "num_clients": num_clients, "clients_per_round": run.clients_per_round(num_clients),
@@ -214,8 +211,7 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
         "resumed_after_round": first_round - 1,
         "run_config": run.to_dict(),
     }
-    write_csv(out_dir / "metrics.csv", evaluator.rows)
-    write_csv(out_dir / "rounds.csv", [l.row(r) for r, l in sorted(rounds.items())])
+    write_round_files(out_dir, evaluator.rows, rounds, clients)
     save_checkpoint(out_dir / "supernet.pt", {
         "supernet": strategy.model_cfg.to_dict(), "state_dict": {k: torch.from_numpy(v) for k, v in final_state.items()},
         "run_config": run.to_dict(), "num_clients": num_clients, "budgets": summary["budgets"],

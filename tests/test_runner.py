@@ -229,3 +229,38 @@ def test_smoke_suite_again_trains_nothing_and_a_changed_key_is_refused(smoke, tm
                                                                                    "max-local-steps = 4"))
     with pytest.raises(SuiteMismatch, match=r"max-local-steps: 3 -> 4"):
         run_suite(changed, out, printer=lambda *a, **k: None)
+
+
+@pytest.mark.parametrize("suite_file", sorted((ROOT / "experiments/suites").glob("*.toml")), ids=lambda p: p.name)
+def test_every_committed_suite_is_valid(suite_file, tmp_path):
+    runs = plan(load_suite(suite_file), tmp_path)
+    suite = load_suite(suite_file)
+    assert len(runs) == len(suite.seeds) * len(suite.methods) * max(1, math.prod(len(v) for v in suite.grid.values()))
+    assert suite.reference in suite.methods
+    if suite.base.get("data-source") == "local":
+        assert Path(suite.base["data-path"]).is_absolute()  # read from the repository root, not the caller's folder
+
+
+def test_wrappers_run_their_suites_through_the_runner(monkeypatch):
+    from experiments import compare, fedtopo_compare, gamma, runner
+
+    calls = []
+    monkeypatch.setattr(runner, "main", lambda argv: calls.append(argv) or 0)
+    compare.main(["--ablations", "--out", "x", "--seeds", "0"])
+    gamma.main(["--out", "y"])
+    fedtopo_compare.main(["--out", "z", "--set", "num-server-rounds=4"])
+    assert [(c[0], Path(c[1]).name, c[2:]) for c in calls] == [
+        ("run", "ablations.toml", ["--out", "x", "--seeds", "0"]), ("run", "gamma.toml", ["--out", "y"]),
+        ("run", "fedtopo.toml", ["--out", "z", "--set", "num-server-rounds=4"])]
+
+
+def test_command_line_changes_seeds_methods_and_values(tmp_path, capsys):
+    from experiments.runner import main
+
+    suite = str(ROOT / "experiments/suites/ablations.toml")
+    assert main(["plan", suite, "--out", str(tmp_path), "--seeds", "3", "--methods", "feast,feast-kd0",
+                 "--set", "num-server-rounds=40"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split()[:3] for line in printed] == [["train", "feast", "seed=3"], ["train", "feast-kd0", "seed=3"]]
+    assert main(["plan", suite, "--out", str(tmp_path), "--set", "num-server-round=40"]) == 2
+    assert "did you mean 'num-server-rounds'" in capsys.readouterr().err

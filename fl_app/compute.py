@@ -1,0 +1,31 @@
+"""What a client's local training cost: analytic FLOPs of the forward and backward passes it ran, the MACs of the
+largest subnet it trained, and its process's peak memory (and CUDA peak where a GPU is used).
+
+FLOPs: one multiply-accumulate is 2 FLOPs; a backward pass costs about twice its forward pass (gradients with respect
+to activations and to weights), so one trained sample costs 3 forward passes, 6 FLOPs per MAC of the subnet.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fl_app.outputs import memory_mb
+from fl_app.supernet import SupernetConfig, count_macs
+
+FLOPS_PER_TRAINED_MAC = 6
+
+
+def training_flops(step_macs: float, samples: int) -> float:
+    """FLOPs of training ``samples`` samples through subnets whose forward MACs per sample sum to ``step_macs``."""
+    return float(FLOPS_PER_TRAINED_MAC * step_macs * samples)
+
+
+def train_costs(cfg: SupernetConfig, largest, smallest, between: list, samples: int) -> dict:
+    """Reply metrics of one round of local training: every step trains ``largest``, ``smallest`` (when given) and
+    one subnet drawn from ``between`` (its expected MACs: the mean over the list)."""
+    step_macs = count_macs(cfg, largest) + (count_macs(cfg, smallest) if smallest is not None else 0)
+    if between:
+        step_macs += sum(count_macs(cfg, arch) for arch in between) / len(between)
+    cuda_peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else 0.0
+    return {"train-flops": training_flops(step_macs, samples), "trained-macs": float(count_macs(cfg, largest)),
+            "peak-rss-mb": memory_mb()[1], "cuda-peak-mb": cuda_peak}

@@ -1,0 +1,83 @@
+"""clients.csv and per-round client FLOPs (fl_app.outputs.ClientRecords) and the analytic training cost
+(fl_app.compute) against hand computations; hostile reply values are not recorded."""
+
+from __future__ import annotations
+
+import csv
+import math
+from types import SimpleNamespace
+
+import pytest
+from flwr.app import MessageType
+
+from fl_app.compute import train_costs, training_flops
+from fl_app.outputs import ClientRecords, write_round_files
+from fl_app.supernet import count_macs, load_supernet_config
+
+
+def sent(node, server_round=1):
+    return SimpleNamespace(metadata=SimpleNamespace(message_type=MessageType.TRAIN, dst_node_id=node),
+                           content=SimpleNamespace(config_records={"config": {"server-round": server_round}}))
+
+
+def reply(node, error=False, **metrics):
+    return SimpleNamespace(metadata=SimpleNamespace(src_node_id=node), has_error=lambda: error,
+                           content=SimpleNamespace(metric_records={"metrics": metrics}))
+
+
+class FakeGrid:
+    def __init__(self, answers):
+        self.answers = answers
+
+    def send_and_receive(self, messages, timeout=None):
+        return self.answers
+
+    def get_node_ids(self):
+        return [10, 11, 12]
+
+
+def test_client_records_sum_last_and_max_over_rounds():
+    records = ClientRecords({0: 5e5, 1: 2e6, 2: 1e7}, {0: 100, 1: 200, 2: 300}, {0: 10, 1: 11, 2: 12})
+    grid = records.wrap(FakeGrid([reply(10, **{"train-loss": 2.0, "client-seconds": 1.5, "train-flops": 1e9,
+                                               "peak-rss-mb": 300.0}),
+                                  reply(11, error=True, **{"train-flops": 5e9})]))
+    grid.send_and_receive([sent(10), sent(11)])
+    grid._grid.answers = [reply(10, **{"train-loss": 1.0, "client-seconds": 0.5, "train-flops": 2e9,
+                                       "peak-rss-mb": 250.0, "cuda-peak-mb": -1.0}),
+                          reply(12, **{"train-loss": float("nan"), "train-flops": "many", "client-seconds": 1e3})]
+    grid.send_and_receive([sent(10, 2), sent(12, 2)])
+    assert grid.get_node_ids() == [10, 11, 12]  # everything else is the wrapped grid's
+    rows = {r["partition_id"]: r for r in records.rows()}
+    assert rows[0]["rounds_sampled"] == 2 and rows[0]["rounds_answered"] == 2
+    assert rows[0]["last_train_loss"] == 1.0 and rows[0]["client_seconds"] == 2.0
+    assert rows[0]["train_flops"] == 3e9 and rows[0]["peak_rss_mb"] == 300.0
+    assert math.isnan(rows[0]["cuda_peak_mb"])  # a negative value is not recorded
+    assert rows[1]["rounds_sampled"] == 1 and rows[1]["rounds_answered"] == 0 and rows[1]["train_flops"] == 0
+    assert math.isnan(rows[2]["last_train_loss"]) and rows[2]["train_flops"] == 0 and rows[2]["client_seconds"] == 1e3
+    assert records.round_columns(1) == {"client_train_flops": 1e9}
+    assert records.round_columns(2) == {"client_train_flops": 2e9}
+
+
+def test_round_files_carry_the_flops_column_and_clients_csv(tmp_path):
+    records = ClientRecords({0: 5e5}, {0: 100}, {0: 10})
+    records.wrap(FakeGrid([reply(10, **{"train-flops": 7.0})])).send_and_receive([sent(10)])
+    log = SimpleNamespace(train_loss=1.0, bytes_down=5, bytes_up=6, row=lambda r: {"round": r, "bytes_down": 5})
+    write_round_files(tmp_path, [{"round": 1, "tier_macs": 1, "test_accuracy": 0.5}], {1: log}, records)
+    with open(tmp_path / "rounds.csv") as handle:
+        assert list(csv.DictReader(handle)) == [{"round": "1", "bytes_down": "5", "client_train_flops": "7.0"}]
+    with open(tmp_path / "metrics.csv") as handle:
+        assert next(csv.DictReader(handle))["train_loss"] == "1.0"
+    with open(tmp_path / "clients.csv") as handle:
+        assert next(csv.DictReader(handle))["train_flops"] == "7.0"
+
+
+def test_training_flops_are_six_per_mac_per_sample():
+    cfg = load_supernet_config("cpu", n_classes=10)
+    largest, smallest = cfg.max_subnet(), cfg.min_subnet()
+    costs = train_costs(cfg, largest, smallest, [largest, smallest], samples=32 * 3)
+    step = count_macs(cfg, largest) + count_macs(cfg, smallest) + (count_macs(cfg, largest)
+                                                                    + count_macs(cfg, smallest)) / 2
+    assert costs["train-flops"] == pytest.approx(6 * 96 * step)
+    assert costs["trained-macs"] == count_macs(cfg, largest)
+    assert costs["peak-rss-mb"] > 10 and costs["cuda-peak-mb"] >= 0
+    assert training_flops(1e6, 10) == 6e7
