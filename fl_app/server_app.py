@@ -7,7 +7,7 @@ import time
 from logging import INFO
 
 import torch
-from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import Context, Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
@@ -25,6 +25,7 @@ from fl_app.supernet import load_supernet_config
 from strategies.fedavg_min import FedAvgMinStrategy
 from strategies.feast import FeastStrategy
 from strategies.heterofl import FedRolexStrategy, HeteroFLStrategy
+from strategies.rounds import partition_info, partition_query, round_totals
 from strategies.superfednas import SuperFedNASStrategy
 
 app = ServerApp()
@@ -52,9 +53,7 @@ def discover_nodes(grid: Grid, timeout: float = 60.0, while_waiting=None, settle
         if new:
             asked.update(new)
             last_new = time.time()
-            pending.update(grid.push_messages([
-                Message(RecordDict({"config": ConfigRecord({})}), message_type=MessageType.QUERY, dst_node_id=n)
-                for n in new]))
+            pending.update(grid.push_messages([partition_query(n) for n in new]))
 
     ask_new_nodes()
     if not asked:
@@ -72,18 +71,28 @@ def discover_nodes(grid: Grid, timeout: float = 60.0, while_waiting=None, settle
         time.sleep(0.1)
     nodes = {}
     for reply in replies:
-        if reply.has_error():
-            raise RuntimeError(f"node {reply.metadata.src_node_id} did not answer the partition query: "
-                               f"{reply.error.reason}")
-        info = dict(reply.content.config_records["config"])
-        pid = int(info["partition-id"])
+        info = partition_info(reply)
+        pid = info["partition-id"]
         if pid in nodes:
             raise ValueError(f"two SuperNodes claim partition-id={pid} (node-config)")
-        nodes[pid] = {"node_id": reply.metadata.src_node_id, **info}
+        nodes[pid] = info
     if len(nodes) < len(asked):
         raise RuntimeError(f"{len(asked) - len(nodes)} of {len(asked)} nodes did not answer the partition query "
                            f"within {timeout:.0f}s")
     return nodes
+
+
+def check_federation(nodes: dict[int, dict]) -> None:
+    """The SuperNodes that answered must hold partitions 0..N-1 of one federation of N: each one's num-partitions
+    is N (a node set up for another federation would train on the wrong rows)."""
+    n = len(nodes)
+    if sorted(nodes) != list(range(n)):
+        raise ValueError(f"partition-id values {sorted(nodes)} must be 0..{n - 1} (node-config)")
+    for pid, info in sorted(nodes.items()):
+        if info["num-partitions"] != n:
+            raise ValueError(f"SuperNode {info['node_id']} (partition-id={pid}) has num-partitions="
+                             f"{info['num-partitions']} in its node-config, but {n} SuperNodes answered (partition-id "
+                             f"0..{n - 1}): every SuperNode needs num-partitions={n}")
 
 
 def cosine_lr(run: RunConfig):
@@ -98,8 +107,7 @@ def main(grid: Grid, context: Context) -> None:
     run = validate_run_config(dict(context.run_config))
     nodes = discover_nodes(grid, timeout=run["round-timeout"],
                            while_waiting=lambda: SERVER_PREPARE.get(run["method"], lambda r: None)(run))
-    if sorted(nodes) != list(range(len(nodes))):
-        raise ValueError(f"partition-id values {sorted(nodes)} must be 0..{len(nodes) - 1} (node-config)")
+    check_federation(nodes)
     SERVER_RUNS[run["method"]](grid, run, nodes)
 
 
@@ -204,9 +212,7 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
         "supernet": fed.cfg.name, "num_clients": num_clients, "clients_per_round": run.clients_per_round(num_clients),
         "tiers": evaluator.last.get("tiers", []),
         "population_weighted_accuracy": evaluator.last.get("population_weighted_accuracy"),
-        "bytes_down": sum(r.bytes_down for r in rounds.values()), "bytes_up": sum(r.bytes_up for r in rounds.values()),
-        "failed_replies": sum(len(r.failed) for r in rounds.values()),
-        "rejected_replies": sum(len(r.rejected) for r in rounds.values()),
+        **round_totals(rounds),
         "budgets": [budgets[p] for p in sorted(budgets)], "wall_seconds": round(elapsed, 1),
         "resumed_after_round": first_round - 1,
         "run_config": run.to_dict(),

@@ -120,7 +120,17 @@ def round_totals(rounds: Mapping[int, RoundLog]) -> dict:
             "bytes_up": sum(r.bytes_up for r in rounds.values()),
             "accepted_replies": sum(len(r.accepted) for r in rounds.values()),
             "failed_replies": sum(len(r.failed) for r in rounds.values()),
-            "rejected_replies": sum(len(r.rejected) for r in rounds.values())}
+            "rejected_replies": sum(len(r.rejected) for r in rounds.values()),
+            "failed_by_partition": _per_partition(r.failed for r in rounds.values()),
+            "rejected_by_partition": _per_partition(r.rejected for r in rounds.values())}
+
+
+def _per_partition(lists: Iterable[list[int]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for pids in lists:
+        for pid in pids:
+            counts[str(pid)] = counts.get(str(pid), 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: int(item[0])))
 
 
 # -- which nodes hold which partition, followed as nodes leave, join and rejoin -----------------------------------

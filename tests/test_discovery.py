@@ -6,7 +6,7 @@ import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common import Error
 
-from fl_app.server_app import discover_nodes
+from fl_app.server_app import check_federation, discover_nodes
 
 
 class SlowGrid:
@@ -64,3 +64,18 @@ def test_every_node_is_found_across_several_pulls_and_late_nodes_are_asked(flowe
 def test_two_nodes_claiming_one_partition_are_refused(flower_ids):
     with pytest.raises(ValueError, match="two SuperNodes claim partition-id=0"):
         discover_nodes(SlowGrid({10: 0, 11: 0}), timeout=10)
+
+
+def test_a_supernode_of_another_federation_size_is_refused_by_name(flower_ids):
+    nodes = discover_nodes(SlowGrid({10: 0, 11: 1}), timeout=10, settle=0.2)  # both say num-partitions=4
+    with pytest.raises(ValueError, match=r"SuperNode 10 \(partition-id=0\) has num-partitions=4 .* 2 SuperNodes "
+                                         r"answered .* every SuperNode needs num-partitions=2"):
+        check_federation(nodes)
+    check_federation({0: {"node_id": 10, "num-partitions": 2}, 1: {"node_id": 11, "num-partitions": 2}})
+
+
+def test_a_malformed_partition_answer_names_the_node(flower_ids):
+    grid = SlowGrid({10: 0})
+    grid.nodes[10] = -1
+    with pytest.raises(ValueError, match=r"SuperNode 10 answered partition-id=-1, num-partitions=4"):
+        discover_nodes(grid, timeout=10, settle=0.2)

@@ -284,7 +284,8 @@ def test_a_node_killed_mid_run_is_counted_once_skipped_while_gone_and_used_when_
     assert round_totals(rounds) == {
         "bytes_down": sum(size for (r, pid), (_, size) in grid.sent.items() if (r, pid) != (2, 1)),
         "bytes_down_unanswered": grid.sent[(2, 1)][1], "bytes_up": sum(rounds[r].bytes_up for r in rounds),
-        "accepted_replies": 3 + 2 + 2 + 3, "failed_replies": 1, "rejected_replies": 0}
+        "accepted_replies": 3 + 2 + 2 + 3, "failed_replies": 1, "rejected_replies": 0,
+        "failed_by_partition": {"1": 1}, "rejected_by_partition": {}}
     assert "num-partitions=5" in strategy.nodes.refused[300] and strategy.node_of_partition[2] == 102
 
 

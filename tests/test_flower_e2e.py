@@ -149,7 +149,9 @@ def test_a_failing_client_is_counted_and_the_round_completes_with_the_others(flw
         per_round = {int(r["round"]): r for r in csv.DictReader(handle)}
     assert int(per_round[1]["failed"]) == 1 and int(per_round[1]["replies"]) == 1
     expected_failures = sum(faulty in sample_partitions(range(4), 2, 0, r) for r in (1, 2))
-    assert json.loads((out / "summary.json").read_text())["failed_replies"] == expected_failures
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failed_replies"] == expected_failures  # each failure once, against the faulty partition
+    assert summary["failed_by_partition"] == {str(faulty): expected_failures}
 
 
 def test_failing_clients_make_a_failed_run(flwr_env, tmp_path):

@@ -88,3 +88,32 @@ def test_below_min_reply_fraction_the_round_fails_with_the_reasons(flower_ids, m
     nan = next(c for c in standard_corruptions(payload_dtype=payload) if c.name == "nan")
     with pytest.raises(RuntimeError, match=r"round 1: 2 valid replies of 3 sampled .* rejected: \[0\]"):
         run_rounds(make_strategy, initial, honest, (0, 1, 2), 2, 1.0, hostile=0, corruption=nan)
+
+
+def test_honest_training_stays_far_inside_the_magnitude_bound(cpu_cfg, cpu_cache):
+    """Real local training of the full cpu supernet at ten times the default learning rate moves no tensor beyond
+    a tenth of the bound (worst seen: BatchNorm running variance, 1.9x its global scale), so the bound that refuses
+    1e37 refuses no honest reply."""
+    from clients.feast import LocalSettings, plan_subnets, train_subnets
+    from fl_app.data import ImageData
+    from strategies.screening import RELATIVE_BOUND, magnitude_bound, state_problem
+
+    gen = torch.Generator().manual_seed(1)
+    data = ImageData(torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8, generator=gen),
+                     torch.randint(0, 10, (64,), generator=gen))
+    torch.manual_seed(0)
+    bounds = cpu_cache.route_bounds(cpu_cache.max_macs)
+    model = ElasticResNet(cpu_cfg, bounds)
+    before = {k: v.clone().numpy() for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
+    settings = LocalSettings(epochs=1, max_steps=4, batch_size=16, lr=0.5, momentum=0.9, weight_decay=5e-4,
+                             kd_ratio=0.5, crop_flip=True, randaugment=False, mixup_alpha=0.2, cutmix_alpha=1.0,
+                             seed=0)
+    train_subnets(model, plan_subnets(cpu_cache, cpu_cache.max_macs, bounds, ("max", "min", "random")), data,
+                  settings)
+    after = {k: v.numpy() for k, v in model.state_dict().items() if k in before}
+    assert any(not np.array_equal(after[k], before[k]) for k in before)
+    assert state_problem(after, before) is None
+    worst = max(np.abs(after[k]).max() / max(1.0, np.abs(before[k]).max()) for k in before)
+    assert 1.0 < worst < RELATIVE_BOUND / 10
+    assert state_problem({"w": np.full(3, 1e37, np.float32)}, {"w": np.ones(3)}) is not None
+    assert magnitude_bound(np.full(3, 1e30, np.float32)) == 1e6  # the ceiling keeps float32 sums finite
