@@ -214,7 +214,12 @@ def read_record(folder: Path) -> dict | None:
 
 
 def is_finished(folder: Path, record: dict | None) -> bool:
-    return record is not None and record.get("status") == COMPLETED and (folder / "summary.json").exists()
+    if record is None or record.get("status") != COMPLETED:
+        return False
+    try:  # a run that failed after some rounds may still write a summary, with completed: false
+        return json.loads((folder / "summary.json").read_text()).get("completed", True) is not False
+    except (OSError, ValueError):
+        return False
 
 
 def decide(run: PlannedRun, out: Path, rerun_changed: bool) -> None:

@@ -137,7 +137,8 @@ def find_runs(paths: list[Path]) -> list[Run]:
             folders += [path / r["folder"] for r in listed if (path / r["folder"] / "summary.json").exists()]
         else:
             folders += sorted(p.parent for p in path.rglob("summary.json") if ".interrupted-" not in str(p))
-    return [load_run(f) for f in dict.fromkeys(folders)]
+    runs = [load_run(f) for f in dict.fromkeys(folders)]
+    return [run for run in runs if run.summary.get("completed", True)]  # a failed run's summary says completed: false
 
 
 @dataclass

@@ -65,6 +65,14 @@ def test_model_heterogeneous_runs_report_mean_client_accuracy(tmp_path):
     assert "mean client accuracy (%)" in text and "| fedtopo | cifar10 | 4 | 0,1 | – | 72.0 ± 25.4 |" in text
 
 
+def test_failed_runs_are_left_out(tmp_path):
+    make_run(tmp_path / "ok", seed=0, accuracy=0.4)
+    failed = make_run(tmp_path / "failed", seed=1, accuracy=0.1)
+    summary = json.loads((failed / "summary.json").read_text())
+    (failed / "summary.json").write_text(json.dumps({**summary, "completed": False}))
+    assert [r.folder.name for r in find_runs([tmp_path])] == ["ok"]
+
+
 def test_suite_folder_reads_only_its_current_runs(tmp_path):
     make_run(tmp_path / "runs/feast/seed0", commit="c" * 40)
     make_run(tmp_path / "runs/feast/seed0.v2", commit="c" * 40, accuracy=0.9, lr=0.2)
