@@ -24,6 +24,8 @@ from clients.feast import LocalSettings
 from clients.fedtopo import (broadcast_problem, class_counts, evaluate, fedtopo_loss, fedtopo_upload, local_train,
                              model_is_finite)
 from clients.fedtopo_baselines import FdLoss, class_means_upload, head_upload, load_head, plain_ce, proto_loss
+from fl_app.checkpoint import (CHECKPOINT_FILE, RESUME_MAY_CHANGE, capture_rng, load_verified, model_fingerprint,
+                               same_run_earlier_round, save_verified)
 from fl_app.config import RunConfig
 from fl_app.data import DATASETS, ImageData, load_dataset, split_train, stratified_holdout
 from fl_app.device import preferred_device
@@ -73,17 +75,79 @@ def _seed(*parts: int) -> int:
 
 
 MODEL_STATE = "hetero-model"  # the ArrayRecord in context.state that holds a client's model between rounds
+MODELS_DIR = "client-models"  # where clients keep model files for a resume (see ``client_model_dirs``)
 
 
-def load_client_model(run: RunConfig, pid: int, state: RecordDict):
-    """This client's model from its node state, or a seeded fresh one before its first round; on the node's
-    preferred device."""
+def hetero_fingerprint(run: RunConfig, num_clients: int) -> dict:
+    """What FedTopo-family checkpoints belong to: every client's architecture, the classes and the feature size."""
+    return model_fingerprint(run, {"architectures": [architecture_of(run["model-family"], p)
+                                                     for p in range(num_clients)],
+                                   "num-classes": DATASETS[run["dataset"]].num_classes,
+                                   "feature-dim": run["feature-dim"], "num-clients": num_clients})
+
+
+def client_model_dirs(config, node_config) -> tuple[str, str]:
+    """(folder to save this client's model files in, folder to resume them from); '' = none. A node's own
+    ``state-dir`` (node config: a deployment, where only the node can reach its disk) wins over the folders the
+    server names (``client-models-dir`` / ``resume-models-dir``: simulation, one filesystem)."""
+    own = str(node_config.get("state-dir", ""))
+    return own or str(config.get("client-models-dir", "")), own or str(config.get("resume-models-dir", ""))
+
+
+def _model_file(folder: str, pid: int, server_round: int) -> Path:
+    return Path(folder) / f"partition-{pid}-round-{server_round}.pt"
+
+
+def _saved_rounds(folder: str, pid: int) -> list[int]:
+    return sorted(int(f.stem.rsplit("-", 1)[1]) for f in Path(folder).glob(f"partition-{pid}-round-*.pt")
+                  if f.stem.rsplit("-", 1)[1].isdigit())
+
+
+def save_model_file(run: RunConfig, pid: int, num: int, model, folder: str, server_round: int) -> None:
+    """The client's model after ``server_round`` as a verified file; files no checkpoint can need any more are
+    removed (the newest one at or before the last checkpoint round before this one is kept, and all later)."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    save_verified(_model_file(folder, pid, server_round),
+                  {"round": server_round, "run_config": run.to_dict(),
+                   "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}},
+                  hetero_fingerprint(run, num), replace_if=lambda old: old.get("round") == server_round)
+    every = run["checkpoint-every"]
+    last_checkpoint = (server_round - 1) // every * every if every else server_round - 1
+    kept = [r for r in _saved_rounds(folder, pid) if r <= last_checkpoint][-1:]
+    for r in _saved_rounds(folder, pid):
+        if r < server_round and r <= last_checkpoint and r not in kept:
+            _model_file(folder, pid, r).unlink(missing_ok=True)
+
+
+def restore_model_file(run: RunConfig, pid: int, num: int, model, folder: str, resume_round: int) -> bool:
+    """Load this client's newest model file from a round <= ``resume_round`` (the checkpoint being resumed);
+    False when there is none (the client never trained before it). A damaged file or one of another run or model
+    raises (``ValueError`` naming it): a resume never silently continues from the wrong model."""
+    rounds = [r for r in _saved_rounds(folder, pid) if r <= resume_round] if folder else []
+    if not rounds:
+        return False
+    blob = load_verified(_model_file(folder, pid, rounds[-1]), hetero_fingerprint(run, num))
+    differing = sorted(k for k in set(blob["run_config"]) | set(run.to_dict()) if k not in RESUME_MAY_CHANGE
+                       and blob["run_config"].get(k) != run.to_dict().get(k))
+    if differing:
+        raise ValueError(f"{_model_file(folder, pid, rounds[-1])}: saved by a run with other {differing}")
+    model.load_state_dict(blob["model"])
+    return True
+
+
+def load_client_model(run: RunConfig, pid: int, state: RecordDict, num: int = 0, config=None, node_config=None):
+    """This client's model from its node state; after a resume, from its newest model file at or before the
+    resumed round; else a seeded fresh one (before its first round). On the node's preferred device."""
     num_classes = DATASETS[run["dataset"]].num_classes
     with torch.random.fork_rng():
         torch.manual_seed(_seed(run["seed"], 7, pid))
         model = client_model(run["model-family"], pid, num_classes, run["feature-dim"])
     if MODEL_STATE in state.array_records:
         model.load_state_dict(state.array_records[MODEL_STATE].to_torch_state_dict())
+    elif config is not None and "resume-round" in config:
+        _, resume_dir = client_model_dirs(config, node_config or {})
+        if restore_model_file(run, pid, num, model, resume_dir, int(config["resume-round"])):
+            save_client_model(model, state)
     return model.to(preferred_device())
 
 
@@ -121,7 +185,8 @@ def client_upload(run: RunConfig, model, data: ImageData, seed: int, loss_fn) ->
 def evaluate_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
     """Score this client's own model on its local test split."""
     _, test = client_data(run, pid, num)
-    correct, total = evaluate(load_client_model(run, pid, context.state), test)
+    config = msg.content.config_records["config"]
+    correct, total = evaluate(load_client_model(run, pid, context.state, num, config, context.node_config), test)
     return Message(RecordDict({"metrics": MetricRecord({"correct": correct, "num-test": total,
                                                         "partition-id": pid})}), reply_to=msg)
 
@@ -148,7 +213,7 @@ def train_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Cont
     problem = broadcast_problem(global_arrays, broadcast_shapes(run))
     if problem:
         raise ValueError(f"client {pid} refuses the round-{server_round} broadcast: {problem}")
-    model = load_client_model(run, pid, context.state)
+    model = load_client_model(run, pid, context.state, num, config, context.node_config)
     seed = _seed(run["seed"], server_round, pid)
     loss_fn = client_loss(run, model, global_arrays)
     metrics = local_train(model, train, LocalSettings.from_run(run, float(config["lr"]), seed), loss_fn)
@@ -156,6 +221,9 @@ def train_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Cont
         raise FloatingPointError(f"client {pid}: training diverged in round {server_round}; the model is not saved")
     upload = client_upload(run, model, train, seed, loss_fn)
     save_client_model(model, context.state)
+    save_dir, _ = client_model_dirs(config, context.node_config)
+    if save_dir:
+        save_model_file(run, pid, num, model, save_dir, server_round)
     return Message(RecordDict({
         "upload": state_to_record(upload, dtype),
         "metrics": MetricRecord({"num-examples": len(train), "partition-id": pid, **metrics}),
@@ -224,7 +292,7 @@ def hetero_summary(run: RunConfig, strategy, num_clients: int, seconds: float, e
     last = next((h for h in reversed(strategy.history) if not math.isnan(h["mean_client_accuracy"])), {})
     return {
         "method": run["method"], "dataset": run["dataset"], "rounds": run["num-server-rounds"], "seed": run["seed"],
-        "completed": error is None, "error": error, "rounds_done": max(rounds, default=0),
+        "completed": error is None, "error": error, "rounds_done": max(strategy.train_loss, default=0),
         "num_clients": num_clients, "clients_per_round": run.clients_per_round(num_clients),
         "model_family": run["model-family"],
         "architectures": [architecture_of(run["model-family"], pid) for pid in range(num_clients)],
@@ -248,20 +316,74 @@ def write_round_files(out_dir: Path, strategy) -> None:
     write_csv(out_dir / "rounds.csv", [log_.row(r) for r, log_ in sorted(strategy.rounds.items())])
 
 
+def write_hetero_checkpoint(out_dir: Path, server_round: int, run: RunConfig, strategy, num_clients: int) -> Path:
+    return save_verified(out_dir / CHECKPOINT_FILE, {
+        "round": server_round, "run_config": run.to_dict(), "num_clients": num_clients,
+        "strategy": strategy.checkpoint_state(), "rng": capture_rng()},
+        hetero_fingerprint(run, num_clients), replace_if=same_run_earlier_round(run, server_round))
+
+
+def load_hetero_checkpoint(run: RunConfig, num_clients: int) -> tuple[Path, dict]:
+    """(the folder of the checkpoint ``resume-from`` names, its content), after checking that ``run`` may continue
+    it: content hash and model fingerprint, the run config (only ``RESUME_MAY_CHANGE`` may differ), the federation
+    size and a round before the last. Raises ``ValueError`` naming what is wrong before anything starts."""
+    location = Path(run["resume-from"]).expanduser()
+    path = location / CHECKPOINT_FILE if location.is_dir() else location
+    what = f"resume-from='{run['resume-from']}'"
+    if not path.is_file():
+        raise ValueError(f"{what}: no {CHECKPOINT_FILE} there")
+    blob = load_verified(path, hetero_fingerprint(run, num_clients), what=what)
+    saved, current = blob["run_config"], run.to_dict()
+    differing = sorted(k for k in set(saved) | set(current) if k not in RESUME_MAY_CHANGE and saved.get(k) != current.get(k))
+    if differing:
+        details = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {current.get(k)!r}" for k in differing)
+        raise ValueError(f"{what}: the run config differs from the checkpoint's ({details}); "
+                         f"only {list(RESUME_MAY_CHANGE)} may change")
+    if blob["num_clients"] != num_clients:
+        raise ValueError(f"{what}: the checkpoint's federation has {blob['num_clients']} clients, this one "
+                         f"{num_clients} (num-supernodes)")
+    if blob["round"] >= run["num-server-rounds"]:
+        raise ValueError(f"{what}: the checkpoint is at round {blob['round']}, the run has only "
+                         f"num-server-rounds={run['num-server-rounds']}")
+    return path.parent, blob
+
+
 def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
     """Run a model-heterogeneous method end to end. metrics.csv and rounds.csv are rewritten after every round;
     summary.json and accuracy_per_round.png at the end, also when a round fails (``completed: false`` and the
-    error, before the error is raised again)."""
+    error, before the error is raised again).
+
+    With ``checkpoint-every`` N > 0, the server writes checkpoint.pt (its whole state: global arrays, FedTGP's
+    generator, round logs, metrics) every N rounds, and each client writes its own model after each round it trains
+    (to ``<output-dir>/client-models`` in simulation, or to its node config's ``state-dir`` in a deployment). With
+    ``resume-from``, the server continues from the checkpoint's round and each client, on its first message,
+    reloads its newest model file at or before that round."""
     num_clients = len(nodes)
     node_of_partition = {pid: info["node_id"] for pid, info in nodes.items()}
+    resumed = load_hetero_checkpoint(run, num_clients) if run["resume-from"] else None
     out_dir = prepare_output_dir(run["output-dir"], run["method"], run["dataset"], run["seed"])
     strategy = build_strategy(run, node_of_partition)
+    first_round = 1
+    if run["checkpoint-every"]:
+        strategy.client_config["client-models-dir"] = str(out_dir / MODELS_DIR)
+    if resumed is not None:
+        folder, blob = resumed
+        strategy.restore_state(blob["strategy"])
+        first_round = blob["round"] + 1
+        strategy.client_config.update({"resume-models-dir": str(folder / MODELS_DIR), "resume-round": blob["round"]})
+        log(INFO, "Resuming from %s at round %d", folder, first_round)
     log(INFO, "%s on %s: %d clients (%s family), Dirichlet α=%s, output %s", run["method"], run["dataset"],
         num_clients, run["model-family"], run["dirichlet-alpha"], out_dir)
+
+    def round_done(server_round: int) -> None:
+        write_round_files(out_dir, strategy)
+        if run["checkpoint-every"] and server_round % run["checkpoint-every"] == 0:
+            write_hetero_checkpoint(out_dir, server_round, run, strategy, num_clients)
+
     started, error = time.time(), None
     try:
         strategy.start(grid, state_to_record({}), num_rounds=run["num-server-rounds"], timeout=run["round-timeout"],
-                       round_done=lambda r: write_round_files(out_dir, strategy))
+                       first_round=first_round, round_done=round_done)
     except Exception as failure:
         error = f"{type(failure).__name__}: {failure}"
         raise

@@ -12,6 +12,7 @@ from logging import INFO, WARNING
 from typing import Iterable
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
@@ -134,6 +135,7 @@ class HeteroStrategy(Strategy):
         self.payload_dtype, self.min_reply_fraction = payload_dtype, min_reply_fraction
         self.lr_of_round = lr_of_round or (lambda r: 0.0)
         self.feature_dim = feature_dim
+        self.client_config: dict = {}  # extra config every message carries (where clients keep their models)
         # what each client must report as its training / test split size, when the server can know it
         self.train_size_of_partition, self.test_size_of_partition = train_size_of_partition, test_size_of_partition
         self.global_arrays: dict[str, np.ndarray] = {}
@@ -172,8 +174,8 @@ class HeteroStrategy(Strategy):
 
     # -- training rounds -----------------------------------------------------------------------------------------
     def _config(self, server_round: int) -> ConfigRecord:
-        return ConfigRecord({"server-round": server_round, "lr": float(self.lr_of_round(server_round)),
-                             "payload-dtype": self.payload_dtype})
+        return ConfigRecord({**self.client_config, "server-round": server_round,
+                             "lr": float(self.lr_of_round(server_round)), "payload-dtype": self.payload_dtype})
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -306,6 +308,24 @@ class HeteroStrategy(Strategy):
             self.client_accuracy = {p: (c / n if n else math.nan) for p, (c, n) in sorted(per_client.items())}
         self._eval_sent = {}
         return MetricRecord({k: v for k, v in row.items() if k != "round"})
+
+    # -- checkpoints ------------------------------------------------------------------------------------------
+    def checkpoint_state(self) -> dict:
+        """Everything a resumed run needs from the server (plain containers and tensors): the global arrays, the
+        round and evaluation logs, the losses and accuracies so far."""
+        return {"global_arrays": {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in self.global_arrays.items()},
+                "rounds": {r: log_.to_dict() for r, log_ in self.rounds.items()},
+                "eval_rounds": {r: log_.to_dict() for r, log_ in self.eval_rounds.items()},
+                "train_loss": dict(self.train_loss), "history": [dict(row) for row in self.history],
+                "client_accuracy": dict(self.client_accuracy)}
+
+    def restore_state(self, saved: dict) -> None:
+        self.global_arrays = {k: v.numpy() for k, v in saved["global_arrays"].items()}
+        self.rounds = {int(r): RoundLog.from_dict(log_) for r, log_ in saved["rounds"].items()}
+        self.eval_rounds = {int(r): RoundLog.from_dict(log_) for r, log_ in saved["eval_rounds"].items()}
+        self.train_loss = {int(r): v for r, v in saved["train_loss"].items()}
+        self.history = [dict(row) for row in saved["history"]]
+        self.client_accuracy = {int(p): v for p, v in saved["client_accuracy"].items()}
 
     # -- the round loop ---------------------------------------------------------------------------------------
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 3,

@@ -180,6 +180,15 @@ class FedTgpStrategy(_ClassMeanStrategy):
         self.server_epochs, self.margin_cap = server_epochs, margin_cap
         self.margins: dict[int, float] = {}
 
+    def checkpoint_state(self) -> dict:
+        return {**super().checkpoint_state(), "generator": {k: v.clone() for k, v in self.generator.state_dict().items()},
+                "margins": dict(self.margins)}
+
+    def restore_state(self, saved: dict) -> None:
+        super().restore_state(saved)
+        self.generator.load_state_dict(saved["generator"])
+        self.margins = {int(r): v for r, v in saved["margins"].items()}
+
     def aggregate_uploads(self, server_round, uploads):
         protos, labels = [], []
         for _, u, _ in uploads:
