@@ -49,8 +49,16 @@ def flwr_run(run_config: str | dict, federation: str | None = "num-supernodes=8 
         output = proc.stdout + proc.stderr
     else:  # streamed into the log as the run goes, so a long run can be followed (tail -f) and a dead one read
         with open(log_file, "w") as handle:
-            subprocess.run(command, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True, timeout=timeout,
-                           check=False)
+            try:
+                subprocess.run(command, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True, timeout=timeout,
+                               check=False)
+            except subprocess.TimeoutExpired:
+                # the run goes on in the SuperLink after its CLI is killed: stop it, so the next one runs alone
+                started = re.search(r"Successfully started run (\d+)", log_file.read_text(errors="replace"))
+                if started:
+                    subprocess.run(["flwr", "stop", started.group(1), *connection], env=env, capture_output=True,
+                                   timeout=120, check=False)
+                raise
         output = log_file.read_text(errors="replace")
     found = re.search(r"Successfully started run (\d+)", output)
     if not found:
