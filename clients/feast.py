@@ -78,7 +78,7 @@ def train_subnets(model: ElasticResNet, plan: SubnetPlan, data: ImageData, setti
     if logit_mask is not None:
         logit_mask = logit_mask.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
-                                weight_decay=settings.weight_decay)
+                                weight_decay=settings.weight_decay, foreach=True)
     num_classes = model.cfg.n_classes
     model.train()
     steps, loss_sum = 0, 0.0
@@ -112,7 +112,7 @@ def train_subnets(model: ElasticResNet, plan: SubnetPlan, data: ImageData, setti
                 student_loss = ((1 - settings.kd_ratio) * soft_cross_entropy(out, targets)
                                 + settings.kd_ratio * soft_cross_entropy(out, teacher))
                 student_loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP_NORM)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP_NORM, foreach=True)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             steps += 1

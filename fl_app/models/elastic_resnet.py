@@ -83,6 +83,10 @@ class Block(nn.Module):
 
 
 class ElasticResNet(nn.Module):
+    # activations in channels-last layout: oneDNN's convolutions and BatchNorm then skip layout reorders (faster on
+    # CPU, see experiments/bench_train.py); weights stay NCHW, so state dicts and payloads are unchanged
+    memory_format = torch.channels_last
+
     def __init__(self, cfg: SupernetConfig, bounds: Subnet | None = None):
         super().__init__()
         self.cfg = cfg
@@ -108,6 +112,7 @@ class ElasticResNet(nn.Module):
     def forward(self, x: torch.Tensor, arch: Subnet | None = None) -> torch.Tensor:
         arch = arch or self.bounds
         cfg = self.cfg
+        x = x.contiguous(memory_format=self.memory_format)
         x = F.relu(self.stem_bn(self.stem_conv(x, cfg.stem_channels(arch), cfg.stem_stride)))
         for s, blocks in enumerate(self.stages):
             out, mid = cfg.stage_channels(arch, s), cfg.mid_channels(arch, s)

@@ -1,0 +1,65 @@
+"""The faster paths compute what the plain ones do: channels-last activations give the same logits and gradients
+as the contiguous layout (up to float rounding), and the foreach optimizer/clipping give bit-identical training."""
+
+from __future__ import annotations
+
+import torch
+
+from clients.feast import LocalSettings, plan_subnets, train_subnets
+from fl_app.data import ImageData
+from fl_app.models.elastic_resnet import ElasticResNet
+
+
+def _forward_backward(cfg, bounds, arch, x, memory_format):
+    torch.manual_seed(0)
+    model = ElasticResNet(cfg, bounds)
+    model.memory_format = memory_format
+    model.train()
+    out = model(x, arch)
+    out.square().sum().backward()
+    return out.detach(), {k: p.grad for k, p in model.named_parameters()}, model.state_dict()
+
+
+def test_channels_last_matches_contiguous_layout(cpu_cfg, cpu_cache):
+    bounds = cpu_cache.route_bounds(5e6)
+    arch = cpu_cache.under(5e6)[len(cpu_cache.under(5e6)) // 2].arch  # a subnet strictly inside the bounds
+    x = torch.randn(6, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    out_cl, grads_cl, state_cl = _forward_backward(cpu_cfg, bounds, arch, x, torch.channels_last)
+    out_c, grads_c, state_c = _forward_backward(cpu_cfg, bounds, arch, x, torch.contiguous_format)
+    assert torch.allclose(out_cl, out_c, rtol=1e-4, atol=1e-5)
+    assert grads_cl.keys() == grads_c.keys()
+    for name, grad in grads_c.items():
+        if grad is None:  # a block outside the subnet: untouched in both layouts
+            assert grads_cl[name] is None, name
+            continue
+        assert torch.allclose(grads_cl[name], grad, rtol=1e-3, atol=1e-5), name
+        # the same elements (the subnet's prefix slice) receive gradient
+        assert torch.equal(grads_cl[name] != 0, grad != 0), name
+    for name, value in state_c.items():  # BN running statistics updated the same way
+        assert torch.allclose(state_cl[name].float(), value.float(), rtol=1e-4, atol=1e-6), name
+    # weights keep their NCHW layout: state dicts and payloads do not change
+    assert all(t.is_contiguous() for t in state_cl.values())
+
+
+def test_foreach_optimizer_and_clipping_are_bit_identical(cpu_cfg, cpu_cache, monkeypatch):
+    gen = torch.Generator().manual_seed(2)
+    data = ImageData(torch.randint(0, 256, (24, 3, 32, 32), dtype=torch.uint8, generator=gen),
+                     torch.randint(0, 10, (24,), generator=gen))
+    settings = LocalSettings(epochs=1, max_steps=3, batch_size=8, lr=0.05, momentum=0.9, weight_decay=5e-4,
+                             kd_ratio=0.5, crop_flip=True, randaugment=False, mixup_alpha=0.0, cutmix_alpha=0.0,
+                             seed=0)
+    bounds = cpu_cache.route_bounds(5e6)
+    plan = plan_subnets(cpu_cache, 5e6, bounds, ("max", "min", "random"))
+
+    def trained():
+        torch.manual_seed(0)
+        model = ElasticResNet(cpu_cfg, bounds)
+        train_subnets(model, plan, data, settings)
+        return model.state_dict()
+
+    fast = trained()
+    sgd, clip = torch.optim.SGD, torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.optim, "SGD", lambda *a, foreach=None, **kw: sgd(*a, foreach=False, **kw))
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, foreach=None, **kw: clip(*a, foreach=False, **kw))
+    plain = trained()
+    assert all(torch.equal(fast[k], plain[k]) for k in fast)
