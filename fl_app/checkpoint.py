@@ -196,27 +196,36 @@ def write_round_checkpoint(out_dir: Path, server_round: int, run: RunConfig, num
     }, supernet_fingerprint(run), replace_if=same_run_earlier_round(run, server_round))
 
 
-def load_round_checkpoint(location: str | Path, run: RunConfig, num_clients: int) -> dict:
-    """Read a checkpoint (a file or the run folder holding it) and check that ``run`` may continue it.
-
-    Raises ``ValueError`` before any training starts: a damaged file, another model, or every mismatching key."""
+def load_run_checkpoint(location: str | Path, run: RunConfig, num_clients: int, fingerprint: dict
+                        ) -> tuple[Path, dict]:
+    """(the file, its content) of the checkpoint at ``location`` (a file or the run folder holding it), after checking
+    that ``run`` may continue it: content hash and model ``fingerprint``, the run config (only ``RESUME_MAY_CHANGE``
+    may differ), the federation size and a round before the last. Any method's resume uses it; raises
+    ``ValueError`` naming what is wrong before any training starts."""
     path = Path(location).expanduser()
     if path.is_dir():
         path = path / CHECKPOINT_FILE
+    what = f"resume-from='{location}'"
     if not path.is_file():
-        raise ValueError(f"resume-from='{location}': no {CHECKPOINT_FILE} there")
-    blob = load_verified(path, supernet_fingerprint(run), what=f"resume-from='{location}'")
+        raise ValueError(f"{what}: no {CHECKPOINT_FILE} there")
+    blob = load_verified(path, fingerprint, what=what)
     saved, current = blob["run_config"], run.to_dict()
     differing = _run_config_differences(saved, current)
     if differing:
         details = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {current.get(k)!r}" for k in differing)
-        raise ValueError(f"resume-from='{location}': the run config differs from the checkpoint's ({details}); "
+        raise ValueError(f"{what}: the run config differs from the checkpoint's ({details}); "
                          f"only {list(RESUME_MAY_CHANGE)} may change")
     if blob["num_clients"] != num_clients:
-        raise ValueError(f"resume-from='{location}': the checkpoint's federation has {blob['num_clients']} "
-                         f"clients, this one {num_clients} (num-supernodes)")
+        raise ValueError(f"{what}: the checkpoint's federation has {blob['num_clients']} clients, this one "
+                         f"{num_clients} (num-supernodes)")
     if blob["round"] >= run["num-server-rounds"]:
-        raise ValueError(f"resume-from='{location}': the checkpoint is at round {blob['round']}, the run has only "
+        raise ValueError(f"{what}: the checkpoint is at round {blob['round']}, the run has only "
                          f"num-server-rounds={run['num-server-rounds']}")
+    return path, blob
+
+
+def load_round_checkpoint(location: str | Path, run: RunConfig, num_clients: int) -> dict:
+    """The supernet methods' round checkpoint at ``location``, checked by ``load_run_checkpoint``."""
+    _, blob = load_run_checkpoint(location, run, num_clients, supernet_fingerprint(run))
     blob["global_state"] = {k: v.numpy() for k, v in blob["global_state"].items()}
     return blob
