@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fl_app.data import DATA_SOURCES, DATASETS
+from fl_app.evaluation import POPULATION_TIERS
 from fl_app.partition import PARTITIONERS
 from fl_app.payload import PAYLOAD_DTYPES
 
@@ -163,6 +164,8 @@ KEYS: dict[str, Key] = {
     "payload-dtype": Key("float32", "dtype of arrays in messages", PAYLOAD_DTYPES),
     "eval-every": Key(5, "evaluate the tiers every N rounds (and after the last)", check=ROUNDS),
     "val-size": Key(1000, "training images held out for validation", check=Range(0, 10_000_000)),
+    "population-tier": Key("largest", "tier each client is scored with in the population-weighted accuracy: its "
+                           "largest affordable one, or the affordable one best on validation", POPULATION_TIERS),
     "calib-size": Key(1000, "training images held out for BN recalibration", check=Range(1, 10_000_000)),
     "seed": Key(0, "seed of budgets, partitions, sampling, init and data order", check=Range(0, 2**32 - 1)),
     "output-dir": Key("", "absolute output folder (empty = ~/fl_app_runs/<method>-<dataset>-s<seed>-<time>)"),

@@ -61,12 +61,27 @@ def evaluate_subnet(cfg: SupernetConfig, supernet_state: Mapping, arch: Subnet, 
     return [accuracy(model, split) for split in splits]
 
 
-def population_weighted_accuracy(budgets, tier_macs: list[int], tier_accuracy: list[float]) -> float:
-    """Mean over clients of the accuracy of the best tier each client can afford (0 when it can afford none)."""
+POPULATION_TIERS = ("largest", "best-validation")
+
+
+def population_weighted_accuracy(budgets, tier_macs: list[int], tier_accuracy: list[float],
+                                 choose_by: list[float] | None = None) -> float:
+    """Mean over clients of the accuracy of the tier each client runs (0 when it can afford none).
+
+    A client runs its *largest* affordable tier; with ``choose_by`` (one score per tier, e.g. validation accuracy,
+    never the accuracy being reported) it runs the affordable tier with the best score instead (the larger on ties).
+    """
     scores = []
     for budget in budgets:
-        affordable = [acc for macs, acc in zip(tier_macs, tier_accuracy) if macs <= budget]
-        scores.append(max(affordable) if affordable else 0.0)
+        affordable = [i for i, macs in enumerate(tier_macs) if macs <= budget]
+        if not affordable:
+            scores.append(0.0)
+            continue
+        if choose_by is None:
+            chosen = max(affordable, key=lambda i: tier_macs[i])
+        else:
+            chosen = max(affordable, key=lambda i: (choose_by[i], tier_macs[i]))
+        scores.append(tier_accuracy[chosen])
     return float(np.mean(scores)) if scores else 0.0
 
 
@@ -74,8 +89,13 @@ class TierEvaluator:
     """Central evaluation of the reporting tiers, usable as a Flower ``evaluate_fn``; keeps every row it measured."""
 
     def __init__(self, cfg: SupernetConfig, tiers, budgets, calibration: ImageData, validation: ImageData,
-                 test: ImageData, eval_every: int, num_rounds: int, decode_state):
+                 test: ImageData, eval_every: int, num_rounds: int, decode_state, population_tier: str = "largest"):
+        if population_tier not in POPULATION_TIERS:
+            raise ValueError(f"population-tier='{population_tier}': allowed values are {list(POPULATION_TIERS)}")
+        if population_tier == "best-validation" and not len(validation):
+            raise ValueError("population-tier='best-validation' needs a validation split (val-size > 0)")
         self.cfg, self.tiers, self.budgets = cfg, tiers, list(budgets)
+        self.population_tier = population_tier
         self.calibration, self.validation, self.test = calibration, validation, test
         self.eval_every, self.num_rounds, self.decode_state = eval_every, num_rounds, decode_state
         self.rows: list[dict] = []
@@ -95,8 +115,9 @@ class TierEvaluator:
             val_acc, test_acc = (accs if len(accs) == 2 else [float("nan"), accs[0]])
             tier_results.append({"macs": tier.macs, "params": tier.params, "val_accuracy": val_acc,
                                  "accuracy": test_acc})
+        choose_by = [t["val_accuracy"] for t in tier_results] if self.population_tier == "best-validation" else None
         pwa = population_weighted_accuracy(self.budgets, [t["macs"] for t in tier_results],
-                                           [t["accuracy"] for t in tier_results])
+                                           [t["accuracy"] for t in tier_results], choose_by)
         for t in tier_results:
             self.rows.append({"round": server_round, "tier_macs": t["macs"], "tier_params": t["params"],
                               "val_accuracy": t["val_accuracy"], "test_accuracy": t["accuracy"],

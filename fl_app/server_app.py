@@ -172,7 +172,7 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
         out_dir)
     evaluator = TierEvaluator(strategy.model_cfg, tiers, budgets.values(), train.subset(splits.calibration),
                               train.subset(splits.validation), test, run["eval-every"], run["num-server-rounds"],
-                              record_to_state)
+                              record_to_state, population_tier=run["population-tier"])
     first_round = 1
     if resumed is not None:
         strategy.restore_state(resumed["strategy"])

@@ -91,3 +91,38 @@ def test_slice_state_rejects_non_prefix():
 
     with pytest.raises(ValueError, match="not a prefix"):
         slice_state({"w": np.zeros((2, 2))}, {"w": (3, 2)})
+
+
+def test_population_weighted_accuracy_uses_the_largest_affordable_tier_or_the_best_on_validation():
+    from fl_app.evaluation import population_weighted_accuracy
+
+    budgets, macs = [1, 5, 10, 0.5], [1, 4, 9]
+    test_acc, val_acc = [0.5, 0.3, 0.4], [0.6, 0.7, 0.2]
+    # largest affordable: 0.5, 0.3, 0.4 and 0 for the client that affords nothing
+    assert population_weighted_accuracy(budgets, macs, test_acc) == np.mean([0.5, 0.3, 0.4, 0.0])
+    # best on validation: the 4-MAC tier wins wherever affordable (val 0.7), whatever its test accuracy
+    assert population_weighted_accuracy(budgets, macs, test_acc, val_acc) == np.mean([0.5, 0.3, 0.3, 0.0])
+    # choosing on test accuracy would have given 0.5 everywhere: not what either option reports
+    assert population_weighted_accuracy(budgets, macs, test_acc, test_acc) == np.mean([0.5, 0.5, 0.5, 0.0])
+
+
+def test_tier_evaluator_chooses_best_tier_on_validation_never_test(monkeypatch, cpu_cfg, cpu_cache):
+    import pytest
+
+    import fl_app.evaluation as evaluation
+    from fl_app.data import ImageData
+
+    tiers = cpu_cache.tiers(None, count=3)
+    scores = {t.arch: acc for t, acc in zip(tiers, [(0.6, 0.5), (0.7, 0.3), (0.2, 0.9)])}  # (validation, test)
+    monkeypatch.setattr(evaluation, "evaluate_subnet", lambda cfg, state, arch, calib, *splits: list(scores[arch]))
+    data = ImageData(torch.zeros(4, 3, 32, 32, dtype=torch.uint8), torch.zeros(4, dtype=torch.long))
+    budgets = [tiers[-1].macs] * 2
+    results = {}
+    for choice in ("largest", "best-validation"):
+        evaluator = evaluation.TierEvaluator(cpu_cfg, tiers, budgets, data, data, data, 1, 1, lambda a: {},
+                                             population_tier=choice)
+        evaluator(1, None)
+        results[choice] = evaluator.last["population_weighted_accuracy"]
+    assert results == {"largest": 0.9, "best-validation": 0.3}  # the test-best tier (0.9) is never chosen by test
+    with pytest.raises(ValueError, match="population-tier"):
+        evaluation.TierEvaluator(cpu_cfg, tiers, budgets, data, data, data, 1, 1, None, population_tier="best-test")
