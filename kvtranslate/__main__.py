@@ -4,8 +4,6 @@ import json
 import os
 import sys
 
-import torch
-
 
 def add_train_args(p):
     from .train import TRAIN_DEFAULTS as D
@@ -42,10 +40,24 @@ def train_overrides(args):
                 phrase_mix=args.phrase_mix, seed=args.seed)
 
 
+def is_committed_checkpoints(folder):
+    from .models import CHECKPOINT_DIR
+    return os.path.realpath(folder) == os.path.realpath(CHECKPOINT_DIR)
+
+
+def pretrain_log_path(args):
+    """--log, else OUT/pretrain_log.jsonl; the committed checkpoints' log lives with the results, not beside them."""
+    from .models import RESULTS_DIR
+    if args.log:
+        return args.log
+    return os.path.join(RESULTS_DIR if is_committed_checkpoints(args.out) else args.out, "pretrain_log.jsonl")
+
+
 def cmd_pretrain(args):
     from .pretrain import pretrain
     os.makedirs(args.out, exist_ok=True)
-    log_path = os.path.join(args.out, "pretrain_log.jsonl")
+    log_path = pretrain_log_path(args)
+    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
     with open(log_path, "a") as log_file:
         def log(line):
             print(line, flush=True)
@@ -128,7 +140,14 @@ def cmd_eval(args):
 
 def cmd_demo(args):
     from .demo import run_demo
-    run_demo(args.out, quick=args.quick, seed=args.seed, save_translators=args.save_translators, device=args.device)
+    sizes = {k: getattr(args, k) for k in DEMO_SIZES if getattr(args, k) is not None}
+    run_demo(args.out, quick=args.quick, seed=args.seed, save_translators=args.save_translators, device=args.device,
+             sizes=sizes)
+
+
+DEMO_SIZES = {"steps": "translator steps on the main pair", "coverage_steps": "translator steps on the other pairs",
+              "n_eval": "held-out evaluation passages per pair", "n_long": "long passages per pair",
+              "n_inject": "passages of the injection study"}
 
 
 def main(argv=None):
@@ -156,7 +175,12 @@ def main(argv=None):
     p.add_argument("--curriculum", type=float, default=P["curriculum"],
                    help="share of the steps over which facts per passage grow from 1 to 6 (0: all from the start)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=CHECKPOINT_DIR, help="checkpoint folder (default: the committed one)")
+    p.add_argument("--out", required=True,
+                   help=f"checkpoint folder; the committed one ({CHECKPOINT_DIR}) only with --overwrite-committed")
+    p.add_argument("--overwrite-committed", action="store_true",
+                   help="allow --out to be the committed checkpoint folder (replaces the models the demo and tests use)")
+    p.add_argument("--log", help="JSON-lines log (default OUT/pretrain_log.jsonl; kvtranslate/results/ for the "
+                                 "committed folder)")
     p.set_defaults(func=cmd_pretrain)
 
     p = sub.add_parser("train", help="train a translator for one source -> target pair")
@@ -184,6 +208,8 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--quick", action="store_true", help="much smaller run (smoke test)")
     p.add_argument("--save-translators", action="store_true", help="also write every trained translator")
+    for key, what in DEMO_SIZES.items():
+        p.add_argument("--" + key.replace("_", "-"), type=int, help=f"{what} (default: the full run's)")
     p.add_argument("--seed", type=int, default=0)
     add_device_args(p)
     p.set_defaults(func=cmd_demo)
@@ -198,6 +224,9 @@ def main(argv=None):
         parser.error(str(e))
     if args.command == "pretrain":
         from .pretrain import DEFAULTS, check_config
+        if is_committed_checkpoints(args.out) and not args.overwrite_committed:
+            parser.error(f"--out {args.out} is the committed checkpoint folder: pretraining there replaces the models "
+                         f"the demo and the tests use; pass --overwrite-committed to do that, or choose another --out")
         try:
             args.steps = parse_steps(args.steps, args.models)
             for name in args.models:

@@ -181,9 +181,10 @@ def plot(details_by_pair, out_dir):
     plt.close(fig)
 
 
-def run_demo(out_dir, quick=False, seed=0, save_translators=False, device="cpu"):
+def run_demo(out_dir, quick=False, seed=0, save_translators=False, device="cpu", sizes=None):
+    """sizes: overrides of FULL / QUICK (steps, coverage_steps, n_eval, ...), recorded in summary.json's run."""
     torch.manual_seed(seed)
-    cfg = QUICK if quick else FULL
+    cfg = {**(QUICK if quick else FULL), **(sizes or {})}
     os.makedirs(out_dir, exist_ok=True)
     log_path = os.path.join(out_dir, "demo_log.jsonl")
     log_file = open(log_path, "w")
