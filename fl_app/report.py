@@ -278,19 +278,24 @@ def total_compute(run: Run, column: str) -> float:
     return curve[-1][0] if curve else math.nan
 
 
-def equal_compute_rows(rows: list[Row]) -> tuple[list[dict], str]:
-    """Accuracy of every row at the least total client compute of any run (so every run has spent it)."""
+def equal_compute_rows(rows: list[Row], reference: str | None = None) -> tuple[list[dict], str]:
+    """Accuracy of every row after a common client compute budget: the reference's total (mean over its seeds)
+    when a reference is named, otherwise the least total of any run (so every run has spent it). A row that
+    stopped below the budget shows its final accuracy, marked as not having reached the budget."""
     found = compute_column([run for row in rows for run in row.runs])
     if found is None:
         return [], ""
     column, text = found
     totals = [row.estimate(lambda run: total_compute(run, column)) for row in rows]
-    budget = min(total_compute(run, column) for row in rows for run in row.runs)
+    references = [t.mean for row, t in zip(rows, totals) if row.first.label == reference and t.n]
+    budget = min(references) if references else \
+        min(total_compute(run, column) for row in rows for run in row.runs)
     table = []
     for row, total in zip(rows, totals):
         acc = row.estimate(lambda run: value_at_budget(run.compute_curve(column), budget))
         table.append({"method": row.name, "compute_budget": budget, "total_compute": total.mean,
-                      "accuracy_at_budget": acc.mean, "accuracy_at_budget_ci95": acc.half_width, "n": acc.n})
+                      "reached_budget": total.mean >= budget, "accuracy_at_budget": acc.mean,
+                      "accuracy_at_budget_ci95": acc.half_width, "n": acc.n})
     return table, text
 
 
@@ -332,7 +337,8 @@ def _signed(mean: float, half: float) -> str:
 def compute_markdown(table: list[dict], text: str) -> str:
     return markdown(["method", f"total {text}", f"accuracy (%) at {table[0]['compute_budget']:.4g} {text}"],
                     [[r["method"], f"{r['total_compute']:.4g}",
-                      percent(r["accuracy_at_budget"], r["accuracy_at_budget_ci95"])] for r in table])
+                      percent(r["accuracy_at_budget"], r["accuracy_at_budget_ci95"])
+                      + ("" if r["reached_budget"] else " (final; ran out before)")] for r in table])
 
 
 def report(runs: list[Run], reference: str | None = None, allow_mixed_commits: bool = False) -> dict:
@@ -341,7 +347,7 @@ def report(runs: list[Run], reference: str | None = None, allow_mixed_commits: b
         raise ValueError("no finished runs found (a run folder holds summary.json)")
     check_commits(runs, allow_mixed_commits)
     rows = group_runs(runs)
-    compute, compute_text = equal_compute_rows(rows)
+    compute, compute_text = equal_compute_rows(rows, reference)
     return {"accuracy": accuracy_rows(rows), "paired": paired_rows(rows, reference) if reference else [],
             "tiers": tier_rows(rows), "rounds": round_rows(rows), "compute": compute, "compute_text": compute_text,
             "rows": rows}

@@ -103,3 +103,23 @@ def test_readme_tables_match_the_committed_results():
             assert regenerate_readme(text, ROOT) == text, f"{readme}: rerun python -m fl_app.report --update-readme"
             checked += 1
     assert checked >= 1
+
+
+def test_equal_compute_reads_every_row_at_the_references_total_flops(tmp_path):
+    def run_with_curve(name, method, rounds, flops_per_round, evaluated):
+        folder = make_run(tmp_path / name, method=method, commit="d" * 40, label=name,
+                          **{"num-server-rounds": rounds})
+        write_csv(folder / "rounds.csv", [{"round": r, "client_train_flops": flops_per_round}
+                                          for r in range(1, rounds + 1)])
+        write_csv(folder / "metrics.csv", [{"round": r, "population_weighted_accuracy": a} for r, a in evaluated])
+
+    run_with_curve("feast", "feast", 4, 10.0, [(2, 0.2), (4, 0.4)])  # 40 FLOPs in all
+    run_with_curve("fedavg-min", "fedavg-min", 4, 2.0, [(4, 0.3)])  # 8 FLOPs: stops below the budget
+    run_with_curve("fedavg-min-long", "fedavg-min", 30, 2.0, [(10, 0.25), (20, 0.35), (30, 0.38)])  # 40 after 20
+    tables = report(find_runs([tmp_path]), reference="feast")
+    rows = {r["method"]: r for r in tables["compute"]}
+    assert rows["feast"]["compute_budget"] == 40.0 and rows["feast"]["accuracy_at_budget"] == 0.4
+    assert rows["fedavg-min-long"]["accuracy_at_budget"] == 0.35 and rows["fedavg-min-long"]["reached_budget"]
+    assert rows["fedavg-min"]["accuracy_at_budget"] == 0.3 and not rows["fedavg-min"]["reached_budget"]
+    text = report_text(tables)
+    assert "client training FLOPs" in text and "| fedavg-min | 8 | 30.0 (final; ran out before) |" in text
