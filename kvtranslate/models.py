@@ -18,6 +18,7 @@ from .tokenization import load_tokenizer, save_tokenizer, train_tokenizer
 FAMILIES = ("gpt2", "opt", "qwen2")
 INITS = ("hf", "torch")
 CHECKPOINT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoints")
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 N_POSITIONS = 256
 
 # name -> family, tokenizer vocab size, tokenizer name (models may share one), architecture
