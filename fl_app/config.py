@@ -273,6 +273,9 @@ def _parse(key: str, value: str):
         raise ValueError(f"{key}={value!r}: {error}") from None
 
 
+TYPE_NAMES = {bool: "a bool (true or false)", int: "an integer", float: "a finite number", str: "a string"}
+
+
 def _type_ok(value, default) -> bool:
     if isinstance(default, bool):
         return isinstance(value, bool)
@@ -296,8 +299,8 @@ def validate_run_config(raw: dict) -> RunConfig:
     for key, spec in KEYS.items():
         value = raw.get(key, spec.default)
         if not _type_ok(value, spec.default):
-            errors.append(f"{key}={value!r}: expected a {'finite ' if isinstance(spec.default, float) else ''}"
-                          f"{type(spec.default).__name__}" + (f" {spec.rule}" if spec.check else ""))
+            errors.append(f"{key}={value!r}: expected {TYPE_NAMES[type(spec.default)]}"
+                          + (f" {spec.rule}" if spec.check else ""))
             continue
         if isinstance(spec.default, float):
             value = float(value)

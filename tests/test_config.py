@@ -35,7 +35,7 @@ def test_readme_documents_every_key():
     ({"method": "fedx"}, "method='fedx': allowed values are ['feast'"),
     ({"dataset": "mnist"}, "dataset='mnist': allowed values are ['cifar10', 'cifar100', 'cinic10', 'tinyimagenet']"),
     ({"gamma": -0.5}, "gamma=-0.5: must be in [0, 10]"),
-    ({"lr": "fast"}, "lr='fast': expected a finite float in (0, 10]"),
+    ({"lr": "fast"}, "lr='fast': expected a finite number in (0, 10]"),
     ({"payload-dtype": "float16"}, "payload-dtype='float16': allowed values are ['float32', 'bfloat16']"),
     ({"train-subnets": "min,random"}, "train-subnets='min,random'"),
     ({"train-subnets": "max,max"}, "train-subnets='max,max': allowed: a comma list of ['max', 'min', 'random'] without "
@@ -54,13 +54,15 @@ def test_readme_documents_every_key():
     ({"faulty-partitions": "0,"}, "faulty-partitions='0,': an empty item"),
     ({"budget-levels": 10**9}, "budget-levels=1000000000: must be in [0, 100000]"),
     ({"topo-tau": 1e-45}, "topo-tau=1e-45: must be in [0.001, 100]"),
-    ({"lr": float("inf")}, "lr=inf: expected a finite float in (0, 10]"),
+    ({"lr": float("inf")}, "lr=inf: expected a finite number in (0, 10]"),
     ({"seed": 2**40}, "seed=1099511627776: must be in [0, 4294967295]"),
+    ({"budget-levels": 1e9}, "budget-levels=1000000000.0: expected an integer in [0, 100000]"),
+    ({"method": 3}, "method=3: expected a string"),
     ({"data-source": "local"}, "data-path: required when data-source='local'"),
     ({"dataset": "cifar100"}, "data-source='sample' only bundles cifar10"),
     ({"output-dir": "relative/dir"}, "output-dir='relative/dir': must be an absolute path"),
     ({"kd-ratio": 1.5}, "kd-ratio=1.5: must be in [0, 1]"),
-    ({"routing": "yes"}, "routing='yes': expected a bool"),
+    ({"routing": "yes"}, "routing='yes': expected a bool (true or false)"),
 ])
 def test_bad_values_are_named(override, fragment):
     with pytest.raises(ValueError) as err:
@@ -122,7 +124,7 @@ def test_every_number_has_a_finite_range():
                     validate_run_config({key: bad})
             if isinstance(spec.default, float):
                 for bad in (math.inf, math.nan):
-                    with pytest.raises(ValueError, match=re.escape(f"{key}={bad!r}: expected a finite float")):
+                    with pytest.raises(ValueError, match=re.escape(f"{key}={bad!r}: expected a finite number")):
                         validate_run_config({key: bad})
 
 
