@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=20, help="number of clients (the suite's num-supernodes)")
     parser.add_argument("--no-extra", action="store_true", help=f"skip {list(EXTRA_METHODS)}")
     args = parser.parse_args(argv)
+    args.out = args.out.resolve()  # the app wants an absolute output-dir
     torch.set_num_threads(1)
     commit, dirty = git_state()
     folders = []
