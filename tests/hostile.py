@@ -201,7 +201,7 @@ def _as_dtype(dtype):
 def _reshape(change_shape):
     def change(record):
         name = _first_name(record)
-        record[name] = Array(np.ascontiguousarray(change_shape(record[name].numpy())))
+        record[name] = Array(change_shape(record[name].numpy()).copy())  # a copy is C-contiguous, 0-d stays 0-d
     return change
 
 
