@@ -164,3 +164,105 @@ def test_simulation_runs_on_an_existing_ray_cluster(ray_head, cluster_flwr_env, 
     assert actors, f"no ClientAppActor ran on the head: {sorted(p.name for p in logs.iterdir())}"
     print(f"run {run_id}: {status}; {len(actors)} ClientAppActor worker(s) and {len(drivers)} driver(s) on the "
           f"cluster; flwr run took {run_seconds:.1f} s")
+
+
+# -- two Ray nodes on this machine ------------------------------------------------------------------------------------
+def _start_ray(command: list[str], log: Path) -> subprocess.Popen:
+    with open(log, "w") as out:
+        # own session: this node's raylet, agents and every worker it forks stay in this process group
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        code = proc.wait(timeout=180)
+    except subprocess.TimeoutExpired:
+        code = None
+    assert code == 0, f"ray start failed ({code}):\n{log.read_text()[-3000:]}"
+    return proc
+
+
+@pytest.fixture
+def two_node_cluster(tmp_path_factory):
+    """A Ray head and a worker node (a second raylet) on this machine, one CPU each; yields (address, head process
+    group, worker process group)."""
+    ray = _ray_executable()
+    if ray is None:
+        pytest.skip("the `ray` command is not installed")
+    temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: unix socket paths are limited
+    port = free_port()
+    common = ["--num-gpus", "0", "--object-store-memory", "100000000", "--disable-usage-stats", "--temp-dir",
+              str(temp_dir), "--dashboard-agent-listen-port", str(free_port())]
+    logs = tmp_path_factory.getbasetemp()
+    procs = []
+    try:
+        procs.append(_start_ray([ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
+                                 "--num-cpus", "1", "--include-dashboard=false", "--ray-client-server-port",
+                                 str(free_port()), "--dashboard-port", str(free_port()), *common],
+                                logs / "ray-head.log"))
+        common[common.index("--dashboard-agent-listen-port") + 1] = str(free_port())
+        procs.append(_start_ray([ray, "start", "--address", f"127.0.0.1:{port}", "--num-cpus", "1", *common],
+                                logs / "ray-worker.log"))
+        yield f"127.0.0.1:{port}", procs[0].pid, procs[1].pid
+    finally:
+        _stop_groups({p.pid for p in procs} | process_groups((f"{temp_dir}/",)))
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _client_actor_groups() -> dict[int, int]:
+    """pid -> process group of every running Ray worker that hosts a ClientApp actor (Ray renames the process
+    `ray::ClientAppActor...`); the group says which node's raylet forked it."""
+    found = {}
+    for pid_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            if (pid_dir / "cmdline").read_bytes().startswith(b"ray::ClientAppActor"):
+                found[int(pid_dir.name)] = os.getpgid(int(pid_dir.name))
+        except (OSError, ProcessLookupError):
+            continue
+    return found
+
+
+def test_clients_run_on_two_ray_nodes_and_survive_losing_one(two_node_cluster, tmp_path):
+    """ClientApp actors run on both nodes; the worker node is killed (SIGKILL to its raylet, agents and workers)
+    after round 2, and the run still completes on the head, the lost clients counted as failures."""
+    import threading
+
+    address, head_group, worker_group = two_node_cluster
+    env = isolated_env(tmp_path / "flwr_home", RAY_ADDRESS=address)
+    (tmp_path / "flwr_home").mkdir()
+    out = tmp_path / "out"
+    rounds = 6
+    seen: dict[int, int] = {}
+    killed_after: list[int] = []
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            seen.update(_client_actor_groups())
+            done = (out / "rounds.csv").read_text().count("\n") - 1 if (out / "rounds.csv").exists() else 0
+            if not killed_after and done >= 2 and worker_group in seen.values():
+                os.killpg(worker_group, signal.SIGKILL)
+                killed_after.append(done)
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        run_config = (f"num-server-rounds={rounds} clients-per-round=2 max-local-steps=2 batch-size=16 "
+                      f"eval-every={rounds} val-size=64 calib-size=64 checkpoint-every=0 min-reply-fraction=0.5 "
+                      f"output-dir='{out}'")
+        _, status = flwr_run(run_config, "num-supernodes=4 client-resources-num-cpus=1", env=env, timeout=900,
+                             log_file=tmp_path / "flwr_run.log")
+    finally:
+        stop.set()
+        watcher.join()
+        stop_local_superlink(env)
+    groups = set(seen.values())
+    assert head_group in groups and worker_group in groups, f"actor groups {groups}, head {head_group}, " \
+                                                            f"worker {worker_group}"
+    assert killed_after, "the worker node was never killed (its actor was not seen by round 2)"
+    assert status == "finished:completed", (tmp_path / "flwr_run.log").read_text()[-3000:]
+    import csv
+    with open(out / "rounds.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == rounds
+    after = rows[killed_after[0]:]
+    assert sum(int(r["failed"]) for r in after) >= 1  # the dead node's actor cost at least one client
+    assert all(int(r["replies"]) >= 1 for r in after)  # and every later round still trained on the head
