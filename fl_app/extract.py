@@ -1,16 +1,21 @@
-"""Cut the best cached subnet under a MAC budget out of a trained supernet, without retraining.
+"""Cut the best subnet under a MAC budget out of a trained supernet, without retraining.
 
-    python -m fl_app.extract --checkpoint RUN/supernet.pt --macs 5e6 --out subnet.pt
+    python -m fl_app.extract --checkpoint RUN/supernet.pt --macs 5e6 --out subnet.pt             # search
+    python -m fl_app.extract --checkpoint RUN/supernet.pt --macs 5e6 --out subnet.pt --from-cache
 
-Recalibrates BatchNorm on the run's calibration split, measures test accuracy, saves a standalone model
-(``ElasticResNet.load_standalone(path)``, or plain ``torch.load`` for the state dict) and prints JSON
-``{macs, params, accuracy, arch, out}``.
+By default an evolutionary search over the whole search space (``fl_app.search``) picks the subnet with the best
+validation accuracy under the budget; ``--from-cache`` takes the largest cached subnet under it instead. Either way
+the chosen subnet's BatchNorm is recalibrated on the run's calibration split, and only then is the test split read,
+once, for the report. Saves a standalone model (``ElasticResNet.load_standalone(path)``, or plain ``torch.load``)
+and prints JSON ``{macs, params, val_accuracy, accuracy, arch, source, candidates, out}``. ``--out`` must be a new
+file: the command never overwrites anything (its checkpoint included).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -18,35 +23,88 @@ import torch
 from fl_app.config import validate_run_config
 from fl_app.evaluation import accuracy, extract_subnet, recalibrate_bn
 from fl_app.federation import dataset_for, server_splits
+from fl_app.search import ValidationScorer, evolutionary_search
 from fl_app.subnets import SubnetCache
-from fl_app.supernet import SupernetConfig
+from fl_app.supernet import SupernetConfig, count_costs
+
+
+def load_trained(checkpoint: Path) -> tuple[dict, object, SupernetConfig]:
+    """(checkpoint blob, its run config, its supernet config) of a run's ``supernet.pt``."""
+    blob = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    return blob, validate_run_config(blob["run_config"]), SupernetConfig.from_dict(blob["supernet"])
+
+
+def choose(cfg: SupernetConfig, cache: SubnetCache, budget: float, scorer: ValidationScorer,
+           from_cache: bool = False, seed: int = 0, population: int = 16, generations: int = 6) -> dict:
+    """The subnet to deploy under ``budget`` and how it was found; scores come from the validation split only."""
+    if from_cache:
+        chosen = cache.local_max(budget)
+        return {"arch": chosen.arch, "val_accuracy": scorer(chosen.arch), "source": "cache", "candidates": 1}
+    ranked = evolutionary_search(cfg, scorer, budget, seed=seed, population=population, generations=generations,
+                                 start=[c.arch for c in reversed(cache.under(budget))])
+    best = ranked[0]
+    in_cache = any(c.arch == best.arch for c in cache.entries)
+    return {"arch": best.arch, "val_accuracy": best.val_accuracy, "source": "search (cached subnet)" if in_cache
+            else "search", "candidates": len(ranked)}
+
+
+def refuse_to_overwrite(out: Path, checkpoint: Path) -> str | None:
+    """Why writing ``out`` would destroy something (None when it is a new file)."""
+    if out.resolve() == checkpoint.resolve():
+        return f"--out {out} is the checkpoint itself"
+    if out.exists():
+        return f"--out {out} already exists; choose a new file (nothing is ever overwritten)"
+    return None
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, type=Path, help="supernet.pt written by a run")
     parser.add_argument("--macs", required=True, type=float, help="inference budget in MACs, e.g. 5e6")
-    parser.add_argument("--out", required=True, type=Path, help="file for the standalone subnet")
-    parser.add_argument("--subnet-cache", default=None, help="cache to pick from (default: the run's)")
+    parser.add_argument("--out", required=True, type=Path, help="new file for the standalone subnet")
+    parser.add_argument("--from-cache", action="store_true", help="largest cached subnet under the budget, no search")
+    parser.add_argument("--subnet-cache", default=None, help="cache of --from-cache and of the search's first "
+                                                               "generation (default: the run's)")
+    parser.add_argument("--population", type=int, default=16, help="search: candidates per generation")
+    parser.add_argument("--generations", type=int, default=6, help="search: generations")
+    parser.add_argument("--seed", type=int, default=0, help="search: random seed")
     args = parser.parse_args(argv)
 
     if not args.checkpoint.is_file():
         parser.error(f"--checkpoint {args.checkpoint}: no such file")
-    blob = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
-    run = validate_run_config(blob["run_config"])
-    cfg = SupernetConfig.from_dict(blob["supernet"])
+    problem = refuse_to_overwrite(args.out, args.checkpoint)
+    if problem:
+        parser.error(problem)
+    if args.population < 2 or args.generations < 1:
+        parser.error("--population must be >= 2 and --generations >= 1")
+    blob, run, cfg = load_trained(args.checkpoint)
     cache = SubnetCache.load(cfg, args.subnet_cache or run.subnet_cache)
-    if args.macs < cache.min_macs:
-        parser.error(f"--macs {args.macs:.0f}: below the smallest cached subnet ({cache.min_macs} MACs)")
-    chosen = cache.local_max(args.macs)
+    smallest = cache.min_macs if args.from_cache else count_costs(cfg, cfg.min_subnet())[0]
+    if args.macs < smallest:
+        parser.error(f"--macs {args.macs:.0f}: below the smallest {'cached ' if args.from_cache else ''}subnet "
+                     f"({smallest} MACs)")
 
-    model = extract_subnet(cfg, blob["state_dict"], chosen.arch)
     train, test = dataset_for(run, cfg)
-    recalibrate_bn(model, train.subset(server_splits(run, train).calibration).images)
-    result = {"macs": chosen.macs, "params": chosen.params, "accuracy": accuracy(model, test),
-              "arch": chosen.arch.to_dict(), "out": str(args.out)}
+    splits = server_splits(run, train)
+    calibration = train.subset(splits.calibration)
+    scorer = ValidationScorer(cfg, blob["state_dict"], calibration, train.subset(splits.validation))
+    found = choose(cfg, cache, args.macs, scorer, args.from_cache, args.seed, args.population,
+                   args.generations)
+
+    model = extract_subnet(cfg, blob["state_dict"], found["arch"])
+    recalibrate_bn(model, calibration.images)
+    macs, params = count_costs(cfg, found["arch"])
+    result = {"macs": macs, "params": params, "val_accuracy": found["val_accuracy"],
+              "accuracy": accuracy(model, test),  # the test split, read once for the chosen subnet
+              "arch": found["arch"].to_dict(), "source": found["source"], "candidates": found["candidates"],
+              "out": str(args.out)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    model.save_standalone(args.out)
+    partial = args.out.with_name(args.out.name + ".partial")
+    model.save_standalone(partial)
+    if args.out.exists():  # appeared while we worked: keep it
+        partial.unlink()
+        parser.error(f"--out {args.out} appeared meanwhile; nothing written")
+    os.replace(partial, args.out)
     print(json.dumps(result))
     return result
 

@@ -126,3 +126,110 @@ def test_tier_evaluator_chooses_best_tier_on_validation_never_test(monkeypatch, 
     assert results == {"largest": 0.9, "best-validation": 0.3}  # the test-best tier (0.9) is never chosen by test
     with pytest.raises(ValueError, match="population-tier"):
         evaluation.TierEvaluator(cpu_cfg, tiers, budgets, data, data, data, 1, 1, None, population_tier="best-test")
+
+
+# -- post-hoc search and extraction -------------------------------------------------------------------------------
+def _images(n, seed):
+    from fl_app.data import ImageData
+
+    g = torch.Generator().manual_seed(seed)
+    return ImageData(torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=g),
+                     torch.randint(0, 10, (n,), generator=g))
+
+
+def test_search_respects_the_budget_and_explores_beyond_the_cache(cpu_cfg, cpu_cache):
+    from fl_app.search import evolutionary_search, shrink_to_budget
+    from fl_app.supernet import count_costs
+
+    # a known objective: parameters (the search must climb it) — every candidate must still fit the budget
+    def score(arch):
+        return count_costs(cpu_cfg, arch)[1] / 1e6
+
+    for budget in (count_costs(cpu_cfg, cpu_cfg.min_subnet())[0], 1.2e6, 3e6, 7e6):
+        ranked = evolutionary_search(cpu_cfg, score, budget, population=6, generations=3,
+                                     start=[c.arch for c in cpu_cache.under(budget)])
+        assert all(s.macs <= budget for s in ranked)
+        assert ranked[0].val_accuracy == max(s.val_accuracy for s in ranked)
+        assert [s.val_accuracy for s in ranked] == sorted((s.val_accuracy for s in ranked), reverse=True)
+    cached = {c.arch for c in cpu_cache.entries}
+    assert any(s.arch not in cached for s in ranked)  # new subnets, never used in federation
+    rng = np.random.default_rng(0)
+    assert count_costs(cpu_cfg, shrink_to_budget(cpu_cfg, cpu_cfg.max_subnet(), 1e6, rng))[0] <= 1e6
+    import pytest
+
+    with pytest.raises(ValueError, match="below the supernet's smallest subnet"):
+        evolutionary_search(cpu_cfg, score, 1000)
+
+
+def _trained_checkpoint(tmp_path, cpu_cfg, monkeypatch):
+    """A supernet.pt as a run writes it, and a dataset whose test split records when it is read."""
+    import fl_app.extract as extract
+    from fl_app.config import validate_run_config
+
+    torch.manual_seed(0)
+    state = {k: v for k, v in ElasticResNet(cpu_cfg).state_dict().items() if not k.endswith("num_batches_tracked")}
+    run = validate_run_config({"val-size": 40, "calib-size": 40})
+    path = tmp_path / "supernet.pt"
+    torch.save({"supernet": cpu_cfg.to_dict(), "state_dict": state, "run_config": run.to_dict()}, path)
+
+    train, test = _images(200, 1), _images(60, 2)
+    log = {"searching": False, "test_reads_while_choosing": 0, "test_reads": 0}
+
+    class SpyTest(type(test)):
+        def __getattribute__(self, name):
+            if name in ("images", "labels"):
+                log["test_reads"] += 1
+                log["test_reads_while_choosing"] += log["searching"]
+            return super().__getattribute__(name)
+
+    spy = SpyTest(test.images, test.labels)
+    monkeypatch.setattr(extract, "dataset_for", lambda run_, cfg_: (train, spy))
+    original_choose = extract.choose
+
+    def watched_choose(*args, **kwargs):
+        log["searching"] = True
+        try:
+            return original_choose(*args, **kwargs)
+        finally:
+            log["searching"] = False
+
+    monkeypatch.setattr(extract, "choose", watched_choose)
+    return path, train, spy, log
+
+
+def test_extract_searches_without_reading_test_data_and_the_standalone_model_reproduces_it(
+        tmp_path, cpu_cfg, monkeypatch):
+    import fl_app.extract as extract
+    from fl_app.evaluation import accuracy
+    from fl_app.federation import server_splits
+
+    checkpoint, train, test, log = _trained_checkpoint(tmp_path, cpu_cfg, monkeypatch)
+    out = tmp_path / "subnet.pt"
+    result = extract.main(["--checkpoint", str(checkpoint), "--macs", "2e6", "--out", str(out),
+                           "--population", "4", "--generations", "2"])
+    assert result["macs"] <= 2e6 and result["candidates"] >= 4
+    assert log["test_reads_while_choosing"] == 0 and log["test_reads"] > 0  # test data read only after the choice
+    model = ElasticResNet.load_standalone(out)
+    splits = server_splits(extract.validate_run_config(torch.load(checkpoint)["run_config"]), train)
+    assert accuracy(model, train.subset(splits.validation)) == result["val_accuracy"]
+    assert accuracy(model, test) == result["accuracy"]
+    assert Subnet.from_dict(result["arch"]) == model.bounds
+
+
+def test_extract_from_cache_and_never_overwrites(tmp_path, cpu_cfg, cpu_cache, monkeypatch):
+    import pytest
+
+    import fl_app.extract as extract
+
+    checkpoint, _, _, _ = _trained_checkpoint(tmp_path, cpu_cfg, monkeypatch)
+    before = checkpoint.read_bytes()
+    with pytest.raises(SystemExit):  # --out is the checkpoint itself
+        extract.main(["--checkpoint", str(checkpoint), "--macs", "2e6", "--out", str(checkpoint)])
+    existing = tmp_path / "kept.pt"
+    existing.write_bytes(b"keep me")
+    with pytest.raises(SystemExit):
+        extract.main(["--checkpoint", str(checkpoint), "--macs", "2e6", "--out", str(existing), "--from-cache"])
+    assert checkpoint.read_bytes() == before and existing.read_bytes() == b"keep me"
+    result = extract.main(["--checkpoint", str(checkpoint), "--macs", "2e6", "--out", str(tmp_path / "c.pt"),
+                           "--from-cache"])
+    assert result["source"] == "cache" and result["macs"] == cpu_cache.local_max(2e6).macs
