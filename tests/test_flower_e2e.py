@@ -81,7 +81,7 @@ def test_extraction_cli_matches_the_tier_and_loads_standalone(feast_run, tmp_pat
     tier = summary["tiers"][1]
     target = tmp_path / "subnet.pt"
     proc = subprocess.run([sys.executable, "-m", "fl_app.extract", "--checkpoint", str(out / "supernet.pt"),
-                           "--macs", str(tier["macs"]), "--out", str(target)],
+                           "--macs", str(tier["macs"]), "--out", str(target), "--from-cache"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
