@@ -4,7 +4,8 @@ the suite's run config (experiments/suites/fedtopo.toml: its base file and metho
 simulated SuperNodes per run (experiments.runner) does not fit the time at hand; the tables come from the same
 report code (``fl_app.report``: means with 95% t-intervals, differences paired by seed).
 
-    python -m experiments.fedtopo_inprocess --out experiments/results/fedtopo-inprocess --seeds 0 1 2
+    python -m experiments.fedtopo_inprocess --out experiments/results/fedtopo-inprocess --seeds 0 1 2 \
+        --set num-server-rounds=8 eval-every=4 --no-extra
 
 Each run lives in OUT/runs/<label>/seed<N>/ (the app's outputs and a run.json in the runner's format); a finished
 run whose run config equals the request is reused, so a stopped invocation continues where it stopped. Runs go
@@ -33,12 +34,13 @@ SUITE = ROOT / "experiments" / "suites" / "fedtopo.toml"
 EXTRA_METHODS = {"fedtgp-max-pair": {"method": "fedtgp", "tgp-margin": "max-pair"}}  # the paper's printed margin
 
 
-def suite_runs(seeds: list[int], extra: bool) -> list[tuple[str, int, dict]]:
+def suite_runs(seeds: list[int], extra: bool, overrides: dict | None = None) -> list[tuple[str, int, dict]]:
     suite = tomllib.loads(SUITE.read_text())
     base = tomllib.loads((ROOT / suite["suite"]["base-file"]).read_text())
     base.update(suite.get("base", {}))
     base["data-path"] = str((ROOT / base["data-path"]).resolve())
     base["checkpoint-every"] = 0  # no resumes here: no model files
+    base.update(overrides or {})
     methods = {**suite["methods"], **(EXTRA_METHODS if extra else {})}
     return [(label, seed, {**base, "method": label, **overrides, "seed": seed})
             for seed in seeds for label, overrides in methods.items()]
@@ -50,12 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--clients", type=int, default=20, help="number of clients (the suite's num-supernodes)")
     parser.add_argument("--no-extra", action="store_true", help=f"skip {list(EXTRA_METHODS)}")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="run-config overrides of every run (TOML values: num-server-rounds=8 lr-schedule='cosine')")
     args = parser.parse_args(argv)
+    overrides = tomllib.loads("\n".join(args.set))
     args.out = args.out.resolve()  # the app wants an absolute output-dir
     torch.set_num_threads(1)
     commit, dirty = git_state()
     folders = []
-    for label, seed, values in suite_runs(args.seeds, not args.no_extra):
+    for label, seed, values in suite_runs(args.seeds, not args.no_extra, overrides):
         folder = args.out / "runs" / label / f"seed{seed}"
         run_config = {**values, "output-dir": str(folder)}
         record_path = folder / RUN_RECORD
