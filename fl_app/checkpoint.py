@@ -176,14 +176,14 @@ def restore_rng(saved: dict) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
-def _run_config_differences(saved: dict, current: dict) -> list[str]:
+def run_config_differences(saved: dict, current: dict) -> list[str]:
     return sorted(k for k in set(saved) | set(current) if k not in RESUME_MAY_CHANGE and saved.get(k) != current.get(k))
 
 
 def same_run_earlier_round(run: RunConfig, server_round: int) -> Callable[[dict], bool]:
     """``replace_if`` for round checkpoints: only an earlier round of a run with this run config is replaced."""
     current = run.to_dict()
-    return lambda old: (not _run_config_differences(old.get("run_config", {}), current)
+    return lambda old: (not run_config_differences(old.get("run_config", {}), current)
                         and old.get("round", server_round) < server_round)
 
 
@@ -210,7 +210,7 @@ def load_run_checkpoint(location: str | Path, run: RunConfig, num_clients: int, 
         raise ValueError(f"{what}: no {CHECKPOINT_FILE} there")
     blob = load_verified(path, fingerprint, what=what)
     saved, current = blob["run_config"], run.to_dict()
-    differing = _run_config_differences(saved, current)
+    differing = run_config_differences(saved, current)
     if differing:
         details = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {current.get(k)!r}" for k in differing)
         raise ValueError(f"{what}: the run config differs from the checkpoint's ({details}); "
