@@ -11,14 +11,15 @@ from flwr.app import Context, Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from fl_app.checkpoint import load_round_checkpoint, restore_rng, write_round_checkpoint
+from fl_app.checkpoint import (load_round_checkpoint, restore_rng, save_verified, supernet_fingerprint,
+                               write_round_checkpoint)
 from fl_app.config import SUPERNET_METHODS, RunConfig, validate_run_config
 from fl_app.data import DATASETS
 from fl_app.evaluation import TierEvaluator
 from fl_app.federation import Federation, dataset_for, partition_rows, server_splits
 from fl_app.models.elastic_resnet import ElasticResNet
-from fl_app.outputs import (ClientRecords, memory_mb, plot_accuracy_vs_macs, prepare_output_dir, save_checkpoint,
-                            write_json, write_round_files)
+from fl_app.outputs import (ClientRecords, memory_mb, plot_accuracy_vs_macs, prepare_output_dir, write_json,
+                            write_round_files)
 from fl_app.payload import record_to_state, state_to_record
 from fl_app.slicing import subnet_shapes
 from fl_app.supernet import load_supernet_config
@@ -200,28 +201,39 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
 
     started = time.time()
     clients = ClientRecords(budgets, examples, {pid: info["node_id"] for pid, info in nodes.items()})
-    result = strategy.start(clients.wrap(grid), state_to_record(initial), num_rounds=run["num-server-rounds"],
-                            timeout=run["round-timeout"], evaluate_fn=evaluator, first_round=first_round,
-                            round_done=round_done)
+
+    def summary_of(error: str | None) -> dict:
+        return {
+            "method": run["method"], "dataset": run["dataset"], "rounds": run["num-server-rounds"],
+            "seed": run["seed"], "completed": error is None, "error": error,
+            "supernet": fed.cfg.name, "num_clients": num_clients,
+            "clients_per_round": run.clients_per_round(num_clients),
+            "tiers": evaluator.last.get("tiers", []),
+            "population_weighted_accuracy": evaluator.last.get("population_weighted_accuracy"),
+            **round_totals(strategy.rounds),
+            "budgets": [budgets[p] for p in sorted(budgets)], "wall_seconds": round(time.time() - started, 1),
+            "resumed_after_round": first_round - 1,
+            "run_config": run.to_dict(),
+        }
+
+    try:
+        result = strategy.start(clients.wrap(grid), state_to_record(initial), num_rounds=run["num-server-rounds"],
+                                timeout=run["round-timeout"], evaluate_fn=evaluator, first_round=first_round,
+                                round_done=round_done)
+    except Exception as failure:  # keep what the finished rounds and the failed one counted, then fail the run
+        write_round_files(out_dir, evaluator.rows, strategy.rounds, clients)
+        write_json(out_dir / "summary.json", summary_of(f"{type(failure).__name__}: {failure}"))
+        raise
     elapsed = time.time() - started
 
     final_state = strategy.global_state or record_to_state(result.arrays)
     rounds = strategy.rounds
-    summary = {
-        "method": run["method"], "dataset": run["dataset"], "rounds": run["num-server-rounds"], "seed": run["seed"],
-        "supernet": fed.cfg.name, "num_clients": num_clients, "clients_per_round": run.clients_per_round(num_clients),
-        "tiers": evaluator.last.get("tiers", []),
-        "population_weighted_accuracy": evaluator.last.get("population_weighted_accuracy"),
-        **round_totals(rounds),
-        "budgets": [budgets[p] for p in sorted(budgets)], "wall_seconds": round(elapsed, 1),
-        "resumed_after_round": first_round - 1,
-        "run_config": run.to_dict(),
-    }
+    summary = summary_of(None)
     write_round_files(out_dir, evaluator.rows, rounds, clients)
-    save_checkpoint(out_dir / "supernet.pt", {
+    save_verified(out_dir / "supernet.pt", {
         "supernet": strategy.model_cfg.to_dict(), "state_dict": {k: torch.from_numpy(v) for k, v in final_state.items()},
         "run_config": run.to_dict(), "num_clients": num_clients, "budgets": summary["budgets"],
-    })
+    }, supernet_fingerprint(run))
     plot_accuracy_vs_macs(out_dir / "accuracy_vs_macs.png",
                           {run["method"]: [(t["macs"], t["accuracy"]) for t in summary["tiers"]]},
                           f"{run['method']} on {run['dataset']} ({run['num-server-rounds']} rounds)")

@@ -229,5 +229,5 @@ class FeastStrategy(Strategy):
     def summary(self) -> None:
         full = state_numel(subnet_shapes(self.model_cfg, self.model_cfg.max_subnet()))
         log(INFO, "%s: %d clients, %d per round, routing=%s, payload=%s, weights=%s, global model %.2fM params",
-            type(self).__name__, len(self.node_of_partition), self.clients_per_round, self.routing, self.payload_dtype, self.weighting,
-            full / 1e6)
+            type(self).__name__, len(self.node_of_partition), self.clients_per_round, self.routing, self.payload_dtype,
+            self.weighting, full / 1e6)

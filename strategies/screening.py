@@ -29,13 +29,18 @@ Arrays, in two stages:
    Tensors without a global counterpart (uploaded statistics) pass their own bound, e.g. ``max_abs=1.0`` for
    probabilities.
 
-Metrics: ``metrics_problem(metrics, specs)`` checks a ``MetricRecord`` against ``MetricSpec`` s: the value's kind
-(``int``, ``float``, ``int-list``, ``float-list``; an int passes where a float is wanted, a bool never passes as an
-int, a scalar never passes as a list nor a list as a scalar), finiteness, an inclusive range ``low..high`` for every
-element, list length and distinct elements. Keys without a spec are ignored (nothing reads them).
+   tests/test_hostile_feast.py measures honest training against it: 1.9x at most, at ten times the default lr.
+
+Metrics: ``metrics_problem(metrics, specs)`` checks a ``MetricRecord`` against a ``MetricSpec`` per key: the value's
+kind (``int``, ``float``, ``int-list``, ``float-list``; an int passes where a float is wanted, a bool never passes as
+an int, a scalar never passes as a list nor a list as a scalar), finiteness, an inclusive range ``low..high`` for
+every element, list length and distinct elements. Keys without a spec are ignored (nothing reads them).
 Common specs: ``examples_spec(partition_size)`` (num-examples: a positive int, at most the partition's size when the
-server knows it, else at most ``MAX_WEIGHT``; ``exact=True``: equal to it), ``labels_spec(num_classes)`` (distinct ints in 0..C-1),
-``NON_NEGATIVE`` (train-loss, client-seconds: finite floats >= 0).
+server knows it, else at most ``MAX_WEIGHT``; with ``exact=True`` equal to it), ``labels_spec(num_classes)``
+(distinct ints in 0..C-1), ``NON_NEGATIVE`` (train-loss, client-seconds: finite floats >= 0).
+
+Order of use in a strategy: metrics, then ``record_problem``, then decode and ``tensor_problem`` / ``state_problem``
+and the method's own invariants; see ``FeastStrategy.reply_problem``.
 """
 
 from __future__ import annotations

@@ -154,10 +154,15 @@ def test_a_failing_client_is_counted_and_the_round_completes_with_the_others(flw
     assert summary["failed_by_partition"] == {str(faulty): expected_failures}
 
 
-def test_failing_clients_make_a_failed_run(flwr_env, tmp_path):
+def test_failing_clients_make_a_failed_run_that_keeps_its_counts(flwr_env, tmp_path):
     _, status = flwr_run(flwr_env, f"{TINY} faulty-partitions='0,1,2,3' output-dir='{tmp_path / 'fail'}'")
     assert status == "finished:failed"
-    assert not (tmp_path / "fail" / "summary.json").exists()
+    summary = json.loads((tmp_path / "fail" / "summary.json").read_text())
+    assert summary["completed"] is False and "round 1: 0 valid replies of 2 sampled" in summary["error"]
+    assert summary["failed_replies"] == 2 and summary["accepted_replies"] == 0
+    with open(tmp_path / "fail" / "rounds.csv") as handle:
+        (round_1,) = list(csv.DictReader(handle))
+    assert int(round_1["failed"]) == 2 and int(round_1["replies"]) == 0
 
 
 def test_bad_run_config_fails_before_training(flwr_env, tmp_path):
