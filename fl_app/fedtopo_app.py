@@ -24,8 +24,8 @@ from clients.feast import LocalSettings
 from clients.fedtopo import (broadcast_problem, class_counts, evaluate, fedtopo_loss, fedtopo_upload, local_train,
                              model_is_finite)
 from clients.fedtopo_baselines import FdLoss, class_means_upload, head_upload, load_head, plain_ce, proto_loss
-from fl_app.checkpoint import (CHECKPOINT_FILE, RESUME_MAY_CHANGE, capture_rng, load_verified, model_fingerprint,
-                               same_run_earlier_round, save_verified)
+from fl_app.checkpoint import (CHECKPOINT_FILE, capture_rng, load_run_checkpoint, load_verified, model_fingerprint,
+                               run_config_differences, same_run_earlier_round, save_verified)
 from fl_app.config import RunConfig
 from fl_app.data import DATASETS, ImageData, load_dataset, split_train, stratified_holdout
 from fl_app.device import preferred_device
@@ -127,8 +127,7 @@ def restore_model_file(run: RunConfig, pid: int, num: int, model, folder: str, r
     if not rounds:
         return False
     blob = load_verified(_model_file(folder, pid, rounds[-1]), hetero_fingerprint(run, num))
-    differing = sorted(k for k in set(blob["run_config"]) | set(run.to_dict()) if k not in RESUME_MAY_CHANGE
-                       and blob["run_config"].get(k) != run.to_dict().get(k))
+    differing = run_config_differences(blob["run_config"], run.to_dict())
     if differing:
         raise ValueError(f"{_model_file(folder, pid, rounds[-1])}: saved by a run with other {differing}")
     model.load_state_dict(blob["model"])
@@ -323,31 +322,6 @@ def write_hetero_checkpoint(out_dir: Path, server_round: int, run: RunConfig, st
         hetero_fingerprint(run, num_clients), replace_if=same_run_earlier_round(run, server_round))
 
 
-def load_hetero_checkpoint(run: RunConfig, num_clients: int) -> tuple[Path, dict]:
-    """(the folder of the checkpoint ``resume-from`` names, its content), after checking that ``run`` may continue
-    it: content hash and model fingerprint, the run config (only ``RESUME_MAY_CHANGE`` may differ), the federation
-    size and a round before the last. Raises ``ValueError`` naming what is wrong before anything starts."""
-    location = Path(run["resume-from"]).expanduser()
-    path = location / CHECKPOINT_FILE if location.is_dir() else location
-    what = f"resume-from='{run['resume-from']}'"
-    if not path.is_file():
-        raise ValueError(f"{what}: no {CHECKPOINT_FILE} there")
-    blob = load_verified(path, hetero_fingerprint(run, num_clients), what=what)
-    saved, current = blob["run_config"], run.to_dict()
-    differing = sorted(k for k in set(saved) | set(current) if k not in RESUME_MAY_CHANGE and saved.get(k) != current.get(k))
-    if differing:
-        details = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {current.get(k)!r}" for k in differing)
-        raise ValueError(f"{what}: the run config differs from the checkpoint's ({details}); "
-                         f"only {list(RESUME_MAY_CHANGE)} may change")
-    if blob["num_clients"] != num_clients:
-        raise ValueError(f"{what}: the checkpoint's federation has {blob['num_clients']} clients, this one "
-                         f"{num_clients} (num-supernodes)")
-    if blob["round"] >= run["num-server-rounds"]:
-        raise ValueError(f"{what}: the checkpoint is at round {blob['round']}, the run has only "
-                         f"num-server-rounds={run['num-server-rounds']}")
-    return path.parent, blob
-
-
 def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
     """Run a model-heterogeneous method end to end. metrics.csv and rounds.csv are rewritten after every round;
     summary.json and accuracy_per_round.png at the end, also when a round fails (``completed: false`` and the
@@ -360,14 +334,16 @@ def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
     reloads its newest model file at or before that round."""
     num_clients = len(nodes)
     node_of_partition = {pid: info["node_id"] for pid, info in nodes.items()}
-    resumed = load_hetero_checkpoint(run, num_clients) if run["resume-from"] else None
+    resumed = load_run_checkpoint(run["resume-from"], run, num_clients, hetero_fingerprint(run, num_clients)) \
+        if run["resume-from"] else None
     out_dir = prepare_output_dir(run["output-dir"], run["method"], run["dataset"], run["seed"])
     strategy = build_strategy(run, node_of_partition)
     first_round = 1
     if run["checkpoint-every"]:
         strategy.client_config["client-models-dir"] = str(out_dir / MODELS_DIR)
     if resumed is not None:
-        folder, blob = resumed
+        path, blob = resumed
+        folder = path.parent
         strategy.restore_state(blob["strategy"])
         first_round = blob["round"] + 1
         strategy.client_config.update({"resume-models-dir": str(folder / MODELS_DIR), "resume-round": blob["round"]})
