@@ -179,63 +179,65 @@ def fedtopo_step(batch: int, device, bf16: bool):
 # -- where the time goes ---------------------------------------------------------------------------------------------
 CATEGORIES = (("convolution", ("conv",)), ("batch_norm", ("batch_norm",)),
               ("slicing_copies", ("slice", "as_strided", "copy_", "contiguous", "clone", "zeros", "zero_", "fill_",
-                                  "empty", "select", "index", "narrow", "view", "t", "transpose", "_to_copy")))
-LABELS = {"augment": "augmentation", "Optimizer.step": "optimizer", "Optimizer.zero_grad": "optimizer",
-          "clip_grad": "optimizer"}
+                                  "empty", "select", "index", "narrow", "view", "t", "transpose", "_to_copy")),
+              ("optimizer_ops", ("_foreach", "linalg_vector_norm")))
 
 
 def profile_step(step, steps: int) -> dict:
-    """Share of wall time per category: convolutions, BN, slicing/copies, augmentation, optimizer (SGD + gradient
-    clipping), other aten ops, and Python (wall time not inside any op)."""
+    """Where a client step's time goes, two ways that hold up on a shared machine.
+
+    ``cpu_share``: this thread's CPU time per phase (augmentation = crop/flip + normalisation, forward, backward,
+    optimizer = gradient clipping + SGD step, other = batch indexing, losses, the Python loop), so time spent
+    waiting for a core is not counted. ``op_share``: torch.profiler self time per kind of aten op, as a share of
+    all ops' time (convolutions forward and backward, BatchNorm, slicing/copies/allocation, foreach optimizer
+    kernels, other ops)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     import clients.feast as feast
-    import fl_app.augment as augment
+    from fl_app.models.elastic_resnet import ElasticResNet
 
-    def labelled(fn, name):
+    spent: dict[str, float] = {}
+
+    def timed(fn, phase):
         def wrapper(*args, **kwargs):
-            with torch.profiler.record_function(name):
+            started = time.thread_time()
+            try:
                 return fn(*args, **kwargs)
+            finally:
+                spent[phase] = spent.get(phase, 0.0) + time.thread_time() - started
         return wrapper
 
-    saved = {name: getattr(feast, name) for name in ("crop_flip", "normalize")}
-    original_clip = torch.nn.utils.clip_grad_norm_
-    for name, fn in saved.items():
-        setattr(feast, name, labelled(fn, "augment"))
-    torch.nn.utils.clip_grad_norm_ = labelled(original_clip, "clip_grad")
+    patches = [(feast, "crop_flip", "augmentation"), (feast, "normalize", "augmentation"),
+               (ElasticResNet, "forward", "forward"), (torch.Tensor, "backward", "backward"),
+               (torch.nn.utils, "clip_grad_norm_", "optimizer"), (torch.optim.SGD, "step", "optimizer")]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     step(1)
     try:
-        started = time.perf_counter()
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            step(steps)
-        wall = time.perf_counter() - started
+        for owner, name, phase in patches:
+            setattr(owner, name, timed(getattr(owner, name), phase))
+        started = time.thread_time()
+        step(steps)
+        total = time.thread_time() - started
     finally:
-        for name, fn in saved.items():
-            setattr(feast, name, fn)
-        torch.nn.utils.clip_grad_norm_ = original_clip
-    del augment
-    totals: dict[str, float] = {}
-    inside_ops = 0.0
-    for event in prof.events():
-        label = None
-        parent = event
-        while parent is not None:
-            label = next((v for k, v in LABELS.items() if parent.name.startswith(k)), None)
-            if label:
-                break
-            parent = parent.cpu_parent
-        if event.cpu_parent is None:
-            inside_ops += event.cpu_time_total
-        if not event.name.startswith("aten::") and not label:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+    cpu_share = {k: round(v / total, 3) for k, v in sorted(spent.items())}
+    cpu_share["other"] = round(1 - sum(spent.values()) / total, 3)
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step(steps)
+    ops: dict[str, float] = {}
+    for event in prof.key_averages():
+        if not event.key.startswith("aten::"):
             continue
-        op = event.name.removeprefix("aten::")
-        category = label or next((c for c, keys in CATEGORIES if any(k == op or (len(k) > 2 and k in op)
-                                                                     for k in keys)), "other_ops")
-        totals[category] = totals.get(category, 0.0) + event.self_cpu_time_total
-    wall_us = wall * 1e6
-    totals["python_and_dispatch"] = max(wall_us - inside_ops, 0.0)
-    return {"profiled_wall_s": round(wall, 3), **{k: round(v / wall_us, 3) for k, v in sorted(totals.items())}}
+        op = event.key.removeprefix("aten::")
+        category = next((c for c, keys in CATEGORIES if any(k == op or (len(k) > 2 and k in op) for k in keys)),
+                        "other_ops")
+        ops[category] = ops.get(category, 0.0) + event.self_cpu_time_total
+    op_total = sum(ops.values())
+    return {"cpu_ms_per_step": round(1e3 * total / steps, 2), "cpu_share": cpu_share,
+            "op_share": {k: round(v / op_total, 3) for k, v in sorted(ops.items())}}
 
 
 # -- one worker: everything measured in one process -------------------------------------------------------------------
