@@ -8,7 +8,8 @@ At each budget three answers are compared: the reporting tier below it (what a t
 largest cached subnet under it (``fl_app.extract --from-cache``) and the search's pick (``fl_app.extract``; its first
 generation holds the cached subnets under the budget). Choices use validation accuracy only; every test accuracy is
 measured once per subnet, for this report. Writes ``frontier.csv`` (one row per subnet), ``budgets.csv`` (one row per
-budget), ``frontier.png`` and ``summary.json``, and prints the summary.
+budget) and the same as the Markdown table ``budgets.md``, ``frontier.png`` and ``summary.json``, and prints the
+summary.
 """
 
 from __future__ import annotations
@@ -36,6 +37,21 @@ def between(tier_macs: list[int], per_gap: int) -> list[float]:
         inner = np.exp(np.linspace(np.log(lo), np.log(hi), per_gap + 2))[1:-1]
         budgets += [float(round(b)) for b in inner]
     return budgets
+
+
+def budgets_markdown(comparison: list[dict]) -> str:
+    """The per-budget comparison as a Markdown table (MMACs; accuracies in %, validation / test)."""
+    def pair(row: dict, key: str) -> str:
+        return f"{100 * row[key + '_val']:.1f} / {100 * row[key + '_test']:.1f}"
+
+    lines = ["| budget (MMACs) | tier below: MMACs | val / test | largest cached: MMACs | val / test "
+             "| searched: MMACs | val / test | searched is |",
+             "| --- " * 8 + "|"]
+    for c in comparison:
+        lines.append(f"| {c['budget_macs'] / 1e6:.2f} | {c['tier_macs'] / 1e6:.2f} | {pair(c, 'tier')} "
+                     f"| {c['cache_macs'] / 1e6:.2f} | {pair(c, 'cache')} | {c['search_macs'] / 1e6:.2f} "
+                     f"| {pair(c, 'search')} | {'new' if c['search_source'] == 'search' else 'a cached subnet'} |")
+    return "\n".join(lines) + "\n"
 
 
 def plot(path: Path, cached: list[dict], tiers: list[dict], searched: list[dict], title: str) -> None:
@@ -122,6 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "frontier.csv", cached + tiers + searched)
     write_csv(args.out / "budgets.csv", comparison)
+    (args.out / "budgets.md").write_text(budgets_markdown(comparison))
     plot(args.out / "frontier.png", cached, tiers, searched,
          f"{run['method']}, {run['num-server-rounds']} rounds: post-hoc extraction")
     diffs = [c["search_minus_cache_test"] for c in comparison]

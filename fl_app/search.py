@@ -80,7 +80,9 @@ def mutate(cfg: SupernetConfig, arch: Subnet, rng: np.random.Generator, probabil
 
 def crossover(a: Subnet, b: Subnet, rng: np.random.Generator) -> Subnet:
     """Uniform crossover: every dimension from one parent or the other."""
-    pick = lambda x, y: [u if rng.random() < 0.5 else v for u, v in zip(x, y)]  # noqa: E731
+    def pick(x: tuple, y: tuple) -> list:
+        return [u if rng.random() < 0.5 else v for u, v in zip(x, y)]
+
     return Subnet(pick(a.d, b.d), pick(a.e, b.e), pick(a.w, b.w))
 
 
