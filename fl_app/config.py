@@ -188,7 +188,8 @@ KEYS: dict[str, Key] = {
     "test-fraction": Key(0.2, "share of each client's partition held out as its local test split",
                          check=Range(0.0, 1.0, low_open=True, high_open=True)),
     # τ >= 1e-3 keeps cos/τ <= 1000: the softmax stays finite (1e-45 made the topology NaN)
-    "topo-tau": Key(0.1, "τ: temperature of the server's softmax over merged prototype-cosine relations", check=Range(1e-3, 100.0)),
+    "topo-tau": Key(0.1, "τ: temperature of the server's softmax over merged prototype-cosine relations",
+                    check=Range(1e-3, 100.0)),
     "topo-kappa": Key(20.0, "κ: shrinkage of a pair's merged relation toward the typical one at low support W "
                       "(W/(W+κ))",
                       check=Range(0.0, 1e9)),
