@@ -16,6 +16,8 @@ def add_train_args(p):
     p.add_argument("--hidden", type=int, default=D["hidden"])
     p.add_argument("--window", type=int, default=D["window"],
                    help="target tokens whose embedding lookup the translator reads: each token and window-1 before it")
+    p.add_argument("--embed-dim", type=int, default=D["embed_dim"],
+                   help="target embeddings wider than this are first projected to it (one shared map)")
     p.add_argument("--n-experts", type=int, default=D["n_experts"])
     p.add_argument("--gating", choices=GATINGS, default=D["gating"])
     p.add_argument("--top-k", type=int, default=D["top_k"])
@@ -33,11 +35,9 @@ def add_train_args(p):
 
 
 def train_overrides(args):
-    return dict(kind=args.kind, steps=args.steps, batch=args.batch, lr=args.lr, k_layers=args.k_layers,
-                hidden=args.hidden, window=args.window, n_experts=args.n_experts, gating=args.gating,
-                top_k=args.top_k, w_rec=args.w_rec, w_ccl=args.w_ccl, w_hidden=args.w_hidden, w_kl=args.w_kl,
-                w_balance=args.w_balance, ccl_start=args.ccl_start, n_train=args.n_train,
-                phrase_mix=args.phrase_mix, seed=args.seed)
+    """The training settings the command line gives (every TRAIN_DEFAULTS key that has a flag)."""
+    from .train import TRAIN_DEFAULTS
+    return {key: getattr(args, key) for key in TRAIN_DEFAULTS if hasattr(args, key)}
 
 
 def is_committed_checkpoints(folder):

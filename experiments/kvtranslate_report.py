@@ -1,0 +1,234 @@
+"""Regenerates the number tables of kvtranslate/README.md from the committed result files (no number is typed).
+
+Each table sits between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->` in the README and is replaced
+whole (in kvtranslate/README.md and kvtranslate/checkpoints/README.md). Sources: kvtranslate/results/summary.json
+and details.json (the demo), experiments/results/kvtranslate/
+bench_translate_real.json and bench_translate_tiny.json (experiments/bench_translate.py), and
+retention_study_summary.json (experiments/kvtranslate_retention.py) where it exists, heldout_*.json
+(experiments/translate_heldout.py) and the checkpoints' own kvtranslate.json.
+
+    python experiments/kvtranslate_report.py            # rewrites kvtranslate/README.md
+    python experiments/kvtranslate_report.py --check    # exit 1 if the README is not up to date
+"""
+import argparse
+import json
+import os
+import re
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(REPO, "kvtranslate", "README.md")
+CHECKPOINTS_README = os.path.join(REPO, "kvtranslate", "checkpoints", "README.md")
+DEMO = os.path.join(REPO, "kvtranslate", "results")
+EXPERIMENTS = os.path.join(REPO, "experiments", "results", "kvtranslate")
+
+
+def load(path):
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def fmt(x, digits=3):
+    if x is None:
+        return "–"
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, int):
+        return f"{x:,}"
+    return f"{x:.{digits}f}"
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def pair_of(details, pair, name, key):
+    return details[pair]["variants"].get(name, {}).get(key)
+
+
+def demo_table(summary, details):
+    pairs = summary["pairs"]
+    names = list(pairs)
+    run = summary["run"]
+
+    def row(label, fn, digits=3):
+        return [label] + [fmt(fn(pairs[p], p), digits) if not isinstance(fn(pairs[p], p), str) else fn(pairs[p], p)
+                          for p in names]
+
+    def both(a, b, digits=3):
+        return lambda r, p: f"{fmt(r.get(a), digits)} / {fmt(r.get(b), digits)}"
+
+    rows = [
+        ["tokenizers"] + ["different" if pairs[p]["cross_tokenizer"] else "same" for p in names],
+        row("translator steps", lambda r, p: r["steps"]),
+        row("`direct_acc` / `direct_f1` (upper bound)", both("direct_acc", "direct_f1")),
+        row("`no_context_acc` / F1 (lower bound)", both("no_context_acc", "no_context_f1")),
+        row("**`mot_acc` / `mot_f1`**", both("mot_acc", "mot_f1")),
+        row("`single_acc` / F1", both("single_acc", "single_f1")),
+        row("`shared_latent_acc` / F1", both("shared_latent_acc", "shared_latent_f1")),
+        row("binding accuracy: direct / mot / single / shared-latent", lambda r, p: " / ".join(
+            fmt(r.get(k)) for k in ("direct_binding_acc", "mot_binding_acc", "single_binding_acc",
+                                    "shared_latent_binding_acc"))),
+        row("binding items (of `n_eval`)", lambda r, p: r["binding_items"]),
+        row("**`heldout_phrasing_retention`** (mot F1 / direct F1, held-out names and phrasings)",
+            lambda r, p: r["heldout_phrasing_retention"]),
+        row("long context F1: direct / mot", both("direct_long_f1", "mot_long_f1")),
+        row("**`retention`** (long-context F1, mot / direct)", lambda r, p: r["retention"]),
+        row("accuracy retention (mot / direct)", lambda r, p: r["retention_acc"]),
+        row("`translate_ms` / `prefill_ms`, short context", lambda r, p: "{} / {} ({} tokens)".format(
+            fmt(r["translate_ms"], 2), fmt(r["prefill_ms"], 2), r["timing"]["short"]["tokens"])),
+        row("same, long context", lambda r, p: "{} / {} ({} tokens)".format(
+            fmt(r["timing"]["long"]["translate_ms"], 2), fmt(r["timing"]["long"]["prefill_ms"], 2),
+            r["timing"]["long"]["tokens"])),
+        row("translator parameters: mot / single / shared-latent", lambda r, p: " / ".join(
+            fmt(pair_of(details, p, v, "params")) for v in ("mot", "single", "shared-latent"))),
+    ]
+    text = table([""] + [f"`{p}`" for p in names], rows)
+    sizes = ", ".join(f"{k} {v}" for k, v in run["config"].items())
+    done = "all pairs" if run.get("complete") else "INCOMPLETE: stopped before every pair finished"
+    text += (f"\n\nRun: seed {run['seed']}, {sizes}; {run['minutes']} minutes on {run['machine']}, "
+             f"{run['threads']} thread, device {run.get('device', 'cpu')}; {done}.")
+    return text
+
+
+def variants_table(summary, details):
+    """Every translator of each pair: accuracy, F1, binding, held-out phrasing and long-context retention."""
+    rows = []
+    for pair, res in summary["pairs"].items():
+        for name, v in details[pair]["variants"].items():
+            rows.append([f"`{pair}`", f"`{name}`", fmt(v["acc"]), fmt(v["f1"]), fmt(v["binding_acc"]),
+                         fmt(v["f1"] / max(res["direct_f1"], 1e-9)),
+                         fmt(v["long_f1"] / max(res["direct_long_f1"], 1e-9)), fmt(v["params"])])
+    return table(["pair", "translator", "acc", "F1", "binding acc", "held-out phrasing F1 retention",
+                  "long-context F1 retention", "parameters"], rows)
+
+
+def injection_table(summary, details):
+    rows = []
+    for pair in summary["pairs"]:
+        for name, study in details[pair]["injection"].items():
+            for metric in ("acc", "replay_hidden_err", "answer_kl"):
+                rows.append([f"`{pair}`", f"`{name}`", metric] + [fmt(study[p][metric]) for p in sorted(study)])
+    points = sorted(next((s for d in details.values() for s in d["injection"].values()), {}))
+    text = table(["pair", "translator", "measure"] + [f"p={p}" for p in points], rows)
+    extra = [f"`{p}`: native cache with replay at p=0.5, accuracy {fmt(r['native_half_injection_acc'])} (direct "
+             f"{fmt(r['direct_acc'])})" for p, r in summary["pairs"].items() if p in details and details[p]["injection"]]
+    extra += [f"`{p}`: multi-agent F1, B answering from A's translated cache {fmt(r['multi_agent_f1'])} vs B reading "
+              f"the documents itself {fmt(r['multi_agent_direct_f1'])}" for p, r in summary["pairs"].items()
+              if "multi_agent_f1" in r]
+    return text + "\n\n" + "; ".join(extra) + "."
+
+
+def bench_table(real, tiny):
+    parts = []
+    for label, b in (("GPT-2 (124M) -> Qwen2.5-0.5B architectures", real), ("tiny architectures", tiny)):
+        if b is None:
+            continue
+        rows = [[n, fmt(t, 1), fmt(p, 1), fmt(r, 3), fmt(f / 1e6, 1), fmt(g / 1e6, 1)] for n, t, p, r, f, g in
+                zip(b["tokens"], b["translate_ms"], b["prefill_ms"], b["ratio"], b["translator_flops_per_token"],
+                    b["target_flops_per_token"])]
+        parts.append(f"{label} ({b['device']}, {b['threads']} thread, median of {b['repeats']} interleaved "
+                     f"repeats; translator {fmt(b['translator_params'])} parameters, target "
+                     f"{fmt(b['target_params'])} of which {fmt(b['target_params_without_embeddings'])} outside the "
+                     f"input embedding):\n\n"
+                     + table(["tokens", "translate ms", "prefill ms", "translate / prefill",
+                              "translator MFLOPs / token", "target MFLOPs / token"], rows))
+    return "\n\n".join(parts)
+
+
+def retention_study_table(study):
+    if study is None:
+        return "Not run yet (`experiments/kvtranslate_retention.py`)."
+    rows = []
+    for name, v in study["variants"].items():
+        def ci(key):
+            m = v.get(key)
+            return "–" if m is None else fmt(m["mean"]) + ("" if m["ci95"] is None else f" ± {fmt(m['ci95'])}")
+        rows.append([f"`{name}`", ", ".join(map(str, v["seeds"])), ci("heldout_phrasing_retention"),
+                     ci("training_phrasing_retention"), ci("long_retention"), ci("heldout_phrasing_acc")])
+    return (f"`{study['source']}` -> `{study['target']}`, mean ± 95% t-interval over seeds:\n\n"
+            + table(["translator", "seeds", "held-out phrasing F1 retention", "training phrasing F1 retention",
+                     "long-context F1 retention", "held-out phrasing acc"], rows))
+
+
+def checkpoints_table():
+    """The committed tiny checkpoints: architecture and the final evaluation their pretraining logged."""
+    rows = []
+    folder = os.path.join(REPO, "kvtranslate", "checkpoints")
+    for name in sorted(os.listdir(folder)):
+        meta = load(os.path.join(folder, name, "kvtranslate.json"))
+        if meta is None:
+            continue
+        spec, final = meta["spec"], meta["final"]
+        rows.append([f"`{name}`", spec["family"], f"{spec['layers']} x {spec['hidden']}",
+                     f"{spec['heads']} / {spec['kv_heads']}", f"{spec['vocab']} (`{spec['tokenizer']}`)",
+                     fmt(meta["params"]), fmt(final["closed_acc"]), fmt(final["binding_acc"]), fmt(final["open_em"]),
+                     fmt(meta["pretrain"]["steps"]), fmt(final["minutes"], 1)])
+    return table(["name", "family", "layers x width", "heads (query / KV)", "tokenizer entries", "parameters",
+                  "closed-set acc", "binding acc", "open EM", "steps", "minutes"], rows)
+
+
+def heldout_table(path):
+    """experiments/translate_heldout.py: names x templates from the training or the held-out split."""
+    data = load(path)
+    if data is None:
+        return "Not run (`experiments/translate_heldout.py`)."
+    rows = [[r["names"], r["templates"], fmt(r["direct_f1"]), fmt(r["translated_acc"]),
+             fmt(r["translated_binding_acc"]), fmt(r["translated_f1"]), fmt(r["retention_f1"])] for r in data["rows"]]
+    return (f"`{data['source']}` -> `{data['target']}`, translator `{data['translator']}`, {data['rows'][0]['items']} "
+            f"passages per row (`{os.path.relpath(path, REPO)}`):\n\n"
+            + table(["names", "templates", "direct F1", "translated acc", "translated binding acc", "translated F1",
+                     "F1 retention"], rows))
+
+
+def render(demo=DEMO):
+    summary, details = load(os.path.join(demo, "summary.json")), load(os.path.join(demo, "details.json"))
+    blocks = {}
+    if summary and details:
+        blocks["demo"] = demo_table(summary, details)
+        blocks["variants"] = variants_table(summary, details)
+        blocks["injection"] = injection_table(summary, details)
+    blocks["bench"] = bench_table(load(os.path.join(EXPERIMENTS, "bench_translate_real.json")),
+                                  load(os.path.join(EXPERIMENTS, "bench_translate_tiny.json")))
+    blocks["checkpoints"] = checkpoints_table()
+    blocks["heldout"] = heldout_table(os.path.join(EXPERIMENTS, "heldout_tiny-gpt2__tiny-qwen2.json"))
+    blocks["retention-study"] = retention_study_table(load(os.path.join(EXPERIMENTS,
+                                                                        "retention_study_summary.json")))
+    return blocks
+
+
+def apply(text, blocks):
+    for name, body in blocks.items():
+        pattern = re.compile(rf"(<!-- generated:{re.escape(name)} -->).*?(<!-- /generated:{re.escape(name)} -->)", re.S)
+        text = pattern.sub(lambda m: m.group(1) + "\n" + body + "\n" + m.group(2), text)
+    return text
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if the README's tables are out of date")
+    parser.add_argument("--demo", default=DEMO, help="folder of the demo's summary.json and details.json")
+    parser.add_argument("--readme", nargs="+", default=[README, CHECKPOINTS_README])
+    args = parser.parse_args(argv)
+    blocks, stale = render(args.demo), []
+    for path in args.readme:
+        with open(path) as f:
+            text = f.read()
+        new = apply(text, blocks)
+        if new != text:
+            stale.append(path)
+            if not args.check:
+                with open(path, "w") as f:
+                    f.write(new)
+    if args.check and stale:
+        print("out of date:", ", ".join(stale))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
