@@ -9,8 +9,8 @@ FEAST: the client step of ``clients.feast.train_subnets`` (local max + min + one
 in-place KD, crop/flip augmentation, SGD) at every budget level of the default run (8 clients, Zipf budgets), on the
 sub-supernet routed to that budget. FedTopo family: ``clients.fedtopo.local_train`` with the topology loss on the
 first ``cpu`` family architecture. FLOPs are analytic (``torch.utils.flop_counter``: convolutions and matmuls of
-forward and backward, counted over exactly the timed steps). Peaks: a large fp32 matmul and a large convolution
-timed in the same process with the same threads. ``ratio`` = achieved / matmul peak.
+forward and backward, counted over exactly the timed steps). Peaks: a large matmul and a large convolution
+timed in the same process with the same threads, in fp32 (bf16 with ``--bf16``). ``ratio`` = achieved / matmul peak.
 
 With ``--base``, each repeat runs one worker process on the old tree and one on this tree, alternating, and the
 medians over repeats are reported side by side (``speedup`` = new / old images/s), so both sides see the same load.
@@ -252,7 +252,9 @@ def worker(args) -> dict:
     run = validate_run_config({"supernet": args.supernet})
     fed = Federation.build(run, DEFAULT_CLIENTS)
     levels = args.levels or sorted({float(b) for b in fed.budgets})
-    result = {"peak": machine_peaks(device), "feast": [], "fedtopo": None}
+    # the peak in the precision the step computes in: bf16 matmuls/convolutions under --bf16
+    result = {"peak": machine_peaks(device, dtype=torch.bfloat16 if args.bf16 else torch.float32), "feast": [],
+              "fedtopo": None}
     for budget in levels:
         step, plan = feast_step(fed.cfg, fed.cache, budget, args.batch, device, args.bf16)
         row = {"budget_macs": int(budget), **_measure(step, args.steps, args.batch, args.repeats, device)}
