@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from experiments.flower_runs import flwr_run as run_app
+from fl_app.checkpoint import load_verified, supernet_fingerprint
+from fl_app.config import validate_run_config
 from fl_app.models.elastic_resnet import ElasticResNet
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +63,8 @@ def test_feast_run_succeeds_and_writes_results(feast_run):
     assert sum(int(r["bytes_down"]) for r in per_round) == summary["bytes_down"]
     state = torch.load(out / "supernet.pt", weights_only=True)["state_dict"]
     assert "classifier.weight" in state
+    verified = load_verified(out / "supernet.pt", supernet_fingerprint(validate_run_config(summary["run_config"])))
+    assert verified["state_dict"].keys() == state.keys()  # a verified file of this run's supernet
 
 
 def test_same_seed_gives_identical_metrics(flwr_env, feast_run, tmp_path):
