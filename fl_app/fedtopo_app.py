@@ -306,6 +306,8 @@ def hetero_summary(run: RunConfig, strategy, num_clients: int, seconds: float, e
         "failed_evaluations": sum(len(r.failed) for r in strategy.eval_rounds.values()),
         "rejected_evaluations": sum(len(r.rejected) for r in strategy.eval_rounds.values()),
         "history": strategy.history, "wall_seconds": round(seconds, 1), "run_config": run.to_dict(),
+        **({"tgp_margins": {str(r): m for r, m in sorted(strategy.margins.items())}}
+           if hasattr(strategy, "margins") else {}),
     }
 
 
