@@ -184,6 +184,8 @@ class LiveNodes:
         for pid in sorted(self.live - live):
             log(WARNING, "round %d: client %d (node %d) is gone: not sampled while it is away", server_round, pid,
                 self.node_of_partition[pid])
+        for pid in sorted(live - self.live):
+            log(INFO, "round %d: client %d (node %d) is back", server_round, pid, self.node_of_partition[pid])
         self.live = live
         return sorted(live)
 
