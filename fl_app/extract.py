@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from fl_app.checkpoint import INTEGRITY, load_verified
 from fl_app.config import validate_run_config
 from fl_app.evaluation import accuracy, extract_subnet, recalibrate_bn
 from fl_app.federation import dataset_for, server_splits
@@ -31,6 +32,8 @@ from fl_app.supernet import SupernetConfig, count_costs
 def load_trained(checkpoint: Path) -> tuple[dict, object, SupernetConfig]:
     """(checkpoint blob, its run config, its supernet config) of a run's ``supernet.pt``."""
     blob = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    if INTEGRITY in blob:  # written with a content hash: a damaged or altered file is refused
+        blob = load_verified(checkpoint)
     return blob, validate_run_config(blob["run_config"]), SupernetConfig.from_dict(blob["supernet"])
 
 

@@ -233,3 +233,21 @@ def test_extract_from_cache_and_never_overwrites(tmp_path, cpu_cfg, cpu_cache, m
     result = extract.main(["--checkpoint", str(checkpoint), "--macs", "2e6", "--out", str(tmp_path / "c.pt"),
                            "--from-cache"])
     assert result["source"] == "cache" and result["macs"] == cpu_cache.local_max(2e6).macs
+
+
+def test_extract_refuses_a_damaged_verified_supernet(tmp_path, cpu_cfg):
+    import pytest
+
+    from fl_app.checkpoint import save_verified
+    from fl_app.config import validate_run_config
+    from fl_app.extract import load_trained
+
+    state = {k: v for k, v in ElasticResNet(cpu_cfg).state_dict().items() if not k.endswith("num_batches_tracked")}
+    path = save_verified(tmp_path / "supernet.pt", {"supernet": cpu_cfg.to_dict(), "state_dict": state,
+                                                    "run_config": validate_run_config({}).to_dict()}, {"model": 1})
+    assert load_trained(path)[2] == cpu_cfg
+    blob = torch.load(path, weights_only=True)
+    blob["state_dict"]["stem_conv.weight"][0, 0, 0, 0] += 1.0  # altered after it was written
+    torch.save(blob, path)
+    with pytest.raises(ValueError, match="hash"):
+        load_trained(path)
