@@ -1,11 +1,11 @@
 """Regenerates the number tables of kvtranslate/README.md from the committed result files (no number is typed).
 
-Each table sits between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->` in the README and is replaced
-whole (in kvtranslate/README.md and kvtranslate/checkpoints/README.md). Sources: kvtranslate/results/summary.json
-and details.json (the demo), experiments/results/kvtranslate/
-bench_translate_real.json and bench_translate_tiny.json (experiments/bench_translate.py), and
-retention_study_summary.json (experiments/kvtranslate_retention.py) where it exists, heldout_*.json
-(experiments/translate_heldout.py) and the checkpoints' own kvtranslate.json.
+Each table sits between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->` and is replaced whole, in
+kvtranslate/README.md, kvtranslate/checkpoints/README.md and the kvtranslate paragraph of README.md. Sources:
+kvtranslate/results/summary.json and details.json (the demo); in experiments/results/kvtranslate/,
+bench_translate_real.json and bench_translate_tiny.json (experiments/bench_translate.py), heldout_*.json
+(experiments/translate_heldout.py) and retention_study_summary.json (experiments/kvtranslate_retention.py) where it
+exists; the checkpoints' own kvtranslate.json; kvtranslate/history/translator_trials.jsonl.
 
     python experiments/kvtranslate_report.py            # rewrites kvtranslate/README.md
     python experiments/kvtranslate_report.py --check    # exit 1 if the README is not up to date
@@ -19,6 +19,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPO, "kvtranslate", "README.md")
 CHECKPOINTS_README = os.path.join(REPO, "kvtranslate", "checkpoints", "README.md")
+TOP_README = os.path.join(REPO, "README.md")  # only its kvtranslate-headline block
 DEMO = os.path.join(REPO, "kvtranslate", "results")
 EXPERIMENTS = os.path.join(REPO, "experiments", "results", "kvtranslate")
 
@@ -88,11 +89,13 @@ def demo_table(summary, details):
             fmt(pair_of(details, p, v, "params")) for v in ("mot", "single", "shared-latent"))),
     ]
     text = table([""] + [f"`{p}`" for p in names], rows)
-    sizes = ", ".join(f"{k} {v}" for k, v in run["config"].items())
-    done = "all pairs" if run.get("complete") else "INCOMPLETE: stopped before every pair finished"
-    text += (f"\n\nRun: seed {run['seed']}, {sizes}; {run['minutes']} minutes on {run['machine']}, "
-             f"{run['threads']} thread, device {run.get('device', 'cpu')}; {done}.")
-    return text
+    lines = []
+    for r in summary.get("runs") or [dict(run, pairs=names)]:
+        sizes = ", ".join(f"{k} {v}" for k, v in r["config"].items())
+        lines.append(f"{', '.join(f'`{p}`' for p in r['pairs'])}: seed {r['seed']}, {sizes}; {r['minutes']} "
+                     f"minutes on {r['machine']}, {r['threads']} thread, device {r.get('device', 'cpu')}")
+    done = "every pair of the demo is in" if run.get("complete") else "INCOMPLETE: not every pair of the demo is in"
+    return text + "\n\nRuns: " + "; ".join(lines) + f" ({done}).\n"
 
 
 def variants_table(summary, details):
@@ -185,6 +188,36 @@ def heldout_table(path):
                      "F1 retention"], rows))
 
 
+def translator_trials_table(path):
+    """kvtranslate/history/translator_trials.jsonl (hand-collected, architecture of commit 05bd9e5)."""
+    if not os.path.isfile(path):
+        return "Missing."
+    rows = []
+    for line in open(path):
+        t = json.loads(line)
+        c, r = t["config"], t["translated"]
+        rows.append([t["what"], c["window"], c["hidden"], fmt(c["steps"]), fmt(c["n_train"]), fmt(r["acc"]),
+                     fmt(r["binding_acc"]), fmt(r["f1"])])
+    return table(["trial (mot, tiny-gpt2 -> tiny-qwen2)", "window", "hidden", "steps", "training passages", "acc",
+                  "binding acc", "F1"], rows)
+
+
+def headline(summary, real):
+    """One paragraph for the top-level README: the main pair's retention and the real-shape cost ratio."""
+    parts = []
+    if summary:
+        main_pair = next(iter(summary["pairs"]))
+        r = summary["pairs"][main_pair]
+        parts.append(f"on the main cross-tokenizer pair (`{main_pair}`, {r['steps']} translator steps in the committed "
+                     f"run) MoT keeps {fmt(r['heldout_phrasing_retention'], 2)} of the target's F1 on held-out "
+                     f"phrasings and {fmt(r['retention'], 2)} on long contexts (goal 0.9)")
+    if real:
+        parts.append(f"translation costs {fmt(min(real['ratio']), 2)}-{fmt(max(real['ratio']), 2)}x the target's "
+                     f"prefill from {real['tokens'][0]} to {real['tokens'][-1]} tokens at GPT-2 -> Qwen2.5-0.5B "
+                     f"shapes (goal 0.5x)")
+    return ("In short: " + "; ".join(parts) + ".") if parts else "No results yet."
+
+
 def render(demo=DEMO):
     summary, details = load(os.path.join(demo, "summary.json")), load(os.path.join(demo, "details.json"))
     blocks = {}
@@ -194,7 +227,10 @@ def render(demo=DEMO):
         blocks["injection"] = injection_table(summary, details)
     blocks["bench"] = bench_table(load(os.path.join(EXPERIMENTS, "bench_translate_real.json")),
                                   load(os.path.join(EXPERIMENTS, "bench_translate_tiny.json")))
+    blocks["kvtranslate-headline"] = headline(summary, load(os.path.join(EXPERIMENTS, "bench_translate_real.json")))
     blocks["checkpoints"] = checkpoints_table()
+    blocks["translator-trials"] = translator_trials_table(os.path.join(REPO, "kvtranslate", "history",
+                                                                       "translator_trials.jsonl"))
     blocks["heldout"] = heldout_table(os.path.join(EXPERIMENTS, "heldout_tiny-gpt2__tiny-qwen2.json"))
     blocks["retention-study"] = retention_study_table(load(os.path.join(EXPERIMENTS,
                                                                         "retention_study_summary.json")))
@@ -212,7 +248,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if the README's tables are out of date")
     parser.add_argument("--demo", default=DEMO, help="folder of the demo's summary.json and details.json")
-    parser.add_argument("--readme", nargs="+", default=[README, CHECKPOINTS_README])
+    parser.add_argument("--readme", nargs="+", default=[README, CHECKPOINTS_README, TOP_README])
     args = parser.parse_args(argv)
     blocks, stale = render(args.demo), []
     for path in args.readme:

@@ -22,8 +22,6 @@ import statistics
 import sys
 import time
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kvtranslate.corpus import make_dataset  # noqa: E402

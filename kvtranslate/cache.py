@@ -72,8 +72,21 @@ def prefill_kv(model, ids, mask):
     return extract_kv(model, out.cache, mask)
 
 
-def slice_kv(kv, start, end):
-    return [(k[:, :, start:end], v[:, :, start:end]) for k, v in kv]
+def prefix_kv(kv, mask, lengths):
+    """Keep the first lengths[b] real tokens of each left-padded example, re-left-padded (differentiable)."""
+    B, T = mask.shape
+    P = max(1, max(lengths))
+    real = mask.sum(1)
+    q = torch.arange(P, device=mask.device)[None, :]
+    lengths_t = torch.tensor(lengths, device=mask.device)[:, None]
+    src = (T - real)[:, None] + lengths_t - P + q
+    valid = q >= P - lengths_t
+    src = src.clamp(0, T - 1)
+    out = []
+    for k, v in kv:
+        idx = src[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[-1])
+        out.append((k.gather(2, idx) * valid[:, None, :, None], v.gather(2, idx) * valid[:, None, :, None]))
+    return out, valid.long()
 
 
 def repeat_kv_batch(kv, mask, n):

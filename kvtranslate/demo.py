@@ -181,41 +181,70 @@ def plot(details_by_pair, out_dir):
     plt.close(fig)
 
 
-def run_demo(out_dir, quick=False, seed=0, save_translators=False, device="cpu", sizes=None):
-    """sizes: overrides of FULL / QUICK (steps, coverage_steps, n_eval, ...), recorded in summary.json's run."""
+def pair_name(source, target):
+    return f"{source}->{target}"
+
+
+def run_demo(out_dir, quick=False, seed=0, save_translators=False, device="cpu", sizes=None, pairs=None):
+    """sizes: overrides of FULL / QUICK (steps, coverage_steps, n_eval, ...), recorded in summary.json's run.
+    pairs: the (source, target) keys of PAIRS to run (default: all). With a subset, the other pairs an earlier
+    run wrote to out_dir are kept, and this run is added to summary.json's `runs` (each names its pairs)."""
+    selected = list(PAIRS) if pairs is None else [tuple(p) for p in pairs]
+    unknown = [p for p in selected if p not in PAIRS]
+    if unknown:
+        raise ValueError(f"--pairs {unknown} not among the demo's pairs: "
+                         f"{[':'.join(p) for p in PAIRS]}")
     torch.manual_seed(seed)
     cfg = {**(QUICK if quick else FULL), **(sizes or {})}
     os.makedirs(out_dir, exist_ok=True)
+    summary, details_by_pair, runs = {}, {}, []
+    previous = os.path.join(out_dir, "summary.json")
+    if pairs is not None and os.path.isfile(previous):
+        with open(previous) as f:
+            old = json.load(f)
+        with open(os.path.join(out_dir, "details.json")) as f:
+            old_details = json.load(f)
+        again = {pair_name(*p) for p in selected}
+        summary = {p: r for p, r in old["pairs"].items() if p not in again}
+        details_by_pair = {p: d for p, d in old_details.items() if p not in again}
+        runs = old.get("runs") or [dict(old["run"], pairs=list(old["pairs"]))]
+        runs = [dict(r, pairs=[p for p in r["pairs"] if p not in again]) for r in runs]  # who wrote what now
+        runs = [r for r in runs if r["pairs"]]
     log_path = os.path.join(out_dir, "demo_log.jsonl")
-    log_file = open(log_path, "w")
+    log_file = open(log_path, "a" if pairs is not None else "w")
 
     def log(line):
         print(line, flush=True)
         log_file.write(line + "\n")
         log_file.flush()
 
-    start = time.time()
-    summary, details_by_pair = {}, {}
-    for (source_name, target_name), parts in PAIRS.items():
+    log(json.dumps(dict(event="command", pairs=[pair_name(*p) for p in selected], seed=seed, config=cfg)))
+    start, done = time.time(), []
+    for source_name, target_name in selected:
+        parts = PAIRS[(source_name, target_name)]
         res, details = run_pair(source_name, target_name, cfg, out_dir, seed, log, save_translators, device,
                                 parts["variants"], parts["injection"], parts["multi_agent"], parts["main"])
         summary[res["pair"]] = res
         details_by_pair[res["pair"]] = details
-        # written after every pair: a run stopped early keeps the pairs it finished (run.complete says which)
+        done.append(res["pair"])
+        # written after every pair: a run stopped early keeps the pairs it finished (run.complete says whether
+        # every pair of the demo is in the summary)
         minutes = (time.time() - start) / 60
+        order = [pair_name(*p) for p in PAIRS if pair_name(*p) in summary]
         meta = dict(seed=seed, quick=quick, config=cfg, minutes=round(minutes, 2), threads=torch.get_num_threads(),
-                    device=str(device), complete=len(summary) == len(PAIRS),
+                    device=str(device), pairs=done, complete=len(order) == len(PAIRS),
                     machine=f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".strip(),
                     torch=torch.__version__)
-        write_results(summary, details_by_pair, meta, out_dir)
-    log(json.dumps(dict(event="done", minutes=round(minutes, 2))))
+        write_results({p: summary[p] for p in order}, {p: details_by_pair[p] for p in order}, meta, runs + [meta],
+                      out_dir)
+    log(json.dumps(dict(event="done", minutes=round((time.time() - start) / 60, 2))))
     log_file.close()
     return summary
 
 
-def write_results(summary, details_by_pair, meta, out_dir):
+def write_results(summary, details_by_pair, meta, runs, out_dir):
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(dict(pairs=summary, run=meta, **summary), f, indent=1)
+        json.dump(dict(pairs=summary, run=meta, runs=runs, **summary), f, indent=1)
     write_csv(summary, details_by_pair, out_dir)
     with open(os.path.join(out_dir, "details.json"), "w") as f:
         json.dump(details_by_pair, f, indent=1)

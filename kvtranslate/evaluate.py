@@ -13,8 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .align import align_offsets, char_offsets
-from .cache import DynamicCache, extract_kv, inject_kv, prefill_kv
-from .losses import prefix_kv
+from .cache import DynamicCache, extract_kv, inject_kv, prefill_kv, prefix_kv
 from .models import forward
 from .scoring import binding_accuracy, f1_em, greedy_answers, option_logprobs, pad_right
 from .train import collate, translate_batch

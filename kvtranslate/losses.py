@@ -24,23 +24,6 @@ def kv_reconstruction_loss(pred_kv, native_kv, mask, std=None):
     return total / len(pred_kv)
 
 
-def prefix_kv(kv, mask, lengths):
-    """Keep the first lengths[b] real tokens of each left-padded example, re-left-padded (differentiable)."""
-    B, T = mask.shape
-    P = max(1, max(lengths))
-    real = mask.sum(1)
-    q = torch.arange(P, device=mask.device)[None, :]
-    lengths_t = torch.tensor(lengths, device=mask.device)[:, None]
-    src = (T - real)[:, None] + lengths_t - P + q
-    valid = q >= P - lengths_t
-    src = src.clamp(0, T - 1)
-    out = []
-    for k, v in kv:
-        idx = src[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[-1])
-        out.append((k.gather(2, idx) * valid[:, None, :, None], v.gather(2, idx) * valid[:, None, :, None]))
-    return out, valid.long()
-
-
 def context_correction_loss(target, translated_kv, native_kv, cache_mask, tails, pad_id, w_hidden=1.0, w_kl=1.0):
     """Align the target's trajectory over `tails` (token lists after the injection point) on the translated vs
     native cache. Returns (loss, {"hidden": ..., "kl": ...}); exactly zero when the two caches are equal."""

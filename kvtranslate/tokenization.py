@@ -1,5 +1,4 @@
 """Small byte-level BPE tokenizers trained locally on the synthetic corpus (one per tiny model)."""
-import json
 import os
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -40,11 +39,6 @@ def load_tokenizer(name_or_path):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
-
-
-def read_meta(folder):
-    with open(os.path.join(folder, "kvtranslate.json")) as f:
-        return json.load(f)
 
 
 def encode_item(tokenizer, item):

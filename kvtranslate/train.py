@@ -13,9 +13,9 @@ import torch
 from tqdm import tqdm
 
 from .align import align_offsets, char_offsets, padded_alignment
-from .cache import prefill_kv
+from .cache import prefill_kv, prefix_kv
 from .corpus import has_same_type_distractor, make_dataset
-from .losses import context_correction_loss, kv_reconstruction_loss, prefix_kv
+from .losses import context_correction_loss, kv_reconstruction_loss
 from .models import family_of, kv_geometry
 from .scoring import pad_left
 from .tokenization import encode_item

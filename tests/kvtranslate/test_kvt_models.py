@@ -92,3 +92,18 @@ def test_cli_help_and_bad_arguments():
     assert out.returncode != 0 and "--kind" in out.stderr and "shared-latent" in out.stderr
     with pytest.raises(ValueError, match="mode must be one of"):
         prefix_and_tails("fancy", [], None, None, None, None)
+
+
+def test_phrase_mix_reads_no_held_out_template():
+    """Varied phrasings use only words of the training templates (a word only the held-out templates have, such as
+    "home", never appears) and keep every fact's name and value."""
+    from kvtranslate.corpus import template_words
+    held_out_only = set(template_words("eval")) - set(template_words("train"))
+    assert "home" in held_out_only
+    mixed = make_dataset(60, seed=4, split="train", phrase_mix=1.0)
+    plain = make_dataset(60, seed=4, split="train")
+    for item in mixed:
+        words = set(item.passage.replace(".", " ").split())
+        assert not words & held_out_only
+        assert all(person in item.passage and value in item.passage for person, _, value in item.facts)
+    assert sum(a.passage != b.passage for a, b in zip(mixed, plain)) == len(mixed)

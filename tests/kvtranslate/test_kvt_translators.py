@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from kvtranslate.cache import prefill_kv
+from kvtranslate.cache import prefill_kv, prefix_kv
 from kvtranslate.corpus import make_dataset
-from kvtranslate.losses import context_correction_loss, kv_reconstruction_loss, prefix_kv
+from kvtranslate.losses import context_correction_loss, kv_reconstruction_loss
 from kvtranslate.models import build_tiny
 from kvtranslate.tokenization import train_tokenizer
 from kvtranslate.train import TRAIN_DEFAULTS, build_translator, encode_pair_items, training_loss
