@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHea
 from .tokenization import load_tokenizer, save_tokenizer, train_tokenizer
 
 FAMILIES = ("gpt2", "opt", "qwen2")
+LEARNED_POSITIONS = ("gpt2", "opt")  # Qwen2 rotates by position (RoPE), it has no position table
 INITS = ("hf", "torch")
 CHECKPOINT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoints")
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -177,5 +178,10 @@ def forward(model, ids, mask, cache=None, past_mask=None, hidden_states=False, u
     """Run `model` on ids [B, T] continuing `cache` (whose real/pad layout is `past_mask` [B, P])."""
     full_mask = mask if past_mask is None else torch.cat([past_mask, mask], dim=1)
     positions = positions_from_mask(full_mask)[:, -ids.shape[1]:]
+    if family_of(model) in LEARNED_POSITIONS and positions.numel():
+        limit = kv_geometry(model)["max_positions"]
+        if int(positions.max()) >= limit:  # a learned position table has no row for it (an index error deep inside)
+            raise ValueError(f"{int(positions.max()) + 1} tokens (cache + input) exceed the {limit} positions of this "
+                             f"{family_of(model)} model (max_position_embeddings / n_positions in its config)")
     return model(input_ids=ids, attention_mask=full_mask, position_ids=positions, cache=cache, use_cache=use_cache,
                  output_hidden_states=hidden_states)

@@ -84,3 +84,14 @@ def test_any_geometry_trains_evaluates_and_injects(tokenizers, source_spec, targ
 
     scores, predictions = qa_scores(data, "translated", *models, translator)
     assert 0.0 <= scores["acc"] <= 1.0 and 0.0 <= scores["f1"] <= 1.0 and len(predictions) == len(data)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "opt"])
+def test_reading_past_a_learned_position_table_is_a_clear_error(family):
+    from kvtranslate.models import forward
+    model = small_model(family, positions=16)
+    ids = torch.randint(2, 60, (2, 12))
+    forward(model, ids, torch.ones_like(ids))  # fits
+    cache = forward(model, ids, torch.ones_like(ids)).cache
+    with pytest.raises(ValueError, match="exceed the 16 positions"):
+        forward(model, ids[:, :5], torch.ones(2, 5, dtype=torch.long), cache, torch.ones_like(ids))
