@@ -13,6 +13,7 @@ workers stay in that group). `ray stop` is not used: it would stop every Ray ins
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -72,6 +74,19 @@ def _ray_executable() -> str | None:
     return str(beside) if beside.exists() else shutil.which("ray")
 
 
+def _start_ray(command: list[str], log: Path) -> subprocess.Popen:
+    with open(log, "w") as out:
+        # own session: this node's raylet, agents and every worker it forks stay in this process group
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        code = proc.wait(timeout=180)
+    except subprocess.TimeoutExpired:
+        _stop_groups({proc.pid})
+        code = None
+    assert code == 0, f"ray start failed ({code}):\n{log.read_text()[-3000:]}"
+    return proc
+
+
 @pytest.fixture
 def ray_head(tmp_path_factory):
     """A one-node Ray cluster on this machine; yields (address, its temp dir)."""
@@ -91,20 +106,14 @@ def ray_head(tmp_path_factory):
                "--dashboard-agent-listen-port", str(free_port())]
     log = tmp_path_factory.getbasetemp() / f"{temp_dir.name}-start.log"
     started = time.monotonic()
-    with open(log, "w") as out:
-        # own session: the GCS, raylet, agents and every worker stay in this process group
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = None
     try:
-        try:
-            code = proc.wait(timeout=180)
-        except subprocess.TimeoutExpired:
-            code = None
-        assert code == 0, f"ray start failed ({code}):\n{log.read_text()[-3000:]}"
+        proc = _start_ray(command, log)
         print(f"\nray head on port {port} started in {time.monotonic() - started:.1f} s, temp dir {temp_dir}")
         yield f"127.0.0.1:{port}", temp_dir
     finally:
         stopping = time.monotonic()
-        _stop_groups({proc.pid} | process_groups((f"{temp_dir}/",)))
+        _stop_groups(({proc.pid} if proc else set()) | process_groups((f"{temp_dir}/",)))
         print(f"ray head stopped in {time.monotonic() - stopping:.1f} s")
         if own_dir is not None:
             shutil.rmtree(own_dir, ignore_errors=True)
@@ -167,18 +176,6 @@ def test_simulation_runs_on_an_existing_ray_cluster(ray_head, cluster_flwr_env, 
 
 
 # -- two Ray nodes on this machine ------------------------------------------------------------------------------------
-def _start_ray(command: list[str], log: Path) -> subprocess.Popen:
-    with open(log, "w") as out:
-        # own session: this node's raylet, agents and every worker it forks stay in this process group
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        code = proc.wait(timeout=180)
-    except subprocess.TimeoutExpired:
-        code = None
-    assert code == 0, f"ray start failed ({code}):\n{log.read_text()[-3000:]}"
-    return proc
-
-
 @pytest.fixture
 def two_node_cluster(tmp_path_factory):
     """A Ray head and a worker node (a second raylet) on this machine, one CPU each; yields (address, head process
@@ -222,8 +219,6 @@ def _client_actor_groups() -> dict[int, int]:
 def test_clients_run_on_two_ray_nodes_and_survive_losing_one(two_node_cluster, tmp_path):
     """ClientApp actors run on both nodes; the worker node is killed (SIGKILL to its raylet, agents and workers)
     after round 2, and the run still completes on the head, the lost clients counted as failures."""
-    import threading
-
     address, head_group, worker_group = two_node_cluster
     env = isolated_env(tmp_path / "flwr_home", RAY_ADDRESS=address)
     (tmp_path / "flwr_home").mkdir()
@@ -259,7 +254,6 @@ def test_clients_run_on_two_ray_nodes_and_survive_losing_one(two_node_cluster, t
                                                             f"worker {worker_group}"
     assert killed_after, "the worker node was never killed (its actor was not seen by round 2)"
     assert status == "finished:completed", (tmp_path / "flwr_run.log").read_text()[-3000:]
-    import csv
     with open(out / "rounds.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == rounds
