@@ -141,8 +141,9 @@ def cmd_eval(args):
 def cmd_demo(args):
     from .demo import run_demo
     sizes = {k: getattr(args, k) for k in DEMO_SIZES if getattr(args, k) is not None}
+    pairs = [p.split(":") for p in args.pairs] if args.pairs else None
     run_demo(args.out, quick=args.quick, seed=args.seed, save_translators=args.save_translators, device=args.device,
-             sizes=sizes)
+             sizes=sizes, pairs=pairs)
 
 
 DEMO_SIZES = {"steps": "translator steps on the main pair", "coverage_steps": "translator steps on the other pairs",
@@ -208,6 +209,8 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--quick", action="store_true", help="much smaller run (smoke test)")
     p.add_argument("--save-translators", action="store_true", help="also write every trained translator")
+    p.add_argument("--pairs", nargs="+", metavar="SOURCE:TARGET",
+                   help="run only these of the demo's pairs, keeping the other pairs already in OUT")
     for key, what in DEMO_SIZES.items():
         p.add_argument("--" + key.replace("_", "-"), type=int, help=f"{what} (default: the full run's)")
     p.add_argument("--seed", type=int, default=0)
