@@ -6,38 +6,42 @@ extraction un-rotates them at their positions and injection rotates them at the 
 keys carry position only through their learned input embeddings and pass through unchanged.
 """
 import torch
-from transformers import DynamicCache
+from torch import Tensor
+from transformers import DynamicCache, PreTrainedModel
 
 from .models import family_of, forward, kv_geometry, positions_from_mask
 
+KV = list[tuple[Tensor, Tensor]]  # per layer (keys, values), each [batch, kv_heads, seq, head_dim]
 
-def uses_rope(model):
+
+def uses_rope(model: PreTrainedModel) -> bool:
     return family_of(model) == "qwen2"
 
 
-def rotate_half(x):
+def rotate_half(x: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
-def rope_cos_sin(model, positions, dtype=torch.float32):
+def rope_cos_sin(model: PreTrainedModel, positions: Tensor,
+                 dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
     """cos/sin [B, T, head_dim] of the model's own rotary embedding at `positions` [B, T]."""
     dummy = torch.zeros(1, dtype=dtype, device=positions.device)
     return model.model.rotary_emb(dummy, positions)
 
 
-def apply_rope(model, keys, positions):
+def apply_rope(model: PreTrainedModel, keys: Tensor, positions: Tensor) -> Tensor:
     cos, sin = rope_cos_sin(model, positions, keys.dtype)
     return keys * cos[:, None] + rotate_half(keys) * sin[:, None]
 
 
-def strip_rope(model, keys, positions):
+def strip_rope(model: PreTrainedModel, keys: Tensor, positions: Tensor) -> Tensor:
     # a rotation by -angle undoes the rotation by +angle
     cos, sin = rope_cos_sin(model, positions, keys.dtype)
     return keys * cos[:, None] - rotate_half(keys) * sin[:, None]
 
 
-def check_kv(model, kv, mask):
+def check_kv(model: PreTrainedModel, kv: KV, mask: Tensor) -> None:
     g = kv_geometry(model)
     if len(kv) != g["layers"]:
         raise ValueError(f"kv has {len(kv)} layers but the model has {g['layers']}")
@@ -48,7 +52,7 @@ def check_kv(model, kv, mask):
                              f"model's cache shape [batch, kv_heads, seq, head_dim] = {want}")
 
 
-def extract_kv(model, cache, mask):
+def extract_kv(model: PreTrainedModel, cache: DynamicCache, mask: Tensor) -> KV:
     """DynamicCache -> list of pre-RoPE (keys, values)."""
     kv = [(layer.keys, layer.values) for layer in cache.layers]
     if uses_rope(model):
@@ -57,7 +61,7 @@ def extract_kv(model, cache, mask):
     return kv
 
 
-def inject_kv(model, kv, mask):
+def inject_kv(model: PreTrainedModel, kv: KV, mask: Tensor) -> DynamicCache:
     """List of pre-RoPE (keys, values) -> fresh DynamicCache (a cache is mutated by the next forward)."""
     check_kv(model, kv, mask)
     if uses_rope(model):
@@ -66,13 +70,13 @@ def inject_kv(model, kv, mask):
     return DynamicCache(ddp_cache_data=[(k, v) for k, v in kv])
 
 
-def prefill_kv(model, ids, mask):
+def prefill_kv(model: PreTrainedModel, ids: Tensor, mask: Tensor) -> KV:
     """Run the model on a (left-padded) context and return its pre-RoPE KV."""
     out = forward(model, ids, mask)
     return extract_kv(model, out.cache, mask)
 
 
-def prefix_kv(kv, mask, lengths):
+def prefix_kv(kv: KV, mask: Tensor, lengths: list[int]) -> tuple[KV, Tensor]:
     """Keep the first lengths[b] real tokens of each left-padded example, re-left-padded (differentiable)."""
     B, T = mask.shape
     P = max(1, max(lengths))
@@ -89,6 +93,6 @@ def prefix_kv(kv, mask, lengths):
     return out, valid.long()
 
 
-def repeat_kv_batch(kv, mask, n):
+def repeat_kv_batch(kv: KV, mask: Tensor, n: int) -> tuple[KV, Tensor]:
     """Repeat each example n times (closed-set scoring runs one row per candidate)."""
     return [(k.repeat_interleave(n, 0), v.repeat_interleave(n, 0)) for k, v in kv], mask.repeat_interleave(n, 0)

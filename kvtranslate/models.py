@@ -10,6 +10,7 @@ import os
 
 import torch
 from transformers.pytorch_utils import Conv1D
+from transformers import DynamicCache, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM, \
     Qwen2Config, Qwen2ForCausalLM
 
@@ -100,7 +101,7 @@ def save_model(model, tokenizer, folder, meta):
         json.dump(meta, f, indent=1)
 
 
-def resolve(name_or_path):
+def resolve(name_or_path: str) -> str:
     """Tiny names map to the committed checkpoints; an existing folder is a local path; anything that looks like
     a path but does not exist is an error (no silent fall-back to a hub); the rest is a hub id."""
     if name_or_path in TINY_SPECS:
@@ -118,7 +119,8 @@ def resolve(name_or_path):
     return name_or_path  # hub id such as "gpt2" or "Qwen/Qwen2.5-0.5B"
 
 
-def load_model(name_or_path, dtype=torch.float32, device="cpu"):
+def load_model(name_or_path: str, dtype: torch.dtype = torch.float32,
+               device: str | torch.device = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     where = resolve(name_or_path)
     config = AutoConfig.from_pretrained(where)
     family_of(config)  # before loading weights: an unsupported family fails with its name
@@ -126,7 +128,7 @@ def load_model(name_or_path, dtype=torch.float32, device="cpu"):
     return model.to(device), load_tokenizer(where)
 
 
-def pick_device(name):
+def pick_device(name: str) -> torch.device:
     """"cpu", "cuda" (an error naming --device when CUDA is absent) or "auto" (CUDA when present)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -137,14 +139,14 @@ def pick_device(name):
     return torch.device(name)
 
 
-def set_threads(n):
+def set_threads(n: int) -> None:
     """CPU threads for torch (the shared machine runs everything on one)."""
     if n < 1:
         raise ValueError(f"--threads must be >= 1, got {n}")
     torch.set_num_threads(n)
 
 
-def family_of(model_or_config):
+def family_of(model_or_config: PreTrainedModel | PretrainedConfig) -> str:
     config = getattr(model_or_config, "config", model_or_config)
     family = config.model_type
     if family not in FAMILIES:
@@ -153,7 +155,7 @@ def family_of(model_or_config):
     return family
 
 
-def kv_geometry(model):
+def kv_geometry(model: PreTrainedModel) -> dict[str, int]:
     """Layer count, KV heads and head width of the model's cache."""
     c, family = model.config, family_of(model)
     if family == "gpt2":
@@ -169,12 +171,13 @@ def kv_geometry(model):
                 max_positions=c.max_position_embeddings)
 
 
-def positions_from_mask(mask):
+def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
     """Position of each token = number of real tokens before it (pads get 0, they are masked anyway)."""
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def forward(model, ids, mask, cache=None, past_mask=None, hidden_states=False, use_cache=True):
+def forward(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache | None = None,
+            past_mask: torch.Tensor | None = None, hidden_states: bool = False, use_cache: bool = True):
     """Run `model` on ids [B, T] continuing `cache` (whose real/pad layout is `past_mask` [B, P])."""
     full_mask = mask if past_mask is None else torch.cat([past_mask, mask], dim=1)
     positions = positions_from_mask(full_mask)[:, -ids.shape[1]:]
