@@ -20,7 +20,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fl_app.config import TOPO_WEIGHTINGS
 from fl_app.payload import record_bytes, record_to_state, state_to_record
-from strategies.rounds import RoundLog, sample_partitions
+from strategies.rounds import LiveNodes, RoundLog, sample_partitions
 from strategies.screening import (MAX_WEIGHT, NON_NEGATIVE, MetricSpec, examples_spec, magnitude_bound,
                                   metrics_problem, record_problem, tensor_problem)
 
@@ -130,6 +130,8 @@ class HeteroStrategy(Strategy):
                  train_size_of_partition: dict[int, int] | None = None,
                  test_size_of_partition: dict[int, int] | None = None):
         self.node_of_partition, self.num_classes = node_of_partition, num_classes
+        # in a deployment nodes leave, join and rejoin: sampling and evaluation follow the connected ones
+        self.nodes = LiveNodes(node_of_partition, num_partitions=len(node_of_partition))
         self.clients_per_round, self.seed = clients_per_round, seed
         self.num_rounds, self.eval_every = num_rounds, eval_every
         self.payload_dtype, self.min_reply_fraction = payload_dtype, min_reply_fraction
@@ -172,6 +174,10 @@ class HeteroStrategy(Strategy):
         """Largest |value| of an uploaded array: counts are bounded by ``counts_problem`` (the partition's size)."""
         return float(MAX_WEIGHT) if key == "counts" else magnitude_bound(self.magnitude_reference(key))
 
+    def _live(self, grid: Grid | None, server_round: int) -> list[int]:
+        """Partitions with a connected node now (every partition in a simulation, where the node set is fixed)."""
+        return self.nodes.refresh(grid, server_round) if grid is not None else sorted(self.node_of_partition)
+
     # -- training rounds -----------------------------------------------------------------------------------------
     def _config(self, server_round: int) -> ConfigRecord:
         return ConfigRecord({**self.client_config, "server-round": server_round,
@@ -180,7 +186,8 @@ class HeteroStrategy(Strategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         log_ = self.rounds.setdefault(server_round, RoundLog())
-        log_.sampled = sample_partitions(self.node_of_partition, self.clients_per_round, self.seed, server_round)
+        log_.sampled = sample_partitions(self._live(grid, server_round), self.clients_per_round, self.seed,
+                                         server_round)
         payload = state_to_record(self.broadcast(server_round), self.payload_dtype)
         self._sent, self._sent_bytes = {}, {}
         for pid in log_.sampled:
@@ -255,10 +262,11 @@ class HeteroStrategy(Strategy):
     def configure_evaluate(self, server_round, arrays, config, grid):
         if not self.evaluates(server_round):
             return []
-        self.eval_rounds[server_round] = RoundLog(sampled=sorted(self.node_of_partition))
+        live = self._live(grid, server_round)
+        self.eval_rounds[server_round] = RoundLog(sampled=live)
         self._eval_sent = {pid: Message(RecordDict({"config": self._config(server_round)}),
-                                        message_type=MessageType.EVALUATE, dst_node_id=node)
-                           for pid, node in sorted(self.node_of_partition.items())}
+                                        message_type=MessageType.EVALUATE, dst_node_id=self.node_of_partition[pid])
+                           for pid in live}
         return list(self._eval_sent.values())
 
     def evaluation_problem(self, partition_id: int, reply: Message) -> str | None:
