@@ -207,8 +207,9 @@ def translator_trials_table(path):
                   "binding acc", "F1"], rows)
 
 
-def headline(summary, real):
-    """One paragraph for the top-level README: the main pair's retention and the real-shape cost ratio."""
+def headline(summary, real, study=None):
+    """One paragraph for the top-level README: the main pair's retention, the retention study's best variant and
+    the real-shape cost ratio."""
     parts = []
     if summary:
         main_pair = next(iter(summary["pairs"]))
@@ -216,6 +217,12 @@ def headline(summary, real):
         parts.append(f"on the main cross-tokenizer pair (`{main_pair}`, {r['steps']} translator steps in the committed "
                      f"run) MoT keeps {fmt(r['heldout_phrasing_retention'], 2)} of the target's F1 on held-out "
                      f"phrasings and {fmt(r['retention'], 2)} on long contexts (goal 0.9)")
+    if study:
+        name, v = max(study["variants"].items(), key=lambda kv: kv[1]["heldout_phrasing_retention"]["mean"])
+        r, l = v["heldout_phrasing_retention"], v["long_retention"]
+        parts.append(f"trained on varied phrasings (`{name}`, {len(v['seeds'])} seeds) it keeps "
+                     f"{fmt(r['mean'], 2)} ± {fmt(r['ci95'], 2)} on held-out phrasings and {fmt(l['mean'], 2)} ± "
+                     f"{fmt(l['ci95'], 2)} on long contexts")
     if real:
         parts.append(f"translation costs {fmt(min(real['ratio']), 2)}-{fmt(max(real['ratio']), 2)}x the target's "
                      f"prefill from {real['tokens'][0]} to {real['tokens'][-1]} tokens at GPT-2 -> Qwen2.5-0.5B "
@@ -232,13 +239,14 @@ def render(demo=DEMO):
         blocks["injection"] = injection_table(summary, details)
     blocks["bench"] = bench_table(load(os.path.join(EXPERIMENTS, "bench_translate_real.json")),
                                   load(os.path.join(EXPERIMENTS, "bench_translate_tiny.json")))
-    blocks["kvtranslate-headline"] = headline(summary, load(os.path.join(EXPERIMENTS, "bench_translate_real.json")))
+    study = load(os.path.join(EXPERIMENTS, "retention_study_summary.json"))
+    blocks["kvtranslate-headline"] = headline(summary, load(os.path.join(EXPERIMENTS, "bench_translate_real.json")),
+                                              study)
     blocks["checkpoints"] = checkpoints_table()
     blocks["translator-trials"] = translator_trials_table(os.path.join(REPO, "kvtranslate", "history",
                                                                        "translator_trials.jsonl"))
     blocks["heldout"] = heldout_table(os.path.join(EXPERIMENTS, "heldout_tiny-gpt2__tiny-qwen2.json"))
-    blocks["retention-study"] = retention_study_table(load(os.path.join(EXPERIMENTS,
-                                                                        "retention_study_summary.json")))
+    blocks["retention-study"] = retention_study_table(study)
     return blocks
 
 
