@@ -34,9 +34,20 @@ class LocalSettings:
 
     @staticmethod
     def from_run(run, lr: float, seed: int) -> "LocalSettings":
-        return LocalSettings(run["local-epochs"], run["max-local-steps"], run["batch-size"], lr, run["momentum"], run["weight-decay"],
-                             run["kd-ratio"], run["crop-flip"], run["randaugment"], run["mixup-alpha"],
-                             run["cutmix-alpha"], seed)
+        return LocalSettings(
+            run["local-epochs"],
+            run["max-local-steps"],
+            run["batch-size"],
+            lr,
+            run["momentum"],
+            run["weight-decay"],
+            run["kd-ratio"],
+            run["crop-flip"],
+            run["randaugment"],
+            run["mixup-alpha"],
+            run["cutmix-alpha"],
+            seed,
+        )
 
 
 @dataclass
@@ -66,8 +77,13 @@ def masked(logits: torch.Tensor, logit_mask: torch.Tensor | None) -> torch.Tenso
     return logits if logit_mask is None else logits.masked_fill(~logit_mask, -1e9)
 
 
-def train_subnets(model: ElasticResNet, plan: SubnetPlan, data: ImageData, settings: LocalSettings,
-                  logit_mask: torch.Tensor | None = None) -> dict:
+def train_subnets(
+    model: ElasticResNet,
+    plan: SubnetPlan,
+    data: ImageData,
+    settings: LocalSettings,
+    logit_mask: torch.Tensor | None = None,
+) -> dict:
     """Local training; returns metrics. One Mixup/CutMix draw per step is shared by all subnets of that step.
 
     ``logit_mask`` (bool per class), when given, keeps only those classes' logits (HeteroFL's label masking)."""
@@ -77,15 +93,16 @@ def train_subnets(model: ElasticResNet, plan: SubnetPlan, data: ImageData, setti
     model.to(device)
     if logit_mask is not None:
         logit_mask = logit_mask.to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
-                                weight_decay=settings.weight_decay, foreach=True)
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay, foreach=True
+    )
     num_classes = model.cfg.n_classes
     model.train()
     steps, loss_sum = 0, 0.0
     for _ in range(settings.epochs):
         order = torch.randperm(len(data), generator=generator)
         for start in range(0, len(data), settings.batch_size):
-            idx = order[start: start + settings.batch_size]
+            idx = order[start : start + settings.batch_size]
             if len(idx) < 2:  # BatchNorm needs more than one sample
                 continue
             if settings.max_steps and steps >= settings.max_steps:
@@ -96,8 +113,9 @@ def train_subnets(model: ElasticResNet, plan: SubnetPlan, data: ImageData, setti
             if settings.randaugment:
                 images = rand_augment(images, int(rng.integers(2**31)))
             # augmentation stays on the CPU (seeded there); the mixed batch moves to the device
-            images, targets = mix_batch(normalize(images), labels, num_classes, settings.mixup_alpha,
-                                        settings.cutmix_alpha, rng)
+            images, targets = mix_batch(
+                normalize(images), labels, num_classes, settings.mixup_alpha, settings.cutmix_alpha, rng
+            )
             images, targets = images.to(device), targets.to(device)
 
             logits = masked(model(images, plan.largest), logit_mask)
@@ -109,8 +127,9 @@ def train_subnets(model: ElasticResNet, plan: SubnetPlan, data: ImageData, setti
                 students.append(plan.between[rng.integers(len(plan.between))])
             for arch in students:
                 out = masked(model(images, arch), logit_mask)
-                student_loss = ((1 - settings.kd_ratio) * soft_cross_entropy(out, targets)
-                                + settings.kd_ratio * soft_cross_entropy(out, teacher))
+                student_loss = (1 - settings.kd_ratio) * soft_cross_entropy(
+                    out, targets
+                ) + settings.kd_ratio * soft_cross_entropy(out, teacher)
                 student_loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP_NORM, foreach=True)
             optimizer.step()

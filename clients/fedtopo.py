@@ -15,8 +15,9 @@ from fl_app.data import ImageData
 
 
 # -- prototypes and topology ---------------------------------------------------------------------------------------
-def class_prototypes(features: torch.Tensor, labels: torch.Tensor, num_classes: int,
-                     normalise: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def class_prototypes(
+    features: torch.Tensor, labels: torch.Tensor, num_classes: int, normalise: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-class mean of (L2-normalised) features -> (prototypes [C, d], counts [C]); absent classes are zero."""
     feats = F.normalize(features.float(), dim=1) if normalise else features.float()
     counts = torch.bincount(labels, minlength=num_classes).float()
@@ -80,8 +81,9 @@ def _device_of(model: torch.nn.Module) -> torch.device:
 def local_train(model: torch.nn.Module, data: ImageData, settings: LocalSettings, loss_fn) -> dict:
     """SGD on the client's data; ``loss_fn(logits, features, labels)`` is the method's objective."""
     generator = torch.Generator().manual_seed(settings.seed)
-    optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr, momentum=settings.momentum,
-                                weight_decay=settings.weight_decay)
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay
+    )
     model.train()
     device = _device_of(model)
     steps, loss_sum = 0, 0.0
@@ -90,7 +92,7 @@ def local_train(model: torch.nn.Module, data: ImageData, settings: LocalSettings
         for start in range(0, len(data), settings.batch_size):
             if settings.max_steps and steps >= settings.max_steps:
                 break
-            idx = order[start: start + settings.batch_size]
+            idx = order[start : start + settings.batch_size]
             if len(idx) < 2:  # BatchNorm needs more than one sample
                 continue
             images = data.images[idx]
@@ -109,8 +111,9 @@ def local_train(model: torch.nn.Module, data: ImageData, settings: LocalSettings
 
 
 @torch.no_grad()
-def embed(model: torch.nn.Module, data: ImageData, max_samples: int = 0, seed: int = 0,
-          batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def embed(
+    model: torch.nn.Module, data: ImageData, max_samples: int = 0, seed: int = 0, batch_size: int = 256
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logits, features, labels) in eval mode, without augmentation, on a class-stratified subsample of at most
     ~``max_samples`` (0 = all; see ``capped_rows``)."""
     if max_samples and len(data) > max_samples:
@@ -119,7 +122,7 @@ def embed(model: torch.nn.Module, data: ImageData, max_samples: int = 0, seed: i
     device = _device_of(model)
     logits, feats = [], []
     for start in range(0, len(data), batch_size):
-        out, f = model(normalize(data.images[start: start + batch_size]).to(device), with_features=True)
+        out, f = model(normalize(data.images[start : start + batch_size]).to(device), with_features=True)
         logits.append(out.cpu())
         feats.append(f.cpu())
     return torch.cat(logits), torch.cat(feats), data.labels
@@ -132,13 +135,14 @@ def evaluate(model: torch.nn.Module, data: ImageData, batch_size: int = 256) -> 
     device = _device_of(model)
     correct = 0
     for start in range(0, len(data), batch_size):
-        out = model(normalize(data.images[start: start + batch_size]).to(device))
-        correct += int((out.argmax(1).cpu() == data.labels[start: start + batch_size]).sum())
+        out = model(normalize(data.images[start : start + batch_size]).to(device))
+        correct += int((out.argmax(1).cpu() == data.labels[start : start + batch_size]).sum())
     return correct, len(data)
 
 
-def fedtopo_upload(model, data: ImageData, num_classes: int, source: str, max_samples: int,
-                   seed: int) -> dict[str, np.ndarray]:
+def fedtopo_upload(
+    model, data: ImageData, num_classes: int, source: str, max_samples: int, seed: int
+) -> dict[str, np.ndarray]:
     """What a FedTopo client sends: pairwise relation scores S (C×C) and its true per-class counts. No weights."""
     if source not in ("prototypes", "logits"):
         raise ValueError(f"topo-source='{source}': allowed values are ['prototypes', 'logits']")

@@ -18,8 +18,10 @@ def plain_ce(logits, feats, labels):
 
 
 def head_upload(model) -> dict[str, np.ndarray]:
-    return {"head.weight": model.head.weight.detach().cpu().numpy().copy(),
-            "head.bias": model.head.bias.detach().cpu().numpy().copy()}
+    return {
+        "head.weight": model.head.weight.detach().cpu().numpy().copy(),
+        "head.bias": model.head.bias.detach().cpu().numpy().copy(),
+    }
 
 
 def load_head(model, global_arrays: dict) -> None:
@@ -40,8 +42,10 @@ def class_means_upload(model, data, num_classes: int, max_samples: int, seed: in
 def _global(global_arrays: dict, key: str):
     if key not in global_arrays:
         return None, None
-    return (torch.from_numpy(np.asarray(global_arrays[key], dtype=np.float32)),
-            torch.from_numpy(np.asarray(global_arrays["has"]) > 0))
+    return (
+        torch.from_numpy(np.asarray(global_arrays[key], dtype=np.float32)),
+        torch.from_numpy(np.asarray(global_arrays["has"]) > 0),
+    )
 
 
 class FdLoss:
@@ -86,4 +90,5 @@ def proto_loss(global_arrays: dict, lam: float):
         keep = has.to(feats.device)[labels].float()
         mse = ((feats - protos.to(feats.device)[labels]) ** 2).mean(1)
         return F.cross_entropy(logits, labels) + lam * (keep * mse).sum() / keep.sum().clamp(min=1)
+
     return loss

@@ -48,8 +48,12 @@ def _inputs(supernet: str, cache_name: str, clients: int, seed: int, max_macs: f
     for i, budget in enumerate(budgets):
         shapes = full_shapes if dense else subnet_shapes(cfg, cache.route_bounds(budget))
         # a reply: the routed slice, moved a little by "training"
-        replies.append((state_to_record({k: v + 0.01 * (i + 1) for k, v in slice_state(global_state, shapes).items()}),
-                        float(rng.integers(100, 1000))))
+        replies.append(
+            (
+                state_to_record({k: v + 0.01 * (i + 1) for k, v in slice_state(global_state, shapes).items()}),
+                float(rng.integers(100, 1000)),
+            )
+        )
     return global_state, replies
 
 
@@ -61,11 +65,12 @@ def measure(side: str, supernet: str, cache: str, clients: int, seed: int, max_m
     from strategies.sparse import sparse_average
 
     global_state, replies = _inputs(supernet, cache, clients, seed, max_macs, dense=side == "dense")
-    model_mb = sum(v.nbytes for v in global_state.values()) / 2 ** 20
-    reply_mb = sum(record.count_bytes() for record, _ in replies) / 2 ** 20
+    model_mb = sum(v.nbytes for v in global_state.values()) / 2**20
+    reply_mb = sum(record.count_bytes() for record, _ in replies) / 2**20
     if side == "dense":
-        records = [RecordDict({"arrays": record, "metrics": MetricRecord({"num-examples": w})})
-                   for record, w in replies]
+        records = [
+            RecordDict({"arrays": record, "metrics": MetricRecord({"num-examples": w})}) for record, w in replies
+        ]
         del global_state
     gc.collect()
     base, _ = memory_mb()
@@ -79,8 +84,13 @@ def measure(side: str, supernet: str, cache: str, clients: int, seed: int, max_m
     seconds = time.perf_counter() - started
     _, peak = memory_mb()
     assert len(result) > 0
-    return {"seconds": seconds, "peak_rss_mb": peak - base, "peak_total_rss_mb": peak, "model_mb": model_mb,
-            "replies_mb": reply_mb}
+    return {
+        "seconds": seconds,
+        "peak_rss_mb": peak - base,
+        "peak_total_rss_mb": peak,
+        "model_mb": model_mb,
+        "replies_mb": reply_mb,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -97,15 +107,31 @@ def main(argv: list[str] | None = None) -> dict:
     runs = {}
     for side in ("sparse", "dense"):
         for _ in range(args.repeats):
-            command = [sys.executable, "-m", "experiments.bench_aggregate", "--side", side, "--supernet",
-                       args.supernet, "--cache", cache, "--clients", str(args.clients), "--seed", str(args.seed),
-                       "--max-macs", str(args.max_macs)]
+            command = [
+                sys.executable,
+                "-m",
+                "experiments.bench_aggregate",
+                "--side",
+                side,
+                "--supernet",
+                args.supernet,
+                "--cache",
+                cache,
+                "--clients",
+                str(args.clients),
+                "--seed",
+                str(args.seed),
+                "--max-macs",
+                str(args.max_macs),
+            ]
             out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
             runs.setdefault(side, []).append(json.loads(out.strip().splitlines()[-1]))
     best = {side: min(r, key=lambda m: m["seconds"]) for side, r in runs.items()}
     result = {
-        "supernet": args.supernet, "clients": args.clients,
-        "sparse_s": round(best["sparse"]["seconds"], 3), "dense_s": round(best["dense"]["seconds"], 3),
+        "supernet": args.supernet,
+        "clients": args.clients,
+        "sparse_s": round(best["sparse"]["seconds"], 3),
+        "dense_s": round(best["dense"]["seconds"], 3),
         "ratio": round(best["sparse"]["seconds"] / best["dense"]["seconds"], 3),
         "peak_rss_mb": round(best["sparse"]["peak_rss_mb"], 1),
         "dense_peak_rss_mb": round(best["dense"]["peak_rss_mb"], 1),

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ONE_RUN = r'''
+ONE_RUN = r"""
 import csv, json, tempfile, time
 from pathlib import Path
 from experiments.flower_env import local_flower_env
@@ -38,7 +38,7 @@ with tempfile.TemporaryDirectory() as tmp, local_flower_env() as env:
                       "client_s": round(sum(float(r["client_seconds"]) for r in rows), 1),
                       "tiers": [t["accuracy"] for t in summary["tiers"]],
                       "population_weighted_accuracy": summary.get("population_weighted_accuracy")}))
-'''
+"""
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -50,12 +50,23 @@ def main(argv: list[str] | None = None) -> list[dict]:
     results = []
     for name in args.order:
         load = [round(x, 2) for x in os.getloadavg()]
-        proc = subprocess.run([sys.executable, "-c", ONE_RUN], cwd=trees[name], capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(trees[name])})
+        proc = subprocess.run(
+            [sys.executable, "-c", ONE_RUN],
+            cwd=trees[name],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(trees[name])},
+        )
         if proc.returncode:
             raise RuntimeError(f"the {name} run failed:\n{proc.stderr[-3000:]}")
-        results.append({"tree": name, **json.loads(proc.stdout.strip().splitlines()[-1]), "load_start": load,
-                        "load_end": [round(x, 2) for x in os.getloadavg()]})
+        results.append(
+            {
+                "tree": name,
+                **json.loads(proc.stdout.strip().splitlines()[-1]),
+                "load_start": load,
+                "load_end": [round(x, 2) for x in os.getloadavg()],
+            }
+        )
         print(json.dumps(results[-1]), flush=True)
     return results
 

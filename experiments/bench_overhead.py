@@ -14,7 +14,8 @@ against an already running local SuperLink (started once per session, like a use
 a fresh process running the loop (imports, data loading, all rounds, evaluation). By default Flower runs one client
 at a time (``client-resources-num-cpus`` = all cores, so a client trains with as many threads), as the plain loop
 does (same threads); ``flower_parallel_s`` is the README's federation (one CPU and one thread per client, clients
-side by side; its floats differ from the plain loop's, since thread counts change reduction order). Prints one JSON line.
+side by side; its floats differ from the plain loop's, since thread counts change reduction order).
+Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -56,37 +57,51 @@ def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = Non
     train, test = dataset_for(run, fed.cfg)
     splits = server_splits(run, train)
     torch.manual_seed(run["seed"])
-    state = {k: v.numpy() for k, v in ElasticResNet(fed.cfg).state_dict().items()
-             if not k.endswith("num_batches_tracked")}
-    evaluator = TierEvaluator(fed.cfg, fed.tiers(run), budgets.values(), train.subset(splits.calibration),
-                              train.subset(splits.validation), test, run["eval-every"], run["num-server-rounds"],
-                              lambda s: s)
+    state = {
+        k: v.numpy() for k, v in ElasticResNet(fed.cfg).state_dict().items() if not k.endswith("num_batches_tracked")
+    }
+    evaluator = TierEvaluator(
+        fed.cfg,
+        fed.tiers(run),
+        budgets.values(),
+        train.subset(splits.calibration),
+        train.subset(splits.validation),
+        test,
+        run["eval-every"],
+        run["num-server-rounds"],
+        lambda s: s,
+    )
     lr_of_round = cosine_lr(run)
     started, client_seconds = time.perf_counter(), 0.0
     for server_round in range(1, run["num-server-rounds"] + 1):
         updates = []
-        for pid in sample_partitions(range(num_clients), run.clients_per_round(num_clients), run["seed"],
-                                     server_round):
+        for pid in sample_partitions(range(num_clients), run.clients_per_round(num_clients), run["seed"], server_round):
             client_started = time.perf_counter()
             bounds = fed.cache.route_bounds(budgets[pid])
             routed = slice_state(state, subnet_shapes(fed.cfg, bounds))
             model = ElasticResNet(fed.cfg, bounds)
             model.load_state_dict({k: torch.from_numpy(v) for k, v in routed.items()}, strict=False)
             data = client_data(run, pid, num_clients)
-            settings = LocalSettings.from_run(run, lr_of_round(server_round), local_seed(run["seed"], server_round,
-                                                                                         pid))
+            settings = LocalSettings.from_run(
+                run, lr_of_round(server_round), local_seed(run["seed"], server_round, pid)
+            )
             train_subnets(model, plan_subnets(fed.cache, budgets[pid], bounds, run.train_subnets), data, settings)
-            trained = {k: v.numpy() for k, v in slice_state(model.state_dict(), {k: v.shape for k, v in
-                                                                                 routed.items()}).items()}
+            trained = {
+                k: v.numpy()
+                for k, v in slice_state(model.state_dict(), {k: v.shape for k, v in routed.items()}).items()
+            }
             updates.append((trained, len(data)))
             client_seconds += time.perf_counter() - client_started
         state = sparse_average(state, updates)
         evaluator(server_round, state)
     if state_out is not None:
         np.savez(state_out, **state)
-    return {"tiers": evaluator.last["tiers"], "population_weighted_accuracy": evaluator.last[
-        "population_weighted_accuracy"], "rounds_s": round(time.perf_counter() - started, 1),
-            "client_s": round(client_seconds, 1)}
+    return {
+        "tiers": evaluator.last["tiers"],
+        "population_weighted_accuracy": evaluator.last["population_weighted_accuracy"],
+        "rounds_s": round(time.perf_counter() - started, 1),
+        "client_s": round(client_seconds, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -98,8 +113,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--plain-only", action="store_true", help=argparse.SUPPRESS)  # the plain side, internal
     parser.add_argument("--state-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    values = {"num-server-rounds": args.rounds, "eval-every": args.rounds, "checkpoint-every": 0,
-              **(json.loads(args.run_config) if args.run_config else {})}
+    values = {
+        "num-server-rounds": args.rounds,
+        "eval-every": args.rounds,
+        "checkpoint-every": 0,
+        **(json.loads(args.run_config) if args.run_config else {}),
+    }
     cores = os.cpu_count() or 1
     if args.plain_only:
         # a Ray actor holding all cores gets OMP_NUM_THREADS = cores, and the client trains with that many threads
@@ -111,9 +130,25 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp, local_flower_env() as env:
         plain_state = Path(tmp) / "plain.npz"
         started = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "experiments.bench_overhead", "--plain-only", "--rounds",
-                              str(args.rounds), "--clients", str(args.clients), "--run-config", json.dumps(values),
-                              "--state-out", str(plain_state)], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "experiments.bench_overhead",
+                "--plain-only",
+                "--rounds",
+                str(args.rounds),
+                "--clients",
+                str(args.clients),
+                "--run-config",
+                json.dumps(values),
+                "--state-out",
+                str(plain_state),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         result["plain_s"] = round(time.perf_counter() - started, 1)
         plain = json.loads(out.stdout.strip().splitlines()[-1])
         result["plain_rounds_s"] = plain["rounds_s"]  # the round loop alone (training, aggregation, evaluation)
@@ -133,8 +168,9 @@ def main(argv: list[str] | None = None) -> dict:
             summary = json.loads((out_dir / "summary.json").read_text())
             result[key.replace("_s", "_rounds_s")] = summary["wall_seconds"]  # the ServerApp's round loop
             with open(out_dir / "rounds.csv") as handle:  # the clients' own time inside their ClientApp calls
-                result[key.replace("_s", "_client_s")] = round(sum(float(r["client_seconds"])
-                                                                   for r in csv.DictReader(handle)), 1)
+                result[key.replace("_s", "_client_s")] = round(
+                    sum(float(r["client_seconds"]) for r in csv.DictReader(handle)), 1
+                )
             if key == "flower_s":
                 result["flower_accuracy"] = [t["accuracy"] for t in summary["tiers"]]
                 result["plain_accuracy"] = [t["accuracy"] for t in plain["tiers"]]
@@ -143,7 +179,8 @@ def main(argv: list[str] | None = None) -> dict:
                     result["same_weights"] = all(np.array_equal(saved[k], flower_state[k].numpy()) for k in saved)
                 result["same_result"] = bool(
                     summary["tiers"] == plain["tiers"]
-                    and np.isclose(summary["population_weighted_accuracy"], plain["population_weighted_accuracy"]))
+                    and np.isclose(summary["population_weighted_accuracy"], plain["population_weighted_accuracy"])
+                )
     result["ratio"] = round(result["flower_s"] / result["plain_s"], 3)
     if "flower_parallel_s" in result:
         result["ratio_parallel"] = round(result["flower_parallel_s"] / result["plain_s"], 3)

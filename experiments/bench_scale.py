@@ -57,8 +57,10 @@ def server_round_costs(num_clients: int, per_round: int, rounds: int = 20) -> di
         started = time.perf_counter()
         sample_partitions(ids, per_round, 0, server_round)
         sampling.append(time.perf_counter() - started)
-    return {"discovery_ms_per_round": round(1e3 * statistics.median(refresh), 3),
-            "sampling_ms_per_round": round(1e3 * statistics.median(sampling), 3)}
+    return {
+        "discovery_ms_per_round": round(1e3 * statistics.median(refresh), 3),
+        "sampling_ms_per_round": round(1e3 * statistics.median(sampling), 3),
+    }
 
 
 def smallest_partition(values: dict, num_clients: int) -> int:
@@ -71,18 +73,29 @@ def smallest_partition(values: dict, num_clients: int) -> int:
 def run_scale(num_clients: int, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp, local_flower_env() as env:
         out_dir = args.out / str(num_clients) if args.out else Path(tmp) / "run"
-        values = {"num-server-rounds": args.rounds, "clients-per-round": args.per_round, "eval-every": 5,
-                  "gamma": 0.0, "partitioner": args.partitioner, "data-source": "local",
-                  "data-path": str(args.data_path.resolve()), "checkpoint-every": 0,
-                  "output-dir": str(out_dir.resolve())}
+        values = {
+            "num-server-rounds": args.rounds,
+            "clients-per-round": args.per_round,
+            "eval-every": 5,
+            "gamma": 0.0,
+            "partitioner": args.partitioner,
+            "data-source": "local",
+            "data-path": str(args.data_path.resolve()),
+            "checkpoint-every": 0,
+            "output-dir": str(out_dir.resolve()),
+        }
         min_partition = smallest_partition({k: v for k, v in values.items() if k != "output-dir"}, num_clients)
         if min_partition < 1:
-            raise RuntimeError(f"partitioner={args.partitioner} leaves a client without data at {num_clients} "
-                               "clients")
+            raise RuntimeError(f"partitioner={args.partitioner} leaves a client without data at {num_clients} clients")
         started = time.perf_counter()
         log_file = Path(tmp) / "flwr.log"
-        _, status = flwr_run(format_run_config(values), f"num-supernodes={num_clients} client-resources-num-cpus=1",
-                             env=env, timeout=3 * 3600, log_file=log_file)
+        _, status = flwr_run(
+            format_run_config(values),
+            f"num-supernodes={num_clients} client-resources-num-cpus=1",
+            env=env,
+            timeout=3 * 3600,
+            log_file=log_file,
+        )
         wall = time.perf_counter() - started
         if status != "finished:completed":
             raise RuntimeError(f"the run ended {status}:\n{log_file.read_text()[-4000:]}")
@@ -91,14 +104,21 @@ def run_scale(num_clients: int, args) -> dict:
     seconds = [float(rows[r]["seconds"]) for r in sorted(rows)]
     peak5, peak20 = float(rows[5]["server_peak_rss_mb"]), float(rows[20]["server_peak_rss_mb"])
     return {
-        "clients": num_clients, "per_round": args.per_round, "rounds": args.rounds, "partitioner": args.partitioner,
+        "clients": num_clients,
+        "per_round": args.per_round,
+        "rounds": args.rounds,
+        "partitioner": args.partitioner,
         "min_partition": min_partition,
-        "s_per_round": round(sum(seconds[1:]) / len(seconds[1:]), 2), "s_round1": round(seconds[0], 2),
-        "rss_mb_round5": round(peak5, 1), "rss_mb_round20": round(peak20, 1),
+        "s_per_round": round(sum(seconds[1:]) / len(seconds[1:]), 2),
+        "s_round1": round(seconds[0], 2),
+        "rss_mb_round5": round(peak5, 1),
+        "rss_mb_round20": round(peak20, 1),
         "resident_mb_round5": round(float(rows[5]["server_rss_mb"]), 1),
         "resident_mb_round20": round(float(rows[20]["server_rss_mb"]), 1),
-        "flat": abs(peak20 - peak5) <= 0.1 * peak5, "wall_s": round(wall, 1),
-        "startup_s": round(wall - sum(seconds), 1), **server_round_costs(num_clients, args.per_round),
+        "flat": abs(peak20 - peak5) <= 0.1 * peak5,
+        "wall_s": round(wall, 1),
+        "startup_s": round(wall - sum(seconds), 1),
+        **server_round_costs(num_clients, args.per_round),
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
@@ -108,8 +128,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--clients", type=int, nargs="+", default=[1000])
     parser.add_argument("--per-round", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--partitioner", default="gamma", help="gamma (here with γ = 0, i.e. Dirichlet sizes), "
-                        "dirichlet or iid")
+    parser.add_argument(
+        "--partitioner", default="gamma", help="gamma (here with γ = 0, i.e. Dirichlet sizes), dirichlet or iid"
+    )
     parser.add_argument("--data-path", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--out", type=Path, help="keep the runs' output folders here (default: temporary ones)")
     args = parser.parse_args(argv)
@@ -123,11 +144,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(json.dumps(results[-1]), flush=True)
     if len(results) > 1:
         base = results[0]
-        print(json.dumps({"compared_with": base["clients"], **{
-            f"{r['clients']}": {"s_per_round_ratio": round(r["s_per_round"] / base["s_per_round"], 3),
-                                "peak_rss_ratio": round(r["rss_mb_round20"] / base["rss_mb_round20"], 3),
-                                "startup_s_ratio": round(r["startup_s"] / base["startup_s"], 3)}
-            for r in results[1:]}}))
+        print(
+            json.dumps(
+                {
+                    "compared_with": base["clients"],
+                    **{
+                        f"{r['clients']}": {
+                            "s_per_round_ratio": round(r["s_per_round"] / base["s_per_round"], 3),
+                            "peak_rss_ratio": round(r["rss_mb_round20"] / base["rss_mb_round20"], 3),
+                            "startup_s_ratio": round(r["startup_s"] / base["startup_s"], 3),
+                        }
+                        for r in results[1:]
+                    },
+                }
+            )
+        )
     return results
 
 

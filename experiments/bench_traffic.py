@@ -38,12 +38,17 @@ def main(argv: list[str] | None = None) -> dict:
             per_round[key].append(traffic[key])
     mean = {key: float(np.mean(values)) for key, values in per_round.items()}
     result = {
-        "supernet": args.supernet, "clients": args.clients, "per_round": args.per_round, "rounds": args.rounds,
-        "bytes_routed": round(mean["routed"]), "bytes_full": round(mean["full"]),
+        "supernet": args.supernet,
+        "clients": args.clients,
+        "per_round": args.per_round,
+        "rounds": args.rounds,
+        "bytes_routed": round(mean["routed"]),
+        "bytes_full": round(mean["full"]),
         "bytes_routed_bf16": round(mean["routed_bf16"]),
         "ratio_full_to_routed": round(mean["full"] / mean["routed"], 3),
         "ratio_full_to_routed_bf16": round(mean["full"] / mean["routed_bf16"], 3),
-        "bytes_routed_min_round": int(min(per_round["routed"])), "bytes_routed_max_round": int(max(per_round["routed"])),
+        "bytes_routed_min_round": int(min(per_round["routed"])),
+        "bytes_routed_max_round": int(max(per_round["routed"])),
     }
     print(json.dumps(result))
     return result

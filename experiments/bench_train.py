@@ -63,11 +63,13 @@ def machine_peaks(device, repeats: int = 3, size: int = 1024, dtype=None) -> dic
         F.conv2d(x, w, padding=1)
         sync()
 
-    matmul_flops = 2 * size ** 3
+    matmul_flops = 2 * size**3
     conv_flops = 2 * 32 * 128 * 128 * 9 * 16 * 16
     clock = time.perf_counter if device.type == "cuda" else time.process_time  # as in _measure
-    return {"matmul_gflops": round(matmul_flops / _timed(matmul, repeats, clock) / 1e9, 2),
-            "conv_gflops": round(conv_flops / _timed(conv, repeats, clock) / 1e9, 2)}
+    return {
+        "matmul_gflops": round(matmul_flops / _timed(matmul, repeats, clock) / 1e9, 2),
+        "conv_gflops": round(conv_flops / _timed(conv, repeats, clock) / 1e9, 2),
+    }
 
 
 def default_levels(supernet: str, clients: int) -> list[float]:
@@ -85,16 +87,29 @@ def _data(n: int, num_classes: int, hw: int, seed: int = 0):
     from fl_app.data import ImageData
 
     gen = torch.Generator().manual_seed(seed)
-    return ImageData(torch.randint(0, 256, (n, 3, hw, hw), dtype=torch.uint8, generator=gen),
-                     torch.randint(0, num_classes, (n,), generator=gen))
+    return ImageData(
+        torch.randint(0, 256, (n, 3, hw, hw), dtype=torch.uint8, generator=gen),
+        torch.randint(0, num_classes, (n,), generator=gen),
+    )
 
 
 def _settings(batch: int, steps: int, seed: int = 0):
     from clients.feast import LocalSettings
 
-    return LocalSettings(epochs=1, max_steps=steps, batch_size=batch, lr=0.05, momentum=0.9, weight_decay=5e-4,
-                         kd_ratio=0.5, crop_flip=True, randaugment=False, mixup_alpha=0.0, cutmix_alpha=0.0,
-                         seed=seed)
+    return LocalSettings(
+        epochs=1,
+        max_steps=steps,
+        batch_size=batch,
+        lr=0.05,
+        momentum=0.9,
+        weight_decay=5e-4,
+        kd_ratio=0.5,
+        crop_flip=True,
+        randaugment=False,
+        mixup_alpha=0.0,
+        cutmix_alpha=0.0,
+        seed=seed,
+    )
 
 
 def _autocast(device, bf16: bool):
@@ -128,9 +143,12 @@ def _measure(step, steps: int, batch: int, repeats: int, device) -> dict:
         times.append(clock() - started)
         walls.append(time.perf_counter() - wall_started)
     seconds = statistics.median(times)
-    return {"images_per_s": round(steps * batch / seconds, 1), "gflops": round(flops / seconds / 1e9, 3),
-            "gflop_per_step": round(flops / steps / 1e9, 4),
-            "images_per_s_wall": round(steps * batch / statistics.median(walls), 1)}
+    return {
+        "images_per_s": round(steps * batch / seconds, 1),
+        "gflops": round(flops / seconds / 1e9, 3),
+        "gflop_per_step": round(flops / steps / 1e9, 4),
+        "images_per_s_wall": round(steps * batch / statistics.median(walls), 1),
+    }
 
 
 def feast_step(cfg, cache, budget: float, batch: int, device, bf16: bool):
@@ -151,6 +169,7 @@ def feast_step(cfg, cache, budget: float, batch: int, device, bf16: bool):
             data_by_steps[n] = _data(n * batch, cfg.n_classes, cfg.initial_input_hw)
         with _autocast(device, bf16):
             train_subnets(model, plan, data_by_steps[n], _settings(batch, n))
+
     return step, plan
 
 
@@ -173,14 +192,37 @@ def fedtopo_step(batch: int, device, bf16: bool):
             data_by_steps[n] = _data(n * batch, 10, 32)
         with _autocast(device, bf16):
             local_train(model, data_by_steps[n], _settings(batch, n), loss_fn)
+
     return step, architecture_of("cpu", 0)
 
 
 # -- where the time goes ---------------------------------------------------------------------------------------------
-CATEGORIES = (("convolution", ("conv",)), ("batch_norm", ("batch_norm",)),
-              ("slicing_copies", ("slice", "as_strided", "copy_", "contiguous", "clone", "zeros", "zero_", "fill_",
-                                  "empty", "select", "index", "narrow", "view", "t", "transpose", "_to_copy")),
-              ("optimizer_ops", ("_foreach", "linalg_vector_norm")))
+CATEGORIES = (
+    ("convolution", ("conv",)),
+    ("batch_norm", ("batch_norm",)),
+    (
+        "slicing_copies",
+        (
+            "slice",
+            "as_strided",
+            "copy_",
+            "contiguous",
+            "clone",
+            "zeros",
+            "zero_",
+            "fill_",
+            "empty",
+            "select",
+            "index",
+            "narrow",
+            "view",
+            "t",
+            "transpose",
+            "_to_copy",
+        ),
+    ),
+    ("optimizer_ops", ("_foreach", "linalg_vector_norm")),
+)
 
 
 def profile_step(step, steps: int) -> dict:
@@ -206,11 +248,17 @@ def profile_step(step, steps: int) -> dict:
                 return fn(*args, **kwargs)
             finally:
                 spent[phase] = spent.get(phase, 0.0) + time.thread_time() - started
+
         return wrapper
 
-    patches = [(feast, "crop_flip", "augmentation"), (feast, "normalize", "augmentation"),
-               (ElasticResNet, "forward", "forward"), (torch.Tensor, "backward", "backward"),
-               (torch.nn.utils, "clip_grad_norm_", "optimizer"), (torch.optim.SGD, "step", "optimizer")]
+    patches = [
+        (feast, "crop_flip", "augmentation"),
+        (feast, "normalize", "augmentation"),
+        (ElasticResNet, "forward", "forward"),
+        (torch.Tensor, "backward", "backward"),
+        (torch.nn.utils, "clip_grad_norm_", "optimizer"),
+        (torch.optim.SGD, "step", "optimizer"),
+    ]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     step(1)
     try:
@@ -232,12 +280,16 @@ def profile_step(step, steps: int) -> dict:
         if not event.key.startswith("aten::"):
             continue
         op = event.key.removeprefix("aten::")
-        category = next((c for c, keys in CATEGORIES if any(k == op or (len(k) > 2 and k in op) for k in keys)),
-                        "other_ops")
+        category = next(
+            (c for c, keys in CATEGORIES if any(k == op or (len(k) > 2 and k in op) for k in keys)), "other_ops"
+        )
         ops[category] = ops.get(category, 0.0) + event.self_cpu_time_total
     op_total = sum(ops.values())
-    return {"cpu_ms_per_step": round(1e3 * total / steps, 2), "cpu_share": cpu_share,
-            "op_share": {k: round(v / op_total, 3) for k, v in sorted(ops.items())}}
+    return {
+        "cpu_ms_per_step": round(1e3 * total / steps, 2),
+        "cpu_share": cpu_share,
+        "op_share": {k: round(v / op_total, 3) for k, v in sorted(ops.items())},
+    }
 
 
 # -- one worker: everything measured in one process -------------------------------------------------------------------
@@ -253,8 +305,11 @@ def worker(args) -> dict:
     fed = Federation.build(run, DEFAULT_CLIENTS)
     levels = args.levels or sorted({float(b) for b in fed.budgets})
     # the peak in the precision the step computes in: bf16 matmuls/convolutions under --bf16
-    result = {"peak": machine_peaks(device, dtype=torch.bfloat16 if args.bf16 else torch.float32), "feast": [],
-              "fedtopo": None}
+    result = {
+        "peak": machine_peaks(device, dtype=torch.bfloat16 if args.bf16 else torch.float32),
+        "feast": [],
+        "fedtopo": None,
+    }
     for budget in levels:
         step, plan = feast_step(fed.cfg, fed.cache, budget, args.batch, device, args.bf16)
         row = {"budget_macs": int(budget), **_measure(step, args.steps, args.batch, args.repeats, device)}
@@ -273,8 +328,10 @@ def _load() -> list[float]:
 
 def _median_rows(runs: list[dict]) -> dict:
     """Per-measurement medians over worker runs (same structure as one run)."""
+
     def med(values):
         return round(statistics.median(values), 3)
+
     out = {"peak": {k: med([r["peak"][k] for r in runs]) for k in runs[0]["peak"]}, "feast": []}
     for i, row in enumerate(runs[0]["feast"]):
         merged = {"budget_macs": row["budget_macs"], "gflop_per_step": row["gflop_per_step"]}
@@ -286,20 +343,40 @@ def _median_rows(runs: list[dict]) -> dict:
         out["feast"].append(merged)
     if runs[0].get("fedtopo"):
         top = runs[0]["fedtopo"]
-        out["fedtopo"] = {"architecture": top["architecture"], "gflop_per_step": top["gflop_per_step"],
-                          **{k: med([r["fedtopo"][k] for r in runs]) for k in ("images_per_s", "gflops",
-                                                                             "images_per_s_wall")}}
+        out["fedtopo"] = {
+            "architecture": top["architecture"],
+            "gflop_per_step": top["gflop_per_step"],
+            **{k: med([r["fedtopo"][k] for r in runs]) for k in ("images_per_s", "gflops", "images_per_s_wall")},
+        }
         out["fedtopo"]["ratio"] = round(out["fedtopo"]["gflops"] / out["peak"]["matmul_gflops"], 4)
     return out
 
 
 def _worker_command(args, root: Path) -> tuple[list[str], dict]:
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--supernet", args.supernet,
-               "--batch", str(args.batch), "--steps", str(args.steps), "--repeats", str(args.repeats),
-               "--threads", str(args.threads), "--device", args.device,
-               "--levels", *[str(b) for b in args.levels]]
-    command += [flag for flag, on in (("--bf16", args.bf16), ("--profile", args.profile),
-                                      ("--skip-fedtopo", args.skip_fedtopo)) if on]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--supernet",
+        args.supernet,
+        "--batch",
+        str(args.batch),
+        "--steps",
+        str(args.steps),
+        "--repeats",
+        str(args.repeats),
+        "--threads",
+        str(args.threads),
+        "--device",
+        args.device,
+        "--levels",
+        *[str(b) for b in args.levels],
+    ]
+    command += [
+        flag
+        for flag, on in (("--bf16", args.bf16), ("--profile", args.profile), ("--skip-fedtopo", args.skip_fedtopo))
+        if on
+    ]
     threads = str(args.threads)
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     return command, env
@@ -316,8 +393,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast around the client step")
     parser.add_argument("--base", type=Path, help="a checkout of the code before a change, measured alternately")
-    parser.add_argument("--levels", type=float, nargs="*", default=[], help="budgets in MACs (default: the "
-                                                                             "default run's levels)")
+    parser.add_argument(
+        "--levels", type=float, nargs="*", default=[], help="budgets in MACs (default: the default run's levels)"
+    )
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--skip-fedtopo", action="store_true")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -327,6 +405,7 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     if args.device == "cuda":
         import torch
+
         if not torch.cuda.is_available():
             parser.error("--device cuda: no CUDA device visible")
 
@@ -342,16 +421,27 @@ def main(argv: list[str] | None = None) -> dict:
             if out.returncode != 0:
                 raise RuntimeError(f"worker on {root} failed:\n{out.stderr[-3000:]}")
             runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    result = {"supernet": args.supernet, "batch": args.batch, "threads": args.threads, "device": args.device,
-              "bf16": args.bf16, "steps": args.steps, "repeats": args.repeats, "workers": args.workers,
-              "flops": "analytic (torch.utils.flop_counter), forward + backward",
-              **{name: _median_rows(r) for name, r in runs.items()}}
+    result = {
+        "supernet": args.supernet,
+        "batch": args.batch,
+        "threads": args.threads,
+        "device": args.device,
+        "bf16": args.bf16,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "workers": args.workers,
+        "flops": "analytic (torch.utils.flop_counter), forward + backward",
+        **{name: _median_rows(r) for name, r in runs.items()},
+    }
     if "old" in result:
-        result["speedup"] = [round(n["images_per_s"] / o["images_per_s"], 2)
-                             for o, n in zip(result["old"]["feast"], result["new"]["feast"])]
+        result["speedup"] = [
+            round(n["images_per_s"] / o["images_per_s"], 2)
+            for o, n in zip(result["old"]["feast"], result["new"]["feast"])
+        ]
         if result["new"].get("fedtopo"):
-            result["speedup_fedtopo"] = round(result["new"]["fedtopo"]["images_per_s"]
-                                              / result["old"]["fedtopo"]["images_per_s"], 2)
+            result["speedup_fedtopo"] = round(
+                result["new"]["fedtopo"]["images_per_s"] / result["old"]["fedtopo"]["images_per_s"], 2
+            )
     result["load_average"] = {"start": load_start, "end": _load()}
     print(json.dumps(result))
     return result

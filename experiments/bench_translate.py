@@ -14,6 +14,7 @@ machine falls on both alike. FLOPs per token are counted by torch's FlopCounterM
 over one translation and one prefill of each length. Writes the JSON line to
 experiments/results/kvtranslate/bench_translate_<shapes>[_<device>].json as well.
 """
+
 import argparse
 import json
 import os
@@ -25,10 +26,10 @@ from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausa
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kvtranslate.corpus import make_item  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from kvtranslate.evaluate import translate_and_prefill, time_translate_vs_prefill  # noqa: E402
+from kvtranslate.corpus import make_item  # noqa: E402
+from kvtranslate.evaluate import time_translate_vs_prefill, translate_and_prefill  # noqa: E402
 from kvtranslate.models import build_tiny, pick_device, set_threads  # noqa: E402
 from kvtranslate.tokenization import train_tokenizer  # noqa: E402
 from kvtranslate.train import TRAIN_DEFAULTS, build_translator  # noqa: E402
@@ -39,17 +40,26 @@ def passage_with_tokens(tokenizer, n_tokens, seed=0):
     while len(tokenizer(text, add_special_tokens=False)["input_ids"]) < n_tokens:
         text += make_item(rng, 8).passage
     ids = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    return text[:ids["offset_mapping"][n_tokens - 1][1]]
+    return text[: ids["offset_mapping"][n_tokens - 1][1]]
 
 
 def real_shaped_models():
     """GPT-2 (124M) and Qwen2.5-0.5B architectures from their published config values, random weights."""
     source_tok, target_tok = train_tokenizer(512), train_tokenizer(1024)
     source = GPT2LMHeadModel(GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=2048, vocab_size=50257))
-    target = Qwen2ForCausalLM(Qwen2Config(
-        num_hidden_layers=24, hidden_size=896, num_attention_heads=14, num_key_value_heads=2,
-        intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
-        rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"}))
+    target = Qwen2ForCausalLM(
+        Qwen2Config(
+            num_hidden_layers=24,
+            hidden_size=896,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            intermediate_size=4864,
+            vocab_size=151936,
+            max_position_embeddings=32768,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"},
+        )
+    )
     return (source.eval(), source_tok), (target.eval(), target_tok)
 
 
@@ -65,8 +75,12 @@ def flops_per_token(fn, tokens):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shapes", choices=("tiny", "real"), default="tiny",
-                        help="tiny: the demo's tiny architectures; real: GPT-2 (124M) -> Qwen2.5-0.5B architectures")
+    parser.add_argument(
+        "--shapes",
+        choices=("tiny", "real"),
+        default="tiny",
+        help="tiny: the demo's tiny architectures; real: GPT-2 (124M) -> Qwen2.5-0.5B architectures",
+    )
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per length (median reported)")
     parser.add_argument("--tokens", nargs="+", type=int, default=[128, 256, 512, 1024])
     parser.add_argument("--device", default="cpu", help="cpu, cuda[:N] or auto (CUDA when present)")
@@ -80,8 +94,10 @@ def main(argv=None):
         parser.error(str(e))
     torch.manual_seed(0)
     if args.shapes == "tiny":
-        (source, source_tok), (target, target_tok) = (build_tiny("tiny-gpt2", positions=2048),
-                                                      build_tiny("tiny-qwen2", positions=2048))
+        (source, source_tok), (target, target_tok) = (
+            build_tiny("tiny-gpt2", positions=2048),
+            build_tiny("tiny-qwen2", positions=2048),
+        )
         names = ("tiny-gpt2 arch (2048 positions)", "tiny-qwen2 arch (2048 positions)")
     else:
         (source, source_tok), (target, target_tok) = real_shaped_models()
@@ -91,11 +107,24 @@ def main(argv=None):
     translator = build_translator(source, target, TRAIN_DEFAULTS).eval()
     params = lambda m: sum(p.numel() for p in m.parameters())
     embedding = target.get_input_embeddings().weight.numel()
-    result = dict(shapes=args.shapes, tokens=[], translate_ms=[], prefill_ms=[], ratio=[], source=names[0],
-                  target=names[1], translator="mot, 4 experts", translator_params=params(translator),
-                  target_params=params(target), target_params_without_embeddings=params(target) - embedding,
-                  translator_flops_per_token=[], target_flops_per_token=[], device=str(device),
-                  threads=torch.get_num_threads(), repeats=repeats)
+    result = dict(
+        shapes=args.shapes,
+        tokens=[],
+        translate_ms=[],
+        prefill_ms=[],
+        ratio=[],
+        source=names[0],
+        target=names[1],
+        translator="mot, 4 experts",
+        translator_params=params(translator),
+        target_params=params(target),
+        target_params_without_embeddings=params(target) - embedding,
+        translator_flops_per_token=[],
+        target_flops_per_token=[],
+        device=str(device),
+        threads=torch.get_num_threads(),
+        repeats=repeats,
+    )
     for n in args.tokens:
         text = passage_with_tokens(target_tok, n)
         t = time_translate_vs_prefill(source, source_tok, target, target_tok, translator, text, repeats)

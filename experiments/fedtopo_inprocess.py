@@ -42,8 +42,11 @@ def suite_runs(seeds: list[int], extra: bool, overrides: dict | None = None) -> 
     base["checkpoint-every"] = 0  # no resumes here: no model files
     base.update(overrides or {})
     methods = {**suite["methods"], **(EXTRA_METHODS if extra else {})}
-    return [(label, seed, {**base, "method": label, **overrides, "seed": seed})
-            for seed in seeds for label, overrides in methods.items()]
+    return [
+        (label, seed, {**base, "method": label, **overrides, "seed": seed})
+        for seed in seeds
+        for label, overrides in methods.items()
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,8 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--clients", type=int, default=20, help="number of clients (the suite's num-supernodes)")
     parser.add_argument("--no-extra", action="store_true", help=f"skip {list(EXTRA_METHODS)}")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="run-config overrides of every run (TOML values: num-server-rounds=8 lr-schedule='cosine')")
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="run-config overrides of every run (TOML values: num-server-rounds=8 lr-schedule='cosine')",
+    )
     args = parser.parse_args(argv)
     overrides = tomllib.loads("\n".join(args.set))
     args.out = args.out.resolve()  # the app wants an absolute output-dir
@@ -73,14 +81,28 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{folder} holds another or an unfinished run: remove it or choose another --out")
         run = validate_run_config(run_config)
         folder.mkdir(parents=True)
-        record = {"label": label, "cell": {}, "seed": seed, "run_config": run_config,
-                  "federation": {"num-supernodes": args.clients, "in-process": True}, "commit": commit,
-                  "dirty": dirty, "status": "running"}
+        record = {
+            "label": label,
+            "cell": {},
+            "seed": seed,
+            "run_config": run_config,
+            "federation": {"num-supernodes": args.clients, "in-process": True},
+            "commit": commit,
+            "dirty": dirty,
+            "status": "running",
+        }
         write_json(record_path, record)
         started, cpu = time.time(), time.process_time()
         run_in_process(run, args.clients)
-        write_json(record_path, {**record, "status": COMPLETED, "elapsed_seconds": round(time.time() - started, 1),
-                                 "cpu_seconds": round(time.process_time() - cpu, 1)})
+        write_json(
+            record_path,
+            {
+                **record,
+                "status": COMPLETED,
+                "elapsed_seconds": round(time.time() - started, 1),
+                "cpu_seconds": round(time.process_time() - cpu, 1),
+            },
+        )
         print(f"{label:<16} seed={seed}  done in {time.time() - started:.0f}s", flush=True)
         folders.append(folder)
     print(write_suite_tables(args.out, folders, reference="fedtopo", allow_mixed_commits=True))

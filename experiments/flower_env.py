@@ -30,9 +30,14 @@ def free_port() -> int:
 
 
 def isolated_env(home: Path, **extra: str) -> dict:
-    return {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()), "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
-            **extra}
+    return {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+        **extra,
+    }
 
 
 def process_groups(markers: tuple[str, ...], programs: tuple[str, ...] = ()) -> set[int]:

@@ -29,9 +29,14 @@ def format_run_config(values: dict) -> str:
     return " ".join(parts)
 
 
-def flwr_run(run_config: str | dict, federation: str | None = "num-supernodes=8 client-resources-num-cpus=1",
-             env: dict | None = None, timeout: float = 3600, log_file: Path | None = None,
-             superlink: str | None = None) -> tuple[str, str]:
+def flwr_run(
+    run_config: str | dict,
+    federation: str | None = "num-supernodes=8 client-resources-num-cpus=1",
+    env: dict | None = None,
+    timeout: float = 3600,
+    log_file: Path | None = None,
+    superlink: str | None = None,
+) -> tuple[str, str]:
     """Start a run, stream it to completion, and return (run id, final status such as 'finished:completed').
 
     `superlink` names a SuperLink connection in $FLWR_HOME/config.toml (a real deployment, see fl_app/deploy.py);
@@ -50,14 +55,20 @@ def flwr_run(run_config: str | dict, federation: str | None = "num-supernodes=8 
     else:  # streamed into the log as the run goes, so a long run can be followed (tail -f) and a dead one read
         with open(log_file, "w") as handle:
             try:
-                subprocess.run(command, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True, timeout=timeout,
-                               check=False)
+                subprocess.run(
+                    command, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True, timeout=timeout, check=False
+                )
             except subprocess.TimeoutExpired:
                 # the run goes on in the SuperLink after its CLI is killed: stop it, so the next one runs alone
                 started = re.search(r"Successfully started run (\d+)", log_file.read_text(errors="replace"))
                 if started:
-                    subprocess.run(["flwr", "stop", started.group(1), *connection], env=env, capture_output=True,
-                                   timeout=120, check=False)
+                    subprocess.run(
+                        ["flwr", "stop", started.group(1), *connection],
+                        env=env,
+                        capture_output=True,
+                        timeout=120,
+                        check=False,
+                    )
                 raise
         output = log_file.read_text(errors="replace")
     found = re.search(r"Successfully started run (\d+)", output)
@@ -66,8 +77,14 @@ def flwr_run(run_config: str | dict, federation: str | None = "num-supernodes=8 
     run_id = found.group(1)
     status = "unknown"
     for _ in range(30):  # the status settles right after the stream ends
-        listing = subprocess.run(["flwr", "ls", *connection, "--run-id", run_id, "--format", "json"], env=env,
-                                 capture_output=True, text=True, timeout=60, check=False)
+        listing = subprocess.run(
+            ["flwr", "ls", *connection, "--run-id", run_id, "--format", "json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         status = json.loads(listing.stdout)["runs"][0]["status"]
         if status.startswith("finished"):
             break

@@ -41,16 +41,21 @@ def between(tier_macs: list[int], per_gap: int) -> list[float]:
 
 def budgets_markdown(comparison: list[dict]) -> str:
     """The per-budget comparison as a Markdown table (MMACs; accuracies in %, validation / test)."""
+
     def pair(row: dict, key: str) -> str:
         return f"{100 * row[key + '_val']:.1f} / {100 * row[key + '_test']:.1f}"
 
-    lines = ["| budget (MMACs) | tier below: MMACs | val / test | largest cached: MMACs | val / test "
-             "| searched: MMACs | val / test | searched is |",
-             "| --- " * 8 + "|"]
+    lines = [
+        "| budget (MMACs) | tier below: MMACs | val / test | largest cached: MMACs | val / test "
+        "| searched: MMACs | val / test | searched is |",
+        "| --- " * 8 + "|",
+    ]
     for c in comparison:
-        lines.append(f"| {c['budget_macs'] / 1e6:.2f} | {c['tier_macs'] / 1e6:.2f} | {pair(c, 'tier')} "
-                     f"| {c['cache_macs'] / 1e6:.2f} | {pair(c, 'cache')} | {c['search_macs'] / 1e6:.2f} "
-                     f"| {pair(c, 'search')} | {'new' if c['search_source'] == 'search' else 'a cached subnet'} |")
+        lines.append(
+            f"| {c['budget_macs'] / 1e6:.2f} | {c['tier_macs'] / 1e6:.2f} | {pair(c, 'tier')} "
+            f"| {c['cache_macs'] / 1e6:.2f} | {pair(c, 'cache')} | {c['search_macs'] / 1e6:.2f} "
+            f"| {pair(c, 'search')} | {'new' if c['search_source'] == 'search' else 'a cached subnet'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -61,12 +66,29 @@ def plot(path: Path, cached: list[dict], tiers: list[dict], searched: list[dict]
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.scatter([r["macs"] / 1e6 for r in cached], [100 * r["test_accuracy"] for r in cached], c="0.6", s=18,
-               label="cached subnets")
-    ax.plot([r["macs"] / 1e6 for r in tiers], [100 * r["test_accuracy"] for r in tiers], "o-", c="tab:blue",
-            label="reporting tiers")
-    ax.scatter([r["macs"] / 1e6 for r in searched], [100 * r["test_accuracy"] for r in searched], marker="*", s=90,
-               c="tab:red", label="searched (best on validation)", zorder=3)
+    ax.scatter(
+        [r["macs"] / 1e6 for r in cached],
+        [100 * r["test_accuracy"] for r in cached],
+        c="0.6",
+        s=18,
+        label="cached subnets",
+    )
+    ax.plot(
+        [r["macs"] / 1e6 for r in tiers],
+        [100 * r["test_accuracy"] for r in tiers],
+        "o-",
+        c="tab:blue",
+        label="reporting tiers",
+    )
+    ax.scatter(
+        [r["macs"] / 1e6 for r in searched],
+        [100 * r["test_accuracy"] for r in searched],
+        marker="*",
+        s=90,
+        c="tab:red",
+        label="searched (best on validation)",
+        zorder=3,
+    )
     ax.set_xscale("log")
     ax.set_xlabel("MMACs")
     ax.set_ylabel("test accuracy (%)")
@@ -103,8 +125,18 @@ def main(argv: list[str] | None = None) -> dict:
         val_acc, test_acc = evaluate_subnet(cfg, state, arch, calibration, validation, test)
         scorer.scores.setdefault(arch, val_acc)  # the search reuses it instead of scoring again
         macs, params = count_costs(cfg, arch)
-        return {"kind": kind, "budget": budget, "macs": macs, "params": params, "val_accuracy": val_acc,
-                "test_accuracy": test_acc, "arch": json.dumps(arch.to_dict()), "source": "cache", "candidates": 1, **extra}
+        return {
+            "kind": kind,
+            "budget": budget,
+            "macs": macs,
+            "params": params,
+            "val_accuracy": val_acc,
+            "test_accuracy": test_acc,
+            "arch": json.dumps(arch.to_dict()),
+            "source": "cache",
+            "candidates": 1,
+            **extra,
+        }
 
     cached = [measured(c.arch, "cached") for c in cache.entries]
     by_arch = {c.arch: row for c, row in zip(cache.entries, cached)}
@@ -115,41 +147,60 @@ def main(argv: list[str] | None = None) -> dict:
     searched, comparison = [], []
     for budget in budgets:
         t0 = time.time()
-        found = choose(cfg, cache, budget, scorer, seed=args.seed, population=args.population,
-                       generations=args.generations)
+        found = choose(
+            cfg, cache, budget, scorer, seed=args.seed, population=args.population, generations=args.generations
+        )
         row = measured(found["arch"], "searched", budget, source=found["source"], candidates=found["candidates"])
         searched.append(row)
         tier_below = max((t for t in tiers if t["macs"] <= budget), key=lambda t: t["macs"])
         local_max = by_arch[cache.local_max(budget).arch]
-        comparison.append({
-            "budget_macs": budget,
-            "tier_macs": tier_below["macs"], "tier_val": tier_below["val_accuracy"],
-            "tier_test": tier_below["test_accuracy"],
-            "cache_macs": local_max["macs"], "cache_val": local_max["val_accuracy"],
-            "cache_test": local_max["test_accuracy"],
-            "search_macs": row["macs"], "search_val": row["val_accuracy"], "search_test": row["test_accuracy"],
-            "search_source": found["source"], "search_candidates": found["candidates"],
-            "search_minus_cache_test": round(row["test_accuracy"] - local_max["test_accuracy"], 4),
-            "search_minus_tier_test": round(row["test_accuracy"] - tier_below["test_accuracy"], 4),
-            "seconds": round(time.time() - t0, 1),
-        })
+        comparison.append(
+            {
+                "budget_macs": budget,
+                "tier_macs": tier_below["macs"],
+                "tier_val": tier_below["val_accuracy"],
+                "tier_test": tier_below["test_accuracy"],
+                "cache_macs": local_max["macs"],
+                "cache_val": local_max["val_accuracy"],
+                "cache_test": local_max["test_accuracy"],
+                "search_macs": row["macs"],
+                "search_val": row["val_accuracy"],
+                "search_test": row["test_accuracy"],
+                "search_source": found["source"],
+                "search_candidates": found["candidates"],
+                "search_minus_cache_test": round(row["test_accuracy"] - local_max["test_accuracy"], 4),
+                "search_minus_tier_test": round(row["test_accuracy"] - tier_below["test_accuracy"], 4),
+                "seconds": round(time.time() - t0, 1),
+            }
+        )
         print(json.dumps(comparison[-1]), flush=True)
 
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "frontier.csv", cached + tiers + searched)
     write_csv(args.out / "budgets.csv", comparison)
     (args.out / "budgets.md").write_text(budgets_markdown(comparison))
-    plot(args.out / "frontier.png", cached, tiers, searched,
-         f"{run['method']}, {run['num-server-rounds']} rounds: post-hoc extraction")
+    plot(
+        args.out / "frontier.png",
+        cached,
+        tiers,
+        searched,
+        f"{run['method']}, {run['num-server-rounds']} rounds: post-hoc extraction",
+    )
     diffs = [c["search_minus_cache_test"] for c in comparison]
     summary = {
-        "checkpoint": str(args.checkpoint), "run_rounds": run["num-server-rounds"], "seed": args.seed,
-        "population": args.population, "generations": args.generations, "budgets": budgets,
-        "search_beats_cache_on_test": sum(d > 0 for d in diffs), "search_ties_cache_on_test": sum(d == 0 for d in diffs),
+        "checkpoint": str(args.checkpoint),
+        "run_rounds": run["num-server-rounds"],
+        "seed": args.seed,
+        "population": args.population,
+        "generations": args.generations,
+        "budgets": budgets,
+        "search_beats_cache_on_test": sum(d > 0 for d in diffs),
+        "search_ties_cache_on_test": sum(d == 0 for d in diffs),
         "search_loses_to_cache_on_test": sum(d < 0 for d in diffs),
         "mean_search_minus_cache_test": float(np.mean(diffs)) if diffs else None,
         "mean_search_minus_tier_test": float(np.mean([c["search_minus_tier_test"] for c in comparison]))
-        if comparison else None,
+        if comparison
+        else None,
         "search_picked_a_cached_subnet": sum(c["search_source"] != "search" for c in comparison),
         "machine_seconds": round(time.time() - started, 1),
     }

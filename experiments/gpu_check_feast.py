@@ -37,7 +37,8 @@ def write_synthetic_cifar100(folder: Path, train: int, test: int, seed: int = 0)
         images = [Image.fromarray(a) for a in rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)]
         labels = (np.arange(n) % 100).tolist()  # every class present, so stratified splits work at any size
         datasets.Dataset.from_dict({"img": images, "fine_label": labels}, features=features).to_parquet(
-            str(folder / f"{split}.parquet"))
+            str(folder / f"{split}.parquet")
+        )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -49,14 +50,34 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     values = tomllib.loads(PAPER_CONFIG.read_text())
-    sizes = {"train": 600, "test": 200, "val": 100, "calib": 100} if args.tiny else \
-        {"train": 8000, "test": 1000, "val": 500, "calib": 500}
-    values.update({"num-server-rounds": 2, "clients-per-round": args.clients, "eval-every": 2,
-                   "checkpoint-every": 0, "max-local-steps": 2 if args.tiny else 10, "data-source": "local",
-                   "val-size": sizes["val"], "calib-size": sizes["calib"]})
+    sizes = (
+        {"train": 600, "test": 200, "val": 100, "calib": 100}
+        if args.tiny
+        else {"train": 8000, "test": 1000, "val": 500, "calib": 500}
+    )
+    values.update(
+        {
+            "num-server-rounds": 2,
+            "clients-per-round": args.clients,
+            "eval-every": 2,
+            "checkpoint-every": 0,
+            "max-local-steps": 2 if args.tiny else 10,
+            "data-source": "local",
+            "val-size": sizes["val"],
+            "calib-size": sizes["calib"],
+        }
+    )
     if args.tiny:  # the paper supernet's budgets and tiers do not exist in the CPU-scale cache
-        values.update({"supernet": "cpu", "subnet-cache": "cpu", "budget-max-macs": 0.0, "tiers": "",
-                       "batch-size": 8, "randaugment": False})
+        values.update(
+            {
+                "supernet": "cpu",
+                "subnet-cache": "cpu",
+                "budget-max-macs": 0.0,
+                "tiers": "",
+                "batch-size": 8,
+                "randaugment": False,
+            }
+        )
     federation = f"num-supernodes={args.clients} client-resources-num-cpus={args.num_cpus}"
     if args.num_gpus > 0:
         federation += f" client-resources-num-gpus={args.num_gpus}"
@@ -67,12 +88,20 @@ def main(argv: list[str] | None = None) -> dict:
         values.update({"data-path": str(data), "output-dir": str(out_dir)})
         started = time.perf_counter()
         log_file = Path(tmp) / "flwr.log"
-        _, status = flwr_run(values, federation, env={**env, "FL_APP_CACHE": str(Path(tmp) / "cache")},
-                             timeout=600, log_file=log_file)
+        _, status = flwr_run(
+            values, federation, env={**env, "FL_APP_CACHE": str(Path(tmp) / "cache")}, timeout=600, log_file=log_file
+        )
         wall = time.perf_counter() - started
-        result = {"part": "feast_rounds", "status": status, "rounds": 2, "clients": args.clients,
-                  "federation": federation, "supernet": values["supernet"], "batch": values["batch-size"],
-                  "wall_s": round(wall, 1)}
+        result = {
+            "part": "feast_rounds",
+            "status": status,
+            "rounds": 2,
+            "clients": args.clients,
+            "federation": federation,
+            "supernet": values["supernet"],
+            "batch": values["batch-size"],
+            "wall_s": round(wall, 1),
+        }
         if status == "finished:completed":
             summary = json.loads((out_dir / "summary.json").read_text())
             result["tiers"] = [{"macs": t["macs"], "accuracy": t["accuracy"]} for t in summary["tiers"]]

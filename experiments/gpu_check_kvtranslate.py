@@ -11,6 +11,7 @@ Without CUDA the CUDA part is skipped (said in the JSON line) and the CPU part s
 
     python experiments/gpu_check_kvtranslate.py                 # GPU machine: 100 steps, 100 passages
 """
+
 import argparse
 import json
 import os
@@ -34,21 +35,33 @@ def run(device, steps, n_eval, source_name, target_name):
     t0 = time.time()
     source, source_tok = load_model(source_name, device=device)
     target, target_tok = load_model(target_name, device=device)
-    translator, history, _ = train_translator(source, source_tok, target, target_tok, log=lambda line: None,
-                                              steps=steps, seed=0, n_train=max(64, 16 * steps))
+    translator, history, _ = train_translator(
+        source, source_tok, target, target_tok, log=lambda line: None, steps=steps, seed=0, n_train=max(64, 16 * steps)
+    )
     data = encode_pair_items(source_tok, target_tok, make_dataset(n_eval, seed=7, split="eval"))
     models = (source, source_tok, target, target_tok)
     translated = qa_scores(data, "translated", *models, translator)[0]
     direct = qa_scores(data, "direct", *models)[0]
-    return dict(device=str(device), steps=steps, n_eval=n_eval, last_loss=history[-1]["loss"],
-                last_rec=history[-1]["rec"], acc=translated["acc"], f1=translated["f1"], direct_acc=direct["acc"],
-                seconds=round(time.time() - t0, 1))
+    return dict(
+        device=str(device),
+        steps=steps,
+        n_eval=n_eval,
+        last_loss=history[-1]["loss"],
+        last_rec=history[-1]["rec"],
+        acc=translated["acc"],
+        f1=translated["f1"],
+        direct_acc=direct["acc"],
+        seconds=round(time.time() - t0, 1),
+    )
 
 
 def compare(cuda, cpu):
-    diffs = dict(last_loss_rel=abs(cuda["last_loss"] - cpu["last_loss"]) / max(abs(cpu["last_loss"]), 1e-9),
-                 acc=abs(cuda["acc"] - cpu["acc"]), f1=abs(cuda["f1"] - cpu["f1"]),
-                 direct_acc=abs(cuda["direct_acc"] - cpu["direct_acc"]))
+    diffs = dict(
+        last_loss_rel=abs(cuda["last_loss"] - cpu["last_loss"]) / max(abs(cpu["last_loss"]), 1e-9),
+        acc=abs(cuda["acc"] - cpu["acc"]),
+        f1=abs(cuda["f1"] - cpu["f1"]),
+        direct_acc=abs(cuda["direct_acc"] - cpu["direct_acc"]),
+    )
     return diffs, all(diffs[k] <= TOLERANCE[k] + 1e-9 for k in diffs)
 
 
@@ -66,13 +79,27 @@ def main(argv=None):
     n_eval = args.n_eval or (100 if has_cuda else 16)
     cpu = run(torch.device("cpu"), steps, n_eval, args.source, args.target)
     if not has_cuda:
-        print(json.dumps(dict(check="kvtranslate", cuda="skipped: CUDA is not available on this machine", cpu=cpu,
-                              ok=None)))
+        print(
+            json.dumps(
+                dict(check="kvtranslate", cuda="skipped: CUDA is not available on this machine", cpu=cpu, ok=None)
+            )
+        )
         return 0
     cuda = run(torch.device("cuda"), steps, n_eval, args.source, args.target)
     diffs, ok = compare(cuda, cpu)
-    print(json.dumps(dict(check="kvtranslate", gpu=torch.cuda.get_device_name(0), cuda=cuda, cpu=cpu,
-                          differences=diffs, tolerance=TOLERANCE, ok=ok)))
+    print(
+        json.dumps(
+            dict(
+                check="kvtranslate",
+                gpu=torch.cuda.get_device_name(0),
+                cuda=cuda,
+                cpu=cpu,
+                differences=diffs,
+                tolerance=TOLERANCE,
+                ok=ok,
+            )
+        )
+    )
     return 0 if ok else 1
 
 

@@ -10,6 +10,7 @@ tree before the embedding-window projection:
     python experiments/kvtranslate_profile.py --root /work/base \
         --out experiments/results/kvtranslate/profile_translate_real_before.txt
 """
+
 import argparse
 import os
 import sys
@@ -28,6 +29,7 @@ def translate_step(source, source_tok, target, target_tok, translator, text):
     from kvtranslate.cache import DynamicCache, extract_kv, inject_kv
     from kvtranslate.models import forward
     from kvtranslate.train import translate_batch
+
     src_ids, src_off = char_offsets(source_tok, text)
     tgt_ids, tgt_off = char_offsets(target_tok, text)
     s_ids, t_ids = torch.tensor([src_ids]), torch.tensor([tgt_ids])
@@ -39,8 +41,9 @@ def translate_step(source, source_tok, target, target_tok, translator, text):
     def translate():
         index = torch.tensor([align_offsets(src_off, tgt_off)])
         kv_src = extract_kv(source, DynamicCache(ddp_cache_data=raw), s_mask)
-        kv, _ = translate_batch(translator, source, target, dict(tgt_ids=t_ids, tgt_mask=t_mask, index=index),
-                                source_kv=kv_src)
+        kv, _ = translate_batch(
+            translator, source, target, dict(tgt_ids=t_ids, tgt_mask=t_mask, index=index), source_kv=kv_src
+        )
         return inject_kv(target, kv, t_mask)
 
     return translate
@@ -56,14 +59,18 @@ def main(argv=None):
     args = parser.parse_args(argv)
     sys.path[:0] = [args.root, os.path.join(args.root, "experiments")]
     from bench_translate import passage_with_tokens, real_shaped_models
+
     from kvtranslate.train import TRAIN_DEFAULTS, build_translator
+
     torch.set_num_threads(1)
     torch.manual_seed(0)
     (source, source_tok), (target, target_tok) = real_shaped_models()
     translator = build_translator(source, target, TRAIN_DEFAULTS).eval()
     params = sum(p.numel() for p in translator.parameters())
-    lines = [f"kvtranslate of {os.path.abspath(args.root)}; translator: mot, {params:,} parameters; one thread, "
-             f"batch 1, {args.repeats} calls per length"]
+    lines = [
+        f"kvtranslate of {os.path.abspath(args.root)}; translator: mot, {params:,} parameters; one thread, "
+        f"batch 1, {args.repeats} calls per length"
+    ]
     for n in args.tokens:
         text = passage_with_tokens(target_tok, n)
         translate = translate_step(source, source_tok, target, target_tok, translator, text)

@@ -10,6 +10,7 @@ exists; the checkpoints' own kvtranslate.json; kvtranslate/history/translator_tr
     python experiments/kvtranslate_report.py            # rewrites kvtranslate/README.md
     python experiments/kvtranslate_report.py --check    # exit 1 if the README is not up to date
 """
+
 import argparse
 import json
 import os
@@ -57,8 +58,9 @@ def demo_table(summary, details):
     run = summary["run"]
 
     def row(label, fn, digits=3):
-        return [label] + [fmt(fn(pairs[p], p), digits) if not isinstance(fn(pairs[p], p), str) else fn(pairs[p], p)
-                          for p in names]
+        return [label] + [
+            fmt(fn(pairs[p], p), digits) if not isinstance(fn(pairs[p], p), str) else fn(pairs[p], p) for p in names
+        ]
 
     def both(a, b, digits=3):
         return lambda r, p: f"{fmt(r.get(a), digits)} / {fmt(r.get(b), digits)}"
@@ -71,29 +73,48 @@ def demo_table(summary, details):
         row("**`mot_acc` / `mot_f1`**", both("mot_acc", "mot_f1")),
         row("`single_acc` / F1", both("single_acc", "single_f1")),
         row("`shared_latent_acc` / F1", both("shared_latent_acc", "shared_latent_f1")),
-        row("binding accuracy: direct / mot / single / shared-latent", lambda r, p: " / ".join(
-            fmt(r.get(k)) for k in ("direct_binding_acc", "mot_binding_acc", "single_binding_acc",
-                                    "shared_latent_binding_acc"))),
+        row(
+            "binding accuracy: direct / mot / single / shared-latent",
+            lambda r, p: " / ".join(
+                fmt(r.get(k))
+                for k in ("direct_binding_acc", "mot_binding_acc", "single_binding_acc", "shared_latent_binding_acc")
+            ),
+        ),
         row("binding items (of `n_eval`)", lambda r, p: r["binding_items"]),
-        row("**`heldout_phrasing_retention`** (mot F1 / direct F1, held-out names and phrasings)",
-            lambda r, p: r["heldout_phrasing_retention"]),
+        row(
+            "**`heldout_phrasing_retention`** (mot F1 / direct F1, held-out names and phrasings)",
+            lambda r, p: r["heldout_phrasing_retention"],
+        ),
         row("long context F1: direct / mot", both("direct_long_f1", "mot_long_f1")),
         row("**`retention`** (long-context F1, mot / direct)", lambda r, p: r["retention"]),
         row("accuracy retention (mot / direct)", lambda r, p: r["retention_acc"]),
-        row("`translate_ms` / `prefill_ms`, short context", lambda r, p: "{} / {} ({} tokens)".format(
-            fmt(r["translate_ms"], 2), fmt(r["prefill_ms"], 2), r["timing"]["short"]["tokens"])),
-        row("same, long context", lambda r, p: "{} / {} ({} tokens)".format(
-            fmt(r["timing"]["long"]["translate_ms"], 2), fmt(r["timing"]["long"]["prefill_ms"], 2),
-            r["timing"]["long"]["tokens"])),
-        row("translator parameters: mot / single / shared-latent", lambda r, p: " / ".join(
-            fmt(pair_of(details, p, v, "params")) for v in ("mot", "single", "shared-latent"))),
+        row(
+            "`translate_ms` / `prefill_ms`, short context",
+            lambda r, p: "{} / {} ({} tokens)".format(
+                fmt(r["translate_ms"], 2), fmt(r["prefill_ms"], 2), r["timing"]["short"]["tokens"]
+            ),
+        ),
+        row(
+            "same, long context",
+            lambda r, p: "{} / {} ({} tokens)".format(
+                fmt(r["timing"]["long"]["translate_ms"], 2),
+                fmt(r["timing"]["long"]["prefill_ms"], 2),
+                r["timing"]["long"]["tokens"],
+            ),
+        ),
+        row(
+            "translator parameters: mot / single / shared-latent",
+            lambda r, p: " / ".join(fmt(pair_of(details, p, v, "params")) for v in ("mot", "single", "shared-latent")),
+        ),
     ]
     text = table([""] + [f"`{p}`" for p in names], rows)
     lines = []
     for r in summary.get("runs") or [dict(run, pairs=names)]:
         sizes = ", ".join(f"{k} {v}" for k, v in r["config"].items())
-        lines.append(f"{', '.join(f'`{p}`' for p in r['pairs'])}: seed {r['seed']}, {sizes}; {r['minutes']} "
-                     f"minutes on {r['machine']}, {r['threads']} thread, device {r.get('device', 'cpu')}")
+        lines.append(
+            f"{', '.join(f'`{p}`' for p in r['pairs'])}: seed {r['seed']}, {sizes}; {r['minutes']} "
+            f"minutes on {r['machine']}, {r['threads']} thread, device {r.get('device', 'cpu')}"
+        )
     done = "every pair of the demo is in" if run.get("complete") else "INCOMPLETE: not every pair of the demo is in"
     return text + "\n\nRuns: " + "; ".join(lines) + f" ({done}).\n"
 
@@ -103,11 +124,31 @@ def variants_table(summary, details):
     rows = []
     for pair, res in summary["pairs"].items():
         for name, v in details[pair]["variants"].items():
-            rows.append([f"`{pair}`", f"`{name}`", fmt(v["acc"]), fmt(v["f1"]), fmt(v["binding_acc"]),
-                         fmt(v["f1"] / max(res["direct_f1"], 1e-9)),
-                         fmt(v["long_f1"] / max(res["direct_long_f1"], 1e-9)), fmt(v["params"])])
-    return table(["pair", "translator", "acc", "F1", "binding acc", "held-out phrasing F1 retention",
-                  "long-context F1 retention", "parameters"], rows)
+            rows.append(
+                [
+                    f"`{pair}`",
+                    f"`{name}`",
+                    fmt(v["acc"]),
+                    fmt(v["f1"]),
+                    fmt(v["binding_acc"]),
+                    fmt(v["f1"] / max(res["direct_f1"], 1e-9)),
+                    fmt(v["long_f1"] / max(res["direct_long_f1"], 1e-9)),
+                    fmt(v["params"]),
+                ]
+            )
+    return table(
+        [
+            "pair",
+            "translator",
+            "acc",
+            "F1",
+            "binding acc",
+            "held-out phrasing F1 retention",
+            "long-context F1 retention",
+            "parameters",
+        ],
+        rows,
+    )
 
 
 def injection_table(summary, details):
@@ -118,11 +159,18 @@ def injection_table(summary, details):
                 rows.append([f"`{pair}`", f"`{name}`", metric] + [fmt(study[p][metric]) for p in sorted(study)])
     points = sorted(next((s for d in details.values() for s in d["injection"].values()), {}))
     text = table(["pair", "translator", "measure"] + [f"p={p}" for p in points], rows)
-    extra = [f"`{p}`: native cache with replay at p=0.5, accuracy {fmt(r['native_half_injection_acc'])} (direct "
-             f"{fmt(r['direct_acc'])})" for p, r in summary["pairs"].items() if p in details and details[p]["injection"]]
-    extra += [f"`{p}`: multi-agent F1, B answering from A's translated cache {fmt(r['multi_agent_f1'])} vs B reading "
-              f"the documents itself {fmt(r['multi_agent_direct_f1'])}" for p, r in summary["pairs"].items()
-              if "multi_agent_f1" in r]
+    extra = [
+        f"`{p}`: native cache with replay at p=0.5, accuracy {fmt(r['native_half_injection_acc'])} (direct "
+        f"{fmt(r['direct_acc'])})"
+        for p, r in summary["pairs"].items()
+        if p in details and details[p]["injection"]
+    ]
+    extra += [
+        f"`{p}`: multi-agent F1, B answering from A's translated cache {fmt(r['multi_agent_f1'])} vs B reading "
+        f"the documents itself {fmt(r['multi_agent_direct_f1'])}"
+        for p, r in summary["pairs"].items()
+        if "multi_agent_f1" in r
+    ]
     return text + "\n\n" + "; ".join(extra) + "."
 
 
@@ -131,15 +179,34 @@ def bench_table(real, tiny):
     for label, b in (("GPT-2 (124M) -> Qwen2.5-0.5B architectures", real), ("tiny architectures", tiny)):
         if b is None:
             continue
-        rows = [[n, fmt(t, 1), fmt(p, 1), fmt(r, 3), fmt(f / 1e6, 1), fmt(g / 1e6, 1)] for n, t, p, r, f, g in
-                zip(b["tokens"], b["translate_ms"], b["prefill_ms"], b["ratio"], b["translator_flops_per_token"],
-                    b["target_flops_per_token"])]
-        parts.append(f"{label} ({b['device']}, {b['threads']} thread, median of {b['repeats']} interleaved "
-                     f"repeats; translator {fmt(b['translator_params'])} parameters, target "
-                     f"{fmt(b['target_params'])} of which {fmt(b['target_params_without_embeddings'])} outside the "
-                     f"input embedding):\n\n"
-                     + table(["tokens", "translate ms", "prefill ms", "translate / prefill",
-                              "translator MFLOPs / token", "target MFLOPs / token"], rows))
+        rows = [
+            [n, fmt(t, 1), fmt(p, 1), fmt(r, 3), fmt(f / 1e6, 1), fmt(g / 1e6, 1)]
+            for n, t, p, r, f, g in zip(
+                b["tokens"],
+                b["translate_ms"],
+                b["prefill_ms"],
+                b["ratio"],
+                b["translator_flops_per_token"],
+                b["target_flops_per_token"],
+            )
+        ]
+        parts.append(
+            f"{label} ({b['device']}, {b['threads']} thread, median of {b['repeats']} interleaved "
+            f"repeats; translator {fmt(b['translator_params'])} parameters, target "
+            f"{fmt(b['target_params'])} of which {fmt(b['target_params_without_embeddings'])} outside the "
+            f"input embedding):\n\n"
+            + table(
+                [
+                    "tokens",
+                    "translate ms",
+                    "prefill ms",
+                    "translate / prefill",
+                    "translator MFLOPs / token",
+                    "target MFLOPs / token",
+                ],
+                rows,
+            )
+        )
     return "\n\n".join(parts)
 
 
@@ -148,19 +215,41 @@ def retention_study_table(study):
         return "Not run yet (`experiments/kvtranslate_retention.py`)."
     rows = []
     for name, v in study["variants"].items():
-        def ci(key):
+
+        def ci(key, v=v):
             m = v.get(key)
             return "–" if m is None else fmt(m["mean"]) + ("" if m["ci95"] is None else f" ± {fmt(m['ci95'])}")
+
         first = next(iter(study["variants"]))
-        rows.append([f"`{name}`", ", ".join(map(str, v["seeds"])), ci("heldout_phrasing_retention"),
-                     ci("training_phrasing_retention"), ci("long_retention"), ci("heldout_phrasing_acc"),
-                     ci(f"heldout_phrasing_retention_minus_{first}"), ci(f"long_retention_minus_{first}")])
-    return (f"`{study['source']}` -> `{study['target']}`, mean ± 95% t-interval over seeds (differences paired by "
-            f"seed):\n\n"
-            + table(["translator", "seeds", "held-out phrasing F1 retention", "training phrasing F1 retention",
-                     "long-context F1 retention", "held-out phrasing acc",
-                     f"held-out phrasing retention minus `{first}`", f"long-context retention minus `{first}`"],
-                    rows))
+        rows.append(
+            [
+                f"`{name}`",
+                ", ".join(map(str, v["seeds"])),
+                ci("heldout_phrasing_retention"),
+                ci("training_phrasing_retention"),
+                ci("long_retention"),
+                ci("heldout_phrasing_acc"),
+                ci(f"heldout_phrasing_retention_minus_{first}"),
+                ci(f"long_retention_minus_{first}"),
+            ]
+        )
+    return (
+        f"`{study['source']}` -> `{study['target']}`, mean ± 95% t-interval over seeds (differences paired by "
+        f"seed):\n\n"
+        + table(
+            [
+                "translator",
+                "seeds",
+                "held-out phrasing F1 retention",
+                "training phrasing F1 retention",
+                "long-context F1 retention",
+                "held-out phrasing acc",
+                f"held-out phrasing retention minus `{first}`",
+                f"long-context retention minus `{first}`",
+            ],
+            rows,
+        )
+    )
 
 
 def checkpoints_table():
@@ -172,12 +261,37 @@ def checkpoints_table():
         if meta is None:
             continue
         spec, final = meta["spec"], meta["final"]
-        rows.append([f"`{name}`", spec["family"], f"{spec['layers']} x {spec['hidden']}",
-                     f"{spec['heads']} / {spec['kv_heads']}", f"{spec['vocab']} (`{spec['tokenizer']}`)",
-                     fmt(meta["params"]), fmt(final["closed_acc"]), fmt(final["binding_acc"]), fmt(final["open_em"]),
-                     fmt(meta["pretrain"]["steps"]), fmt(final["minutes"], 1)])
-    return table(["name", "family", "layers x width", "heads (query / KV)", "tokenizer entries", "parameters",
-                  "closed-set acc", "binding acc", "open EM", "steps", "minutes"], rows)
+        rows.append(
+            [
+                f"`{name}`",
+                spec["family"],
+                f"{spec['layers']} x {spec['hidden']}",
+                f"{spec['heads']} / {spec['kv_heads']}",
+                f"{spec['vocab']} (`{spec['tokenizer']}`)",
+                fmt(meta["params"]),
+                fmt(final["closed_acc"]),
+                fmt(final["binding_acc"]),
+                fmt(final["open_em"]),
+                fmt(meta["pretrain"]["steps"]),
+                fmt(final["minutes"], 1),
+            ]
+        )
+    return table(
+        [
+            "name",
+            "family",
+            "layers x width",
+            "heads (query / KV)",
+            "tokenizer entries",
+            "parameters",
+            "closed-set acc",
+            "binding acc",
+            "open EM",
+            "steps",
+            "minutes",
+        ],
+        rows,
+    )
 
 
 def heldout_table(path):
@@ -185,12 +299,34 @@ def heldout_table(path):
     data = load(path)
     if data is None:
         return "Not run (`experiments/translate_heldout.py`)."
-    rows = [[r["names"], r["templates"], fmt(r["direct_f1"]), fmt(r["translated_acc"]),
-             fmt(r["translated_binding_acc"]), fmt(r["translated_f1"]), fmt(r["retention_f1"])] for r in data["rows"]]
-    return (f"`{data['source']}` -> `{data['target']}`, translator `{data['translator']}`, {data['rows'][0]['items']} "
-            f"passages per row (`{os.path.relpath(path, REPO)}`):\n\n"
-            + table(["names", "templates", "direct F1", "translated acc", "translated binding acc", "translated F1",
-                     "F1 retention"], rows))
+    rows = [
+        [
+            r["names"],
+            r["templates"],
+            fmt(r["direct_f1"]),
+            fmt(r["translated_acc"]),
+            fmt(r["translated_binding_acc"]),
+            fmt(r["translated_f1"]),
+            fmt(r["retention_f1"]),
+        ]
+        for r in data["rows"]
+    ]
+    return (
+        f"`{data['source']}` -> `{data['target']}`, translator `{data['translator']}`, {data['rows'][0]['items']} "
+        f"passages per row (`{os.path.relpath(path, REPO)}`):\n\n"
+        + table(
+            [
+                "names",
+                "templates",
+                "direct F1",
+                "translated acc",
+                "translated binding acc",
+                "translated F1",
+                "F1 retention",
+            ],
+            rows,
+        )
+    )
 
 
 def translator_trials_table(path):
@@ -201,10 +337,31 @@ def translator_trials_table(path):
     for line in open(path):
         t = json.loads(line)
         c, r = t["config"], t["translated"]
-        rows.append([t["what"], c["window"], c["hidden"], fmt(c["steps"]), fmt(c["n_train"]), fmt(r["acc"]),
-                     fmt(r["binding_acc"]), fmt(r["f1"])])
-    return table(["trial (mot, tiny-gpt2 -> tiny-qwen2)", "window", "hidden", "steps", "training passages", "acc",
-                  "binding acc", "F1"], rows)
+        rows.append(
+            [
+                t["what"],
+                c["window"],
+                c["hidden"],
+                fmt(c["steps"]),
+                fmt(c["n_train"]),
+                fmt(r["acc"]),
+                fmt(r["binding_acc"]),
+                fmt(r["f1"]),
+            ]
+        )
+    return table(
+        [
+            "trial (mot, tiny-gpt2 -> tiny-qwen2)",
+            "window",
+            "hidden",
+            "steps",
+            "training passages",
+            "acc",
+            "binding acc",
+            "F1",
+        ],
+        rows,
+    )
 
 
 def headline(summary, real, study=None):
@@ -214,19 +371,25 @@ def headline(summary, real, study=None):
     if summary:
         main_pair = next(iter(summary["pairs"]))
         r = summary["pairs"][main_pair]
-        parts.append(f"on the main cross-tokenizer pair (`{main_pair}`, {r['steps']} translator steps in the committed "
-                     f"run) MoT keeps {fmt(r['heldout_phrasing_retention'], 2)} of the target's F1 on held-out "
-                     f"phrasings and {fmt(r['retention'], 2)} on long contexts (goal 0.9)")
+        parts.append(
+            f"on the main cross-tokenizer pair (`{main_pair}`, {r['steps']} translator steps in the committed "
+            f"run) MoT keeps {fmt(r['heldout_phrasing_retention'], 2)} of the target's F1 on held-out "
+            f"phrasings and {fmt(r['retention'], 2)} on long contexts (goal 0.9)"
+        )
     if study:
         name, v = max(study["variants"].items(), key=lambda kv: kv[1]["heldout_phrasing_retention"]["mean"])
-        r, l = v["heldout_phrasing_retention"], v["long_retention"]
-        parts.append(f"trained on varied phrasings (`{name}`, {len(v['seeds'])} seeds) it keeps "
-                     f"{fmt(r['mean'], 2)} ± {fmt(r['ci95'], 2)} on held-out phrasings and {fmt(l['mean'], 2)} ± "
-                     f"{fmt(l['ci95'], 2)} on long contexts")
+        r, long_ctx = v["heldout_phrasing_retention"], v["long_retention"]
+        parts.append(
+            f"trained on varied phrasings (`{name}`, {len(v['seeds'])} seeds) it keeps "
+            f"{fmt(r['mean'], 2)} ± {fmt(r['ci95'], 2)} on held-out phrasings and {fmt(long_ctx['mean'], 2)} ± "
+            f"{fmt(long_ctx['ci95'], 2)} on long contexts"
+        )
     if real:
-        parts.append(f"translation costs {fmt(min(real['ratio']), 2)}-{fmt(max(real['ratio']), 2)}x the target's "
-                     f"prefill from {real['tokens'][0]} to {real['tokens'][-1]} tokens at GPT-2 -> Qwen2.5-0.5B "
-                     f"shapes (goal 0.5x)")
+        parts.append(
+            f"translation costs {fmt(min(real['ratio']), 2)}-{fmt(max(real['ratio']), 2)}x the target's "
+            f"prefill from {real['tokens'][0]} to {real['tokens'][-1]} tokens at GPT-2 -> Qwen2.5-0.5B "
+            f"shapes (goal 0.5x)"
+        )
     return ("In short: " + "; ".join(parts) + ".") if parts else "No results yet."
 
 
@@ -237,14 +400,18 @@ def render(demo=DEMO):
         blocks["demo"] = demo_table(summary, details)
         blocks["variants"] = variants_table(summary, details)
         blocks["injection"] = injection_table(summary, details)
-    blocks["bench"] = bench_table(load(os.path.join(EXPERIMENTS, "bench_translate_real.json")),
-                                  load(os.path.join(EXPERIMENTS, "bench_translate_tiny.json")))
+    blocks["bench"] = bench_table(
+        load(os.path.join(EXPERIMENTS, "bench_translate_real.json")),
+        load(os.path.join(EXPERIMENTS, "bench_translate_tiny.json")),
+    )
     study = load(os.path.join(EXPERIMENTS, "retention_study_summary.json"))
-    blocks["kvtranslate-headline"] = headline(summary, load(os.path.join(EXPERIMENTS, "bench_translate_real.json")),
-                                              study)
+    blocks["kvtranslate-headline"] = headline(
+        summary, load(os.path.join(EXPERIMENTS, "bench_translate_real.json")), study
+    )
     blocks["checkpoints"] = checkpoints_table()
-    blocks["translator-trials"] = translator_trials_table(os.path.join(REPO, "kvtranslate", "history",
-                                                                       "translator_trials.jsonl"))
+    blocks["translator-trials"] = translator_trials_table(
+        os.path.join(REPO, "kvtranslate", "history", "translator_trials.jsonl")
+    )
     blocks["heldout"] = heldout_table(os.path.join(EXPERIMENTS, "heldout_tiny-gpt2__tiny-qwen2.json"))
     blocks["retention-study"] = retention_study_table(study)
     return blocks
@@ -253,7 +420,7 @@ def render(demo=DEMO):
 def apply(text, blocks):
     for name, body in blocks.items():
         pattern = re.compile(rf"(<!-- generated:{re.escape(name)} -->).*?(<!-- /generated:{re.escape(name)} -->)", re.S)
-        text = pattern.sub(lambda m: m.group(1) + "\n" + body + "\n" + m.group(2), text)
+        text = pattern.sub(lambda m, body=body: m.group(1) + "\n" + body + "\n" + m.group(2), text)
     return text
 
 

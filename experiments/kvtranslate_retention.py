@@ -14,6 +14,7 @@ with 95% t-intervals over seeds and paired differences to the first variant (`..
 A variant is a translator kind with optional training overrides: `mot`, `single`, `shared-latent`,
 `mot:phrase_mix=0.5,w_ccl=0`.
 """
+
 import argparse
 import json
 import math
@@ -49,11 +50,17 @@ def parse_variant(text):
 
 
 def eval_sets(source_tok, target_tok, target, n, n_long, seed=99):
-    limit = min(target.config.max_position_embeddings if hasattr(target.config, "max_position_embeddings")
-                else target.config.n_positions, 256)
-    items = dict(heldout_phrasing=make_dataset(n, seed=seed, split="eval", template_split="eval"),
-                 training_phrasing=make_dataset(n, seed=seed, split="eval", template_split="train"),
-                 long=long_items(n_long, seed + 1, [source_tok, target_tok], limit, 22))
+    limit = min(
+        target.config.max_position_embeddings
+        if hasattr(target.config, "max_position_embeddings")
+        else target.config.n_positions,
+        256,
+    )
+    items = dict(
+        heldout_phrasing=make_dataset(n, seed=seed, split="eval", template_split="eval"),
+        training_phrasing=make_dataset(n, seed=seed, split="eval", template_split="train"),
+        long=long_items(n_long, seed + 1, [source_tok, target_tok], limit, 22),
+    )
     return {k: encode_pair_items(source_tok, target_tok, v) for k, v in items.items()}
 
 
@@ -117,10 +124,16 @@ def main(argv=None):
     for seed in args.seeds:
         for name, overrides in variants.items():
             t0 = time.time()
-            translator = train_translator(*models, log=lambda line: None, steps=args.steps, seed=seed,
-                                          **overrides)[0]
-            row = dict(source=args.source, target=args.target, variant=name, seed=seed, steps=args.steps,
-                       overrides=overrides, device=str(device))
+            translator = train_translator(*models, log=lambda line: None, steps=args.steps, seed=seed, **overrides)[0]
+            row = dict(
+                source=args.source,
+                target=args.target,
+                variant=name,
+                seed=seed,
+                steps=args.steps,
+                overrides=overrides,
+                device=str(device),
+            )
             for k, d in data.items():
                 scores = qa_scores(d, "translated", *models, translator)[0]
                 row.update({f"{k}_{m}": scores[m] for m in ("acc", "binding_acc", "f1")})

@@ -1,6 +1,6 @@
 """Make the bundled offline CIFAR-10 sample: a stratified subset of ../shared/data/cifar10 in the same parquet schema.
 
-    python -m experiments.make_sample --source ../shared/data/cifar10 --train-per-class 2000 --test-per-class 400
+python -m experiments.make_sample --source ../shared/data/cifar10 --train-per-class 2000 --test-per-class 400
 """
 
 from __future__ import annotations

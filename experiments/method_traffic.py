@@ -24,8 +24,14 @@ from fl_app.payload import payload_bytes
 from strategies.rounds import RoundLog, sample_partitions
 
 SCALES = {
-    "paper": {"supernet": "paper", "dataset": "cifar100", "data-source": "hub", "clients-per-round": 10,
-              "budget-max-macs": 1.5e9, "clients": 100},
+    "paper": {
+        "supernet": "paper",
+        "dataset": "cifar100",
+        "data-source": "hub",
+        "clients-per-round": 10,
+        "budget-max-macs": 1.5e9,
+        "clients": 100,
+    },
     "cpu": {"clients": 8},
 }
 
@@ -34,8 +40,14 @@ def per_round_traffic(method: str, scale: dict, rounds: int, seed: int) -> dict:
     from fl_app.server_app import make_supernet_strategy  # the app's own wiring of each method
 
     clients = scale["clients"]
-    run = validate_run_config({**{k: v for k, v in scale.items() if k != "clients"}, "method": method,
-                               "seed": seed, "num-server-rounds": rounds})
+    run = validate_run_config(
+        {
+            **{k: v for k, v in scale.items() if k != "clients"},
+            "method": method,
+            "seed": seed,
+            "num-server-rounds": rounds,
+        }
+    )
     fed = Federation.build(run, clients)
     budgets = fed.client_budgets(run, {})
     strategy = make_supernet_strategy(run, fed, budgets, {p: p for p in range(clients)})
@@ -59,8 +71,10 @@ def traffic_markdown(rows: list[dict]) -> str:
     """One line per method: MB down/up per round at each scale."""
     scales = list(dict.fromkeys(r["scale"] for r in rows))
     cell = {(r["scale"], r["method"]): r for r in rows}
-    lines = ["| method | " + " | ".join(f"{s} scale down | {s} scale up" for s in scales) + " |",
-             "| --- " * (1 + 2 * len(scales)) + "|"]
+    lines = [
+        "| method | " + " | ".join(f"{s} scale down | {s} scale up" for s in scales) + " |",
+        "| --- " * (1 + 2 * len(scales)) + "|",
+    ]
     for method in dict.fromkeys(r["method"] for r in rows):
         values = [v for s in scales for v in (cell[s, method]["mb_down_per_round"], cell[s, method]["mb_up_per_round"])]
         lines.append(f"| {method} | " + " | ".join(str(v) for v in values) + " |")
@@ -77,9 +91,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for scale_name, scale in SCALES.items():
         for method in SUPERNET_METHODS:
             traffic = per_round_traffic(method, scale, args.rounds, args.seed)
-            rows.append({"scale": scale_name, "method": method,
-                         "mb_down_per_round": round(traffic["bytes_down_per_round"] / 1e6, 2),
-                         "mb_up_per_round": round(traffic["bytes_up_per_round"] / 1e6, 2)})
+            rows.append(
+                {
+                    "scale": scale_name,
+                    "method": method,
+                    "mb_down_per_round": round(traffic["bytes_down_per_round"] / 1e6, 2),
+                    "mb_up_per_round": round(traffic["bytes_up_per_round"] / 1e6, 2),
+                }
+            )
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "traffic.csv", rows)
     (args.out / "traffic.md").write_text(traffic_markdown(rows))

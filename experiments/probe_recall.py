@@ -16,6 +16,7 @@ matching is needed. Chance on recall is about 1 / pairs once the model knows whi
 bare task: words between a name and its value, words between the asked name and the answer, multi-token names.
 Outputs of every setting that was run: experiments/results/kvtranslate/probe_recall_*.json.
 """
+
 import argparse
 import json
 import os
@@ -43,7 +44,7 @@ def recall_batch(rng, batch, pairs, queries, gap=0, query_gap=0, key_tokens=1, f
     rows, targets = [], []
     for _ in range(batch):
         flat = rng.sample(KEYS, pairs * key_tokens)
-        keys = [flat[i * key_tokens:(i + 1) * key_tokens] for i in range(pairs)]
+        keys = [flat[i * key_tokens : (i + 1) * key_tokens] for i in range(pairs)]
         values = [rng.choice(VALUES) for _ in keys]
         seq = [t for k, v in zip(keys, values) for t in (*k, *rng.choices(FILLERS, k=gap), v, SEP)]
         tgt = [-100] * len(seq)
@@ -92,15 +93,25 @@ def main(argv=None):
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--queries", type=int, default=8)
     parser.add_argument("--gap", type=int, default=0, help="filler tokens between each key and its value")
-    parser.add_argument("--query-gap", type=int, default=0,
-                        help="filler tokens between a query's key and the position that predicts the value")
-    parser.add_argument("--fixed-query-fillers", action="store_true",
-                        help="the query gap is always the same tokens (like the corpus's question ending), not random")
+    parser.add_argument(
+        "--query-gap",
+        type=int,
+        default=0,
+        help="filler tokens between a query's key and the position that predicts the value",
+    )
+    parser.add_argument(
+        "--fixed-query-fillers",
+        action="store_true",
+        help="the query gap is always the same tokens (like the corpus's question ending), not random",
+    )
     parser.add_argument("--key-tokens", type=int, default=1, help="tokens per key")
     parser.add_argument("--layers", type=int, default=None, help="override the model's number of layers")
-    parser.add_argument("--init", choices=INITS, default="hf",
-                        help="hf: HF's N(0, 0.02), tied embeddings (the first checkpoints); "
-                             "torch: PyTorch's scales, untied")
+    parser.add_argument(
+        "--init",
+        choices=INITS,
+        default="hf",
+        help="hf: HF's N(0, 0.02), tied embeddings (the first checkpoints); torch: PyTorch's scales, untied",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -111,14 +122,17 @@ def main(argv=None):
     start = time.time()
     model, _ = build_tiny(args.model, args.seed, tokenizer, init=args.init)
     gen = torch.Generator().manual_seed(args.seed)
-    result["control_copy"] = train_probe(model, lambda: copy_batch(gen, args.batch), args.control_steps, args.lr,
-                                         every=100)
+    result["control_copy"] = train_probe(
+        model, lambda: copy_batch(gen, args.batch), args.control_steps, args.lr, every=100
+    )
     model, _ = build_tiny(args.model, args.seed, tokenizer, init=args.init)
     rng = random.Random(args.seed)
-    layout = dict(gap=args.gap, query_gap=args.query_gap, key_tokens=args.key_tokens,
-                  fixed_query_fillers=args.fixed_query_fillers)
-    result["recall"] = train_probe(model, lambda: recall_batch(rng, args.batch, args.pairs, args.queries, **layout),
-                                   args.steps, args.lr, every=250)
+    layout = dict(
+        gap=args.gap, query_gap=args.query_gap, key_tokens=args.key_tokens, fixed_query_fillers=args.fixed_query_fillers
+    )
+    result["recall"] = train_probe(
+        model, lambda: recall_batch(rng, args.batch, args.pairs, args.queries, **layout), args.steps, args.lr, every=250
+    )
     result["minutes"] = round((time.time() - start) / 60, 2)
     print(json.dumps(result))
 

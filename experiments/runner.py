@@ -83,8 +83,9 @@ def parse_assignments(items: list[str]) -> dict:
     return values
 
 
-def load_suite(path: Path, seeds: list[int] | None = None, methods: list[str] | None = None,
-               overrides: dict | None = None) -> Suite:
+def load_suite(
+    path: Path, seeds: list[int] | None = None, methods: list[str] | None = None, overrides: dict | None = None
+) -> Suite:
     """Read and check a suite file; errors name the section and key. ``seeds``, ``methods`` (a subset of its
     labels, or plain method names) and ``overrides`` (run-config values over [base]) change it from the command
     line without editing it."""
@@ -105,8 +106,9 @@ def load_suite(path: Path, seeds: list[int] | None = None, methods: list[str] | 
     head = raw.get("suite", {})
     errors += [f"[suite] unknown key '{k}'; allowed: {list(SUITE_KEYS)}" for k in head if k not in SUITE_KEYS]
     seeds = head.get("seeds", [0])
-    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) and s >= 0 for s in seeds)) \
-            or len(set(seeds)) != len(seeds):
+    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) and s >= 0 for s in seeds)) or len(
+        set(seeds)
+    ) != len(seeds):
         errors.append(f"[suite] seeds={seeds!r}: a non-empty list of distinct integers >= 0")
     methods = raw.get("methods", {})
     if not methods:
@@ -139,8 +141,17 @@ def load_suite(path: Path, seeds: list[int] | None = None, methods: list[str] | 
         raise ValueError(f"invalid suite {path}:\n  " + "\n  ".join(errors))
     if isinstance(base.get("data-path"), str) and base["data-path"] and not Path(base["data-path"]).is_absolute():
         base = {**base, "data-path": str((ROOT / base["data-path"]).resolve())}
-    return Suite(Path(path), seeds, base, raw.get("federation", {}), methods, grid, reference,
-                 float(head.get("run-timeout", 3600.0)), head.get("description", ""))
+    return Suite(
+        Path(path),
+        seeds,
+        base,
+        raw.get("federation", {}),
+        methods,
+        grid,
+        reference,
+        float(head.get("run-timeout", 3600.0)),
+        head.get("description", ""),
+    )
 
 
 @dataclass
@@ -196,8 +207,10 @@ def differing_keys(recorded: dict, run: PlannedRun) -> list[str]:
     default on both sides, e.g. added to the registry after the run, are equal)."""
     out = []
     old_config = {k: v for k, v in settings(recorded.get("run_config", {})).items() if k not in NOT_COMPARED}
-    for scope, old, new in (("", old_config, settings(run.run_config)),
-                            ("federation.", recorded.get("federation", {}), run.federation)):
+    for scope, old, new in (
+        ("", old_config, settings(run.run_config)),
+        ("federation.", recorded.get("federation", {}), run.federation),
+    ):
         for key in sorted(set(old) | set(new)):
             if old.get(key, "<default>") != new.get(key, "<default>"):
                 out.append(f"{scope}{key}: {old.get(key, '<default>')!r} -> {new.get(key, '<default>')!r}")
@@ -250,11 +263,16 @@ def plan(suite: Suite, out: Path, rerun_changed: bool = False) -> list[PlannedRu
         decide(run, out, rerun_changed)
     refused = [r for r in runs if r.action == "refuse"]
     if refused:
-        lines = [f"{r.folder.relative_to(out)} holds a finished run with other settings: " + "; ".join(r.differences)
-                 for r in refused]
-        raise SuiteMismatch("refusing to reuse or overwrite finished runs whose settings differ from the suite:\n  "
-                            + "\n  ".join(lines) + "\nUse another --out, or --rerun-changed to train the changed "
-                            "runs into new folders (the old runs are kept).")
+        lines = [
+            f"{r.folder.relative_to(out)} holds a finished run with other settings: " + "; ".join(r.differences)
+            for r in refused
+        ]
+        raise SuiteMismatch(
+            "refusing to reuse or overwrite finished runs whose settings differ from the suite:\n  "
+            + "\n  ".join(lines)
+            + "\nUse another --out, or --rerun-changed to train the changed "
+            "runs into new folders (the old runs are kept)."
+        )
     return runs
 
 
@@ -265,10 +283,16 @@ class SuiteMismatch(RuntimeError):
 def git_state(root: Path = ROOT) -> tuple[str, bool]:
     """(commit, whether tracked files differ from it); ('unknown', True) outside a git checkout."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                check=True).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                capture_output=True, text=True, check=True).stdout
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         return commit, bool(status.strip())
     except (OSError, subprocess.CalledProcessError):
         return "unknown", True
@@ -287,8 +311,13 @@ def flower_launcher(env: dict) -> Callable[[PlannedRun, float], str]:
     from experiments.flower_runs import flwr_run
 
     def launch(run: PlannedRun, timeout: float) -> str:
-        _, status = flwr_run({**run.run_config, "output-dir": str(run.folder)}, federation_text(run.federation),
-                             env=env, timeout=timeout, log_file=run.folder / RUN_LOG)
+        _, status = flwr_run(
+            {**run.run_config, "output-dir": str(run.folder)},
+            federation_text(run.federation),
+            env=env,
+            timeout=timeout,
+            log_file=run.folder / RUN_LOG,
+        )
         return status
 
     return launch
@@ -298,12 +327,22 @@ def duration(seconds: float) -> str:
     if math.isnan(seconds):
         return "?"
     seconds = int(round(seconds))
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
-        f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+        if seconds >= 3600
+        else f"{seconds // 60}m{seconds % 60:02d}s"
+        if seconds >= 60
+        else f"{seconds}s"
+    )
 
 
-def execute(runs: list[PlannedRun], out: Path, launch: Callable[[PlannedRun, float], str] | None,
-            run_timeout: float, printer=print) -> list[PlannedRun]:
+def execute(
+    runs: list[PlannedRun],
+    out: Path,
+    launch: Callable[[PlannedRun, float], str] | None,
+    run_timeout: float,
+    printer=print,
+) -> list[PlannedRun]:
     """Train the runs marked 'train' (one at a time), printing a line as each starts and ends; returns failures."""
     commit, dirty = git_state()
     to_train = sum(r.action == "train" for r in runs)
@@ -317,10 +356,18 @@ def execute(runs: list[PlannedRun], out: Path, launch: Callable[[PlannedRun, flo
             run.moved_aside = move_aside(run.folder)
             printer(f"{where}  unfinished earlier run kept as {run.moved_aside.relative_to(out)}", flush=True)
         run.folder.mkdir(parents=True)
-        record = {"label": run.label, "cell": run.cell, "seed": run.seed,
-                  "run_config": {**run.run_config, "output-dir": str(run.folder)}, "federation": run.federation,
-                  "commit": commit, "dirty": dirty, "status": "running",
-                  "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "log": RUN_LOG}
+        record = {
+            "label": run.label,
+            "cell": run.cell,
+            "seed": run.seed,
+            "run_config": {**run.run_config, "output-dir": str(run.folder)},
+            "federation": run.federation,
+            "commit": commit,
+            "dirty": dirty,
+            "status": "running",
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "log": RUN_LOG,
+        }
         write_json(run.folder / RUN_RECORD, record)
         printer(f"{where}  start (log: {(run.folder / RUN_LOG).relative_to(out)})", flush=True)
         t0 = time.time()
@@ -336,25 +383,49 @@ def execute(runs: list[PlannedRun], out: Path, launch: Callable[[PlannedRun, flo
         if status != COMPLETED:
             failed.append(run)
         eta = spent / trained * (to_train - trained)
-        printer(f"{where}  {'done' if status == COMPLETED else 'FAILED ' + status} in {duration(elapsed)} "
-                f"(suite {duration(time.time() - started)}, ETA {duration(eta)})", flush=True)
+        printer(
+            f"{where}  {'done' if status == COMPLETED else 'FAILED ' + status} in {duration(elapsed)} "
+            f"(suite {duration(time.time() - started)}, ETA {duration(eta)})",
+            flush=True,
+        )
     return failed
 
 
-def run_suite(suite: Path | Suite, out: Path, rerun_changed: bool = False, allow_mixed_commits: bool = False,
-              launch: Callable[[PlannedRun, float], str] | None = None, printer=print, plots: bool = True) -> dict:
+def run_suite(
+    suite: Path | Suite,
+    out: Path,
+    rerun_changed: bool = False,
+    allow_mixed_commits: bool = False,
+    launch: Callable[[PlannedRun, float], str] | None = None,
+    printer=print,
+    plots: bool = True,
+) -> dict:
     """Plan (refusing mismatches before any training), train what is missing, write and print the tables."""
     suite = suite if isinstance(suite, Suite) else load_suite(suite)
     out = Path(out).resolve()
     runs = plan(suite, out, rerun_changed)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "suite.json", {
-        "suite": str(suite.path), "suite_text": suite.path.read_text(), "reference": suite.reference,
-        "seeds": suite.seeds, "methods": suite.methods, "base": suite.base, "grid": suite.grid,
-        "runs": [{"label": r.label, "cell": r.cell, "seed": r.seed, "folder": str(r.folder.relative_to(out))}
-                 for r in runs]})
-    printer(f"suite {suite.path.name}: {len(runs)} runs ({sum(r.action == 'train' for r in runs)} to train, "
-            f"{sum(r.action == 'reuse' for r in runs)} finished earlier) -> {out}", flush=True)
+    write_json(
+        out / "suite.json",
+        {
+            "suite": str(suite.path),
+            "suite_text": suite.path.read_text(),
+            "reference": suite.reference,
+            "seeds": suite.seeds,
+            "methods": suite.methods,
+            "base": suite.base,
+            "grid": suite.grid,
+            "runs": [
+                {"label": r.label, "cell": r.cell, "seed": r.seed, "folder": str(r.folder.relative_to(out))}
+                for r in runs
+            ],
+        },
+    )
+    printer(
+        f"suite {suite.path.name}: {len(runs)} runs ({sum(r.action == 'train' for r in runs)} to train, "
+        f"{sum(r.action == 'reuse' for r in runs)} finished earlier) -> {out}",
+        flush=True,
+    )
     if launch is not None or not any(r.action == "train" for r in runs):
         failed = execute(runs, out, launch, suite.run_timeout, printer)
     else:
@@ -363,36 +434,63 @@ def run_suite(suite: Path | Suite, out: Path, rerun_changed: bool = False, allow
         with local_flower_env() as env:  # one SuperLink (own FLWR_HOME, free ports) for the whole suite
             failed = execute(runs, out, flower_launcher(env), suite.run_timeout, printer)
     finished = [r for r in runs if r not in failed]
-    text = write_suite_tables(out, [r.folder for r in finished], reference=suite.reference,
-                              allow_mixed_commits=allow_mixed_commits, plots=plots)
+    text = write_suite_tables(
+        out,
+        [r.folder for r in finished],
+        reference=suite.reference,
+        allow_mixed_commits=allow_mixed_commits,
+        plots=plots,
+    )
     printer(text, flush=True)
     if failed:
-        printer("failed runs (moved aside and trained again on the next invocation):\n  " +
-                "\n  ".join(f"{r.folder.relative_to(out)} (log {RUN_LOG})" for r in failed), flush=True)
+        printer(
+            "failed runs (moved aside and trained again on the next invocation):\n  "
+            + "\n  ".join(f"{r.folder.relative_to(out)} (log {RUN_LOG})" for r in failed),
+            flush=True,
+        )
     return {"runs": runs, "failed": failed}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, text in (("run", "train what is missing, then write the tables"),
-                       ("plan", "print what would be reused, trained or refused; trains nothing")):
+    for name, text in (
+        ("run", "train what is missing, then write the tables"),
+        ("plan", "print what would be reused, trained or refused; trains nothing"),
+    ):
         command = sub.add_parser(name, help=text)
         command.add_argument("suite", type=Path)
-        command.add_argument("--out", type=Path, required=True,
-                             help="suite folder (the runner writes only here, never to a default location)")
-        command.add_argument("--rerun-changed", action="store_true",
-                             help="train runs whose finished folder has other settings into new folders")
-        command.add_argument("--allow-mixed-commits", action="store_true",
-                             help="let one table hold runs made at different commits")
+        command.add_argument(
+            "--out",
+            type=Path,
+            required=True,
+            help="suite folder (the runner writes only here, never to a default location)",
+        )
+        command.add_argument(
+            "--rerun-changed",
+            action="store_true",
+            help="train runs whose finished folder has other settings into new folders",
+        )
+        command.add_argument(
+            "--allow-mixed-commits", action="store_true", help="let one table hold runs made at different commits"
+        )
         command.add_argument("--seeds", help="comma list replacing the suite's seeds, e.g. 0,1")
         command.add_argument("--methods", help="comma list of the suite's labels (or method names) to run")
-        command.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                             help="run-config values over the suite's [base], TOML syntax: num-server-rounds=40")
+        command.add_argument(
+            "--set",
+            nargs="*",
+            default=[],
+            metavar="KEY=VALUE",
+            help="run-config values over the suite's [base], TOML syntax: num-server-rounds=40",
+        )
     args = parser.parse_args(argv)
     try:
-        suite = load_suite(args.suite, [int(s) for s in args.seeds.split(",")] if args.seeds else None,
-                           args.methods.split(",") if args.methods else None, parse_assignments(args.set))
+        suite = load_suite(
+            args.suite,
+            [int(s) for s in args.seeds.split(",")] if args.seeds else None,
+            args.methods.split(",") if args.methods else None,
+            parse_assignments(args.set),
+        )
         if args.command == "plan":
             for run in plan(suite, args.out.resolve(), args.rerun_changed):
                 print(f"{run.action:<6} {run.name} seed={run.seed} -> {run.folder}")

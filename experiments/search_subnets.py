@@ -74,8 +74,11 @@ def main() -> None:
     cfg = load_supernet_config(args.supernet)
     entries = search(cfg, args.targets, args.seed)
     write_cache(args.out, entries)
-    print(json.dumps({"subnets": len(entries), "min_macs": entries[0].macs, "max_macs": entries[-1].macs,
-                      "out": str(args.out)}))
+    print(
+        json.dumps(
+            {"subnets": len(entries), "min_macs": entries[0].macs, "max_macs": entries[-1].macs, "out": str(args.out)}
+        )
+    )
 
 
 if __name__ == "__main__":

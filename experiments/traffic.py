@@ -61,10 +61,14 @@ def main(argv: list[str] | None = None) -> dict:
         per_seed_bf16.append(traffic["full"] / traffic["routed_bf16"])
         mean_budget.append(float(np.mean(budgets)))
     result = {
-        "clients": args.clients, "seeds": args.seeds, "zipf_a": args.zipf_a, "max_macs": max_macs,
+        "clients": args.clients,
+        "seeds": args.seeds,
+        "zipf_a": args.zipf_a,
+        "max_macs": max_macs,
         "full_supernet_bytes": payload_bytes(subnet_shapes(cfg, cfg.max_subnet())),
         "mean_budget_macs": float(np.mean(mean_budget)),
-        "ratio_mean": float(np.mean(per_seed)), "ratio_std": float(np.std(per_seed)),
+        "ratio_mean": float(np.mean(per_seed)),
+        "ratio_std": float(np.std(per_seed)),
         "ratio_per_seed": [round(r, 3) for r in per_seed],
         "ratio_mean_bf16": float(np.mean(per_seed_bf16)),
         "ratio_per_seed_bf16": [round(r, 3) for r in per_seed_bf16],

@@ -24,12 +24,22 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-path", type=Path, default=DEFAULT_DATA)
     args = parser.parse_args(argv)
-    run_config = {"method": "feast", "data-source": "local", "data-path": str(args.data_path.resolve()),
-                  "num-server-rounds": args.rounds, "clients-per-round": 4, "seed": args.seed, "gamma": 1.0,
-                  "eval-every": 10, "checkpoint-every": 10, "output-dir": str(args.out.resolve())}
+    run_config = {
+        "method": "feast",
+        "data-source": "local",
+        "data-path": str(args.data_path.resolve()),
+        "num-server-rounds": args.rounds,
+        "clients-per-round": 4,
+        "seed": args.seed,
+        "gamma": 1.0,
+        "eval-every": 10,
+        "checkpoint-every": 10,
+        "output-dir": str(args.out.resolve()),
+    }
     with local_flower_env() as env:
-        run_id, status = flwr_run(run_config, "num-supernodes=8 client-resources-num-cpus=1 init-args-num-cpus=1",
-                                  env=env, timeout=4 * 3600)
+        run_id, status = flwr_run(
+            run_config, "num-supernodes=8 client-resources-num-cpus=1 init-args-num-cpus=1", env=env, timeout=4 * 3600
+        )
     result = {"run_id": run_id, "status": status, "out": str(args.out.resolve())}
     print(json.dumps(result))
     if status != "finished:completed":

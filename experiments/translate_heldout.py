@@ -8,6 +8,7 @@ them all to experiments/results/kvtranslate/heldout_<source>__<target>.json.
     python -m kvtranslate train --source tiny-gpt2 --target tiny-qwen2 --out /tmp/mot
     python experiments/translate_heldout.py --source tiny-gpt2 --target tiny-qwen2 --translator /tmp/mot
 """
+
 import argparse
 import json
 import os
@@ -53,8 +54,11 @@ def main():
     os.makedirs(RESULTS, exist_ok=True)
     out = os.path.join(RESULTS, f"heldout_{args.source}__{args.target}.json".replace("/", "_"))
     with open(out, "w") as f:
-        json.dump(dict(source=args.source, target=args.target, translator=args.translator, seed=args.seed,
-                       rows=rows), f, indent=1)
+        json.dump(
+            dict(source=args.source, target=args.target, translator=args.translator, seed=args.seed, rows=rows),
+            f,
+            indent=1,
+        )
 
 
 if __name__ == "__main__":

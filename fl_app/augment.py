@@ -24,7 +24,7 @@ def crop_flip(images: torch.Tensor, generator: torch.Generator, padding: int = 4
     out = torch.empty_like(images)
     for i in range(n):
         y, x = offsets[i].tolist()
-        crop = padded[i, :, y: y + h, x: x + w]
+        crop = padded[i, :, y : y + h, x : x + w]
         out[i] = crop.flip(-1) if flips[i] else crop
     return out
 
@@ -37,8 +37,14 @@ def rand_augment(images: torch.Tensor, seed: int) -> torch.Tensor:
     return torch.stack([augment(img) for img in images])
 
 
-def mix_batch(images: torch.Tensor, labels: torch.Tensor, num_classes: int, mixup_alpha: float,
-              cutmix_alpha: float, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def mix_batch(
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    num_classes: int,
+    mixup_alpha: float,
+    cutmix_alpha: float,
+    rng: np.random.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One Mixup or CutMix draw (chosen with equal odds when both are on) -> (images, soft targets)."""
     targets = F.one_hot(labels, num_classes).float()
     modes = [m for m, a in (("mixup", mixup_alpha), ("cutmix", cutmix_alpha)) if a > 0]

@@ -95,8 +95,9 @@ def supernet_fingerprint(run: RunConfig) -> dict:
     return model_fingerprint(run, cfg.to_dict())
 
 
-def save_verified(path: str | Path, blob: dict, fingerprint: dict,
-                  replace_if: Callable[[dict], bool] | None = None) -> Path:
+def save_verified(
+    path: str | Path, blob: dict, fingerprint: dict, replace_if: Callable[[dict], bool] | None = None
+) -> Path:
     """Write ``blob`` with its integrity record atomically; see the module docstring for what may be replaced."""
     path = Path(path)
     record = {**blob, INTEGRITY: {"format": FORMAT_VERSION, "fingerprint": fingerprint}}
@@ -126,17 +127,23 @@ def load_verified(path: str | Path, fingerprint: dict | None = None, what: str |
     except Exception as error:  # a truncated, damaged or foreign file
         raise ValueError(f"{what}: not a readable checkpoint ({type(error).__name__}: {error})") from error
     integrity = blob.get(INTEGRITY) if isinstance(blob, dict) else None
-    if not isinstance(integrity, dict) or integrity.get("format") != FORMAT_VERSION or not isinstance(
-            integrity.get("fingerprint"), dict):
-        raise ValueError(f"{what}: not a verified checkpoint of this app (no integrity record of format "
-                         f"{FORMAT_VERSION})")
+    if (
+        not isinstance(integrity, dict)
+        or integrity.get("format") != FORMAT_VERSION
+        or not isinstance(integrity.get("fingerprint"), dict)
+    ):
+        raise ValueError(
+            f"{what}: not a verified checkpoint of this app (no integrity record of format {FORMAT_VERSION})"
+        )
     try:
         actual = content_hash(blob)
     except TypeError as error:
         raise ValueError(f"{what}: {error}") from None
     if actual != integrity.get("sha256"):
-        raise ValueError(f"{what}: content hash mismatch (recorded {str(integrity.get('sha256'))[:16]}..., "
-                         f"computed {actual[:16]}...): the file was altered or damaged; it is not used")
+        raise ValueError(
+            f"{what}: content hash mismatch (recorded {str(integrity.get('sha256'))[:16]}..., "
+            f"computed {actual[:16]}...): the file was altered or damaged; it is not used"
+        )
     if fingerprint is not None and integrity["fingerprint"].get("sha256") != fingerprint["sha256"]:
         difference = _fingerprint_difference(integrity["fingerprint"], fingerprint)
         raise ValueError(f"{what}: a checkpoint of another model ({difference}); it is not used")
@@ -144,12 +151,18 @@ def load_verified(path: str | Path, fingerprint: dict | None = None, what: str |
 
 
 def _fingerprint_difference(saved: dict, current: dict) -> str:
-    differences = [f"run-config {k}: checkpoint {saved.get('run', {}).get(k)!r} vs now {v!r}"
-                   for k, v in current["run"].items() if saved.get("run", {}).get(k) != v]
+    differences = [
+        f"run-config {k}: checkpoint {saved.get('run', {}).get(k)!r} vs now {v!r}"
+        for k, v in current["run"].items()
+        if saved.get("run", {}).get(k) != v
+    ]
     saved_model, model = saved.get("model") or {}, current["model"] or {}
     if isinstance(saved_model, dict) and isinstance(model, dict):
-        differences += [f"model {k}: checkpoint {saved_model.get(k)!r} vs now {model.get(k)!r}"
-                        for k in sorted(set(saved_model) | set(model), key=str) if saved_model.get(k) != model.get(k)]
+        differences += [
+            f"model {k}: checkpoint {saved_model.get(k)!r} vs now {model.get(k)!r}"
+            for k in sorted(set(saved_model) | set(model), key=str)
+            if saved_model.get(k) != model.get(k)
+        ]
     return "; ".join(differences) or "fingerprints differ"
 
 
@@ -158,10 +171,13 @@ def capture_rng() -> dict:
     numpy_state = np.random.get_state(legacy=False)
     return {
         "torch": torch.get_rng_state(),
-        "numpy": {"bit_generator": numpy_state["bit_generator"],
-                  "key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
-                  "pos": int(numpy_state["state"]["pos"]), "has_gauss": int(numpy_state["has_gauss"]),
-                  "gauss": float(numpy_state["gauss"])},
+        "numpy": {
+            "bit_generator": numpy_state["bit_generator"],
+            "key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
+            "pos": int(numpy_state["state"]["pos"]),
+            "has_gauss": int(numpy_state["has_gauss"]),
+            "gauss": float(numpy_state["gauss"]),
+        },
         "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
     }
 
@@ -169,9 +185,14 @@ def capture_rng() -> dict:
 def restore_rng(saved: dict) -> None:
     torch.set_rng_state(saved["torch"])
     numpy_saved = saved["numpy"]
-    np.random.set_state({"bit_generator": numpy_saved["bit_generator"],
-                         "state": {"key": numpy_saved["key"].numpy().astype(np.uint32), "pos": numpy_saved["pos"]},
-                         "has_gauss": numpy_saved["has_gauss"], "gauss": numpy_saved["gauss"]})
+    np.random.set_state(
+        {
+            "bit_generator": numpy_saved["bit_generator"],
+            "state": {"key": numpy_saved["key"].numpy().astype(np.uint32), "pos": numpy_saved["pos"]},
+            "has_gauss": numpy_saved["has_gauss"],
+            "gauss": numpy_saved["gauss"],
+        }
+    )
     version, internal, gauss = saved["python"]
     random.setstate((version, tuple(internal), gauss))
 
@@ -183,21 +204,38 @@ def run_config_differences(saved: dict, current: dict) -> list[str]:
 def same_run_earlier_round(run: RunConfig, server_round: int) -> Callable[[dict], bool]:
     """``replace_if`` for round checkpoints: only an earlier round of a run with this run config is replaced."""
     current = run.to_dict()
-    return lambda old: (not run_config_differences(old.get("run_config", {}), current)
-                        and old.get("round", server_round) < server_round)
+    return lambda old: (
+        not run_config_differences(old.get("run_config", {}), current) and old.get("round", server_round) < server_round
+    )
 
 
-def write_round_checkpoint(out_dir: Path, server_round: int, run: RunConfig, num_clients: int,
-                           global_state: dict[str, np.ndarray], strategy_state: dict, metrics: dict) -> Path:
-    return save_verified(Path(out_dir) / CHECKPOINT_FILE, {
-        "format": FORMAT_VERSION, "round": server_round, "run_config": run.to_dict(), "num_clients": num_clients,
-        "global_state": {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in global_state.items()},
-        "strategy": strategy_state, "metrics": metrics, "rng": capture_rng(),
-    }, supernet_fingerprint(run), replace_if=same_run_earlier_round(run, server_round))
+def write_round_checkpoint(
+    out_dir: Path,
+    server_round: int,
+    run: RunConfig,
+    num_clients: int,
+    global_state: dict[str, np.ndarray],
+    strategy_state: dict,
+    metrics: dict,
+) -> Path:
+    return save_verified(
+        Path(out_dir) / CHECKPOINT_FILE,
+        {
+            "format": FORMAT_VERSION,
+            "round": server_round,
+            "run_config": run.to_dict(),
+            "num_clients": num_clients,
+            "global_state": {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in global_state.items()},
+            "strategy": strategy_state,
+            "metrics": metrics,
+            "rng": capture_rng(),
+        },
+        supernet_fingerprint(run),
+        replace_if=same_run_earlier_round(run, server_round),
+    )
 
 
-def load_run_checkpoint(location: str | Path, run: RunConfig, num_clients: int, fingerprint: dict
-                        ) -> tuple[Path, dict]:
+def load_run_checkpoint(location: str | Path, run: RunConfig, num_clients: int, fingerprint: dict) -> tuple[Path, dict]:
     """(the file, its content) of the checkpoint at ``location`` (a file or the run folder holding it), after checking
     that ``run`` may continue it: content hash and model ``fingerprint``, the run config (only ``RESUME_MAY_CHANGE``
     may differ), the federation size and a round before the last. Any method's resume uses it; raises
@@ -213,14 +251,20 @@ def load_run_checkpoint(location: str | Path, run: RunConfig, num_clients: int, 
     differing = run_config_differences(saved, current)
     if differing:
         details = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {current.get(k)!r}" for k in differing)
-        raise ValueError(f"{what}: the run config differs from the checkpoint's ({details}); "
-                         f"only {list(RESUME_MAY_CHANGE)} may change")
+        raise ValueError(
+            f"{what}: the run config differs from the checkpoint's ({details}); "
+            f"only {list(RESUME_MAY_CHANGE)} may change"
+        )
     if blob["num_clients"] != num_clients:
-        raise ValueError(f"{what}: the checkpoint's federation has {blob['num_clients']} clients, this one "
-                         f"{num_clients} (num-supernodes)")
+        raise ValueError(
+            f"{what}: the checkpoint's federation has {blob['num_clients']} clients, this one "
+            f"{num_clients} (num-supernodes)"
+        )
     if blob["round"] >= run["num-server-rounds"]:
-        raise ValueError(f"{what}: the checkpoint is at round {blob['round']}, the run has only "
-                         f"num-server-rounds={run['num-server-rounds']}")
+        raise ValueError(
+            f"{what}: the checkpoint is at round {blob['round']}, the run has only "
+            f"num-server-rounds={run['num-server-rounds']}"
+        )
     return path, blob
 
 

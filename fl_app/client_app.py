@@ -48,7 +48,7 @@ def local_seed(seed: int, server_round: int, partition_id: int) -> int:
 
 def use_node_threads(context: Context) -> None:
     # the node config's num-threads, else what Ray gave the actor (OMP_NUM_THREADS), else one: several simulated
-    # clients share the CPU cores and oversubscribed OpenMP threads slow small convolutions down by an order of magnitude
+    # clients share the CPU cores; oversubscribed OpenMP threads slow small convolutions down by an order of magnitude
     torch.set_num_threads(int(context.node_config.get("num-threads", os.environ.get("OMP_NUM_THREADS", 1))))
 
 
@@ -100,19 +100,30 @@ def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Conte
     if config.get("mask-labels", False):  # HeteroFL: only the classifier rows of labels held here are trained
         logit_mask = torch.zeros(cfg.n_classes, dtype=torch.bool)
         logit_mask[labels] = True
-    settings = LocalSettings.from_run(run, float(config["lr"]), local_seed(run["seed"], int(config["server-round"]),
-                                                                            pid))
+    settings = LocalSettings.from_run(
+        run, float(config["lr"]), local_seed(run["seed"], int(config["server-round"]), pid)
+    )
     metrics = train_subnets(model, plan, data, settings, logit_mask)
 
     # send back exactly what was received, cut to the trained subnet when one was assigned
     trained = slice_state(model.state_dict(), {k: v for k, v in returned.items() if k in received})
-    reply = RecordDict({
-        "arrays": state_to_record(trained, dtype),
-        "metrics": MetricRecord({"num-examples": len(data), "partition-id": pid, "labels": labels, **metrics,
-                                 **train_costs(cfg, plan.largest, plan.smallest, plan.between,
-                                               metrics["local-steps"] * settings.batch_size),
-                                 "client-seconds": time.perf_counter() - started}),
-    })
+    reply = RecordDict(
+        {
+            "arrays": state_to_record(trained, dtype),
+            "metrics": MetricRecord(
+                {
+                    "num-examples": len(data),
+                    "partition-id": pid,
+                    "labels": labels,
+                    **metrics,
+                    **train_costs(
+                        cfg, plan.largest, plan.smallest, plan.between, metrics["local-steps"] * settings.batch_size
+                    ),
+                    "client-seconds": time.perf_counter() - started,
+                }
+            ),
+        }
+    )
     return Message(reply, reply_to=msg)
 
 

@@ -27,5 +27,9 @@ def train_costs(cfg: SupernetConfig, largest, smallest, between: list, samples: 
     if between:
         step_macs += sum(count_macs(cfg, arch) for arch in between) / len(between)
     cuda_peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else 0.0
-    return {"train-flops": training_flops(step_macs, samples), "trained-macs": float(count_macs(cfg, largest)),
-            "peak-rss-mb": memory_mb()[1], "cuda-peak-mb": cuda_peak}
+    return {
+        "train-flops": training_flops(step_macs, samples),
+        "trained-macs": float(count_macs(cfg, largest)),
+        "peak-rss-mb": memory_mb()[1],
+        "cuda-peak-mb": cuda_peak,
+    }

@@ -46,8 +46,10 @@ class Range:
 
     @property
     def rule(self) -> str:
-        return (f"in {'(' if self.low_open else '['}{_number(self.low)}, {_number(self.high)}"
-                f"{')' if self.high_open else ']'}")
+        return (
+            f"in {'(' if self.low_open else '['}{_number(self.low)}, {_number(self.high)}"
+            f"{')' if self.high_open else ']'}"
+        )
 
 
 def _number(x) -> str:
@@ -88,8 +90,12 @@ PARTITION_IDS_RULE = f"empty, or comma-separated partition ids, each an integer 
 
 def parse_train_subnets(text: str) -> tuple[str, ...]:
     subnets = _comma_items(text, TRAIN_SUBNETS_RULE)
-    if (not subnets or any(s not in TRAIN_SUBNETS for s in subnets) or "max" not in subnets
-            or len(set(subnets)) != len(subnets)):
+    if (
+        not subnets
+        or any(s not in TRAIN_SUBNETS for s in subnets)
+        or "max" not in subnets
+        or len(set(subnets)) != len(subnets)
+    ):
         raise ValueError(f"allowed: {TRAIN_SUBNETS_RULE}")
     return tuple(subnets)
 
@@ -123,96 +129,141 @@ ROUNDS = Range(1, 100_000)
 KEYS: dict[str, Key] = {
     "method": Key("feast", "federated method", METHODS),
     "dataset": Key("cifar10", "dataset name", tuple(DATASETS)),
-    "data-source": Key("sample", "'sample' = bundled CIFAR-10 sample, 'hub' = Hugging Face hub, 'local' = data-path",
-                       DATA_SOURCES),
+    "data-source": Key(
+        "sample", "'sample' = bundled CIFAR-10 sample, 'hub' = Hugging Face hub, 'local' = data-path", DATA_SOURCES
+    ),
     "data-path": Key("", "folder with train/test parquet files or image folders (data-source='local')"),
     "partitioner": Key("gamma", "how the training pool is split among clients", PARTITIONERS),
     "dirichlet-alpha": Key(1.0, "Dirichlet concentration of the label skew", check=Range(1e-3, 1e4)),
-    "gamma": Key(1.0, "γ: client data share ∝ min(budget, max-training-macs)^γ (0 = plain Dirichlet)",
-                 check=Range(0.0, 10.0)),
+    "gamma": Key(
+        1.0, "γ: client data share ∝ min(budget, max-training-macs)^γ (0 = plain Dirichlet)", check=Range(0.0, 10.0)
+    ),
     "supernet": Key("cpu", "'cpu', 'paper' or a supernet JSON path"),
     "subnet-cache": Key("", "'cpu', 'paper' or a CSV path; empty = the cache named like the supernet"),
     "num-server-rounds": Key(25, "federated rounds", check=ROUNDS),
-    "clients-per-round": Key(0, "clients sampled per round (<= number of clients; 0 = half of them, at least 1)",
-                             check=Range(0, MAX_CLIENTS)),
+    "clients-per-round": Key(
+        0, "clients sampled per round (<= number of clients; 0 = half of them, at least 1)", check=Range(0, MAX_CLIENTS)
+    ),
     "min-reply-fraction": Key(1.0, "fraction of sampled clients whose valid replies a round needs", check=FRACTION),
     "round-timeout": Key(3600.0, "seconds to wait for a round's replies", check=Range(0.0, 7 * 86400.0, low_open=True)),
     "local-epochs": Key(1, "local epochs per round", check=Range(1, 1000)),
-    "max-local-steps": Key(40, "cap on local optimizer steps per round (0 = no cap: full epochs)",
-                           check=Range(0, 10_000_000)),
+    "max-local-steps": Key(
+        40, "cap on local optimizer steps per round (0 = no cap: full epochs)", check=Range(0, 10_000_000)
+    ),
     "batch-size": Key(32, "local mini-batch size", check=Range(1, 65_536)),
     "lr": Key(0.05, "local SGD learning rate", check=Range(0.0, 10.0, low_open=True)),
     "lr-schedule": Key("cosine", "learning rate over rounds", ("cosine", "constant")),
     "momentum": Key(0.9, "SGD momentum", check=Range(0.0, 1.0, high_open=True)),
     "weight-decay": Key(5e-4, "SGD weight decay", check=Range(0.0, 1.0)),
     "kd-ratio": Key(0.5, "ρ: weight of the soft loss to the max subnet for the smaller subnets", check=UNIT),
-    "train-subnets": Key("max,min,random", "subnets trained per local step (comma list of max, min, random)",
-                         parse=parse_train_subnets),
+    "train-subnets": Key(
+        "max,min,random", "subnets trained per local step (comma list of max, min, random)", parse=parse_train_subnets
+    ),
     "routing": Key(True, "send each client only its budget's sub-supernet (false = full supernet)"),
     "crop-flip": Key(True, "random crop + horizontal flip"),
     "randaugment": Key(False, "RandAugment on training batches"),
     "mixup-alpha": Key(0.0, "Mixup Beta(α, α) (0 = off)", check=Range(0.0, 100.0)),
     "cutmix-alpha": Key(0.0, "CutMix Beta(α, α) (0 = off)", check=Range(0.0, 100.0)),
     "budget-zipf-a": Key(1.2, "Zipf exponent of client budget ranks", check=Range(0.0, 100.0, low_open=True)),
-    "budget-max-macs": Key(0.0, "largest client budget in MACs (0 = the cache's largest subnet)",
-                           check=Range(0.0, MAX_MACS)),
+    "budget-max-macs": Key(
+        0.0, "largest client budget in MACs (0 = the cache's largest subnet)", check=Range(0.0, MAX_MACS)
+    ),
     "budget-levels": Key(0, "number of budget ranks (0 = number of clients)", check=Range(0, MAX_CLIENTS)),
     "max-training-macs": Key(0.0, "cap on budgets in the γ data allocation (0 = no cap)", check=Range(0.0, MAX_MACS)),
-    "tiers": Key("", "reporting tiers as comma-separated MACs (empty = 4 log-spaced cached subnets)",
-                 parse=parse_macs_list),
+    "tiers": Key(
+        "", "reporting tiers as comma-separated MACs (empty = 4 log-spaced cached subnets)", parse=parse_macs_list
+    ),
     "aggregation-weights": Key("num-examples", "weights of the sparse average", ("num-examples", "uniform")),
     "payload-dtype": Key("float32", "dtype of arrays in messages", PAYLOAD_DTYPES),
     "eval-every": Key(5, "evaluate the tiers every N rounds (and after the last)", check=ROUNDS),
     "val-size": Key(1000, "training images held out for validation", check=Range(0, 10_000_000)),
-    "population-tier": Key("largest", "tier each client is scored with in the population-weighted accuracy: its "
-                           "largest affordable one, or the affordable one best on validation", POPULATION_TIERS),
+    "population-tier": Key(
+        "largest",
+        "tier each client is scored with in the population-weighted accuracy: its "
+        "largest affordable one, or the affordable one best on validation",
+        POPULATION_TIERS,
+    ),
     "calib-size": Key(1000, "training images held out for BN recalibration", check=Range(1, 10_000_000)),
     "seed": Key(0, "seed of budgets, partitions, sampling, init and data order", check=Range(0, 2**32 - 1)),
     "output-dir": Key("", "absolute output folder (empty = ~/fl_app_runs/<method>-<dataset>-s<seed>-<time>)"),
-    "faulty-partitions": Key("", "fault injection: comma list of partition ids whose training raises",
-                             parse=parse_partition_ids),
-    "checkpoint-every": Key(5, "write <output-dir>/checkpoint.pt every N rounds (model, strategy state, RNG states, "
-                            "metrics so far; 0 = never)", check=Range(0, 100_000)),
-    "resume-from": Key("", "continue a run from its checkpoint.pt (or the folder holding it); the run config must "
-                       "match the checkpoint's except for output-dir, resume-from, checkpoint-every, round-timeout"),
+    "faulty-partitions": Key(
+        "", "fault injection: comma list of partition ids whose training raises", parse=parse_partition_ids
+    ),
+    "checkpoint-every": Key(
+        5,
+        "write <output-dir>/checkpoint.pt every N rounds (model, strategy state, RNG states, "
+        "metrics so far; 0 = never)",
+        check=Range(0, 100_000),
+    ),
+    "resume-from": Key(
+        "",
+        "continue a run from its checkpoint.pt (or the folder holding it); the run config must "
+        "match the checkpoint's except for output-dir, resume-from, checkpoint-every, round-timeout",
+    ),
     "budget-constrained": Key(True, "superfednas/deepfednas: subnets limited to what each client can afford"),
     "maxnet-beta0": Key(0.9, "superfednas/deepfednas: MaxNet weight β₀ of the max-subnet client", check=FRACTION),
-    "maxnet-final": Key(0.125, "superfednas/deepfednas: a, the final fraction of β₀ after the cosine decay",
-                        check=UNIT),
+    "maxnet-final": Key(
+        0.125, "superfednas/deepfednas: a, the final fraction of β₀ after the cosine decay", check=UNIT
+    ),
     "maxnet-decay-fraction": Key(0.8, "superfednas/deepfednas: T as a fraction of the rounds", check=FRACTION),
     # FedTopo and the model-heterogeneous baselines (they partition with plain Dirichlet(dirichlet-alpha))
-    "model-family": Key("cpu", "backbones of client i = family[i % 8]: 'cpu' small nets or 'paper' (CNN-4, "
-                        "GoogLeNet, MobileNetV2, ResNet-18/34/50/101/152)", ("cpu", "paper")),
-    "feature-dim": Key(64, "common feature dimension every backbone projects to before its head",
-                       check=Range(1, 65_536)),
-    "test-fraction": Key(0.2, "share of each client's partition held out as its local test split",
-                         check=Range(0.0, 1.0, low_open=True, high_open=True)),
+    "model-family": Key(
+        "cpu",
+        "backbones of client i = family[i % 8]: 'cpu' small nets or 'paper' (CNN-4, "
+        "GoogLeNet, MobileNetV2, ResNet-18/34/50/101/152)",
+        ("cpu", "paper"),
+    ),
+    "feature-dim": Key(
+        64, "common feature dimension every backbone projects to before its head", check=Range(1, 65_536)
+    ),
+    "test-fraction": Key(
+        0.2,
+        "share of each client's partition held out as its local test split",
+        check=Range(0.0, 1.0, low_open=True, high_open=True),
+    ),
     # τ >= 1e-3 keeps cos/τ <= 1000: the softmax stays finite (1e-45 made the topology NaN)
-    "topo-tau": Key(0.1, "τ: temperature of the server's softmax over merged prototype-cosine relations",
-                    check=Range(1e-3, 100.0)),
-    "topo-kappa": Key(20.0, "κ: shrinkage of a pair's merged relation toward the typical one at low support W "
-                      "(W/(W+κ))",
-                      check=Range(0.0, 1e9)),
-    "topo-beta": Key(0.5, "β: strength of topology-weighted negatives in the client loss (0 = plain CE ablation)",
-                     check=Range(0.0, 100.0)),
-    "topo-weighting": Key("support", "merge weights: 'support' = sqrt(n_j·n_k) + κ shrinkage, 'mean' = plain mean "
-                          "(ablation)", TOPO_WEIGHTINGS),
-    "topo-source": Key("prototypes", "topology from feature 'prototypes' or per-class mean 'logits' (ablation)",
-                       TOPO_SOURCES),
-    "distill-lambda": Key(1.0, "λ of the FD distillation and FedProto/FedTGP prototype terms",
-                          check=Range(0.0, 100.0)),
-    "proto-max-samples": Key(0, "cap on local training images used for prototypes/class statistics (0 = all)",
-                             check=Range(0, 100_000_000)),
-    "tgp-server-epochs": Key(100, "FedTGP: server epochs of prototype-generator training per round",
-                             check=Range(1, 10_000)),
+    "topo-tau": Key(
+        0.1, "τ: temperature of the server's softmax over merged prototype-cosine relations", check=Range(1e-3, 100.0)
+    ),
+    "topo-kappa": Key(
+        20.0,
+        "κ: shrinkage of a pair's merged relation toward the typical one at low support W (W/(W+κ))",
+        check=Range(0.0, 1e9),
+    ),
+    "topo-beta": Key(
+        0.5,
+        "β: strength of topology-weighted negatives in the client loss (0 = plain CE ablation)",
+        check=Range(0.0, 100.0),
+    ),
+    "topo-weighting": Key(
+        "support",
+        "merge weights: 'support' = sqrt(n_j·n_k) + κ shrinkage, 'mean' = plain mean (ablation)",
+        TOPO_WEIGHTINGS,
+    ),
+    "topo-source": Key(
+        "prototypes", "topology from feature 'prototypes' or per-class mean 'logits' (ablation)", TOPO_SOURCES
+    ),
+    "distill-lambda": Key(1.0, "λ of the FD distillation and FedProto/FedTGP prototype terms", check=Range(0.0, 100.0)),
+    "proto-max-samples": Key(
+        0, "cap on local training images used for prototypes/class statistics (0 = all)", check=Range(0, 100_000_000)
+    ),
+    "tgp-server-epochs": Key(
+        100, "FedTGP: server epochs of prototype-generator training per round", check=Range(1, 10_000)
+    ),
     "tgp-margin-cap": Key(100.0, "FedTGP: τ, cap of the adaptive margin δ", check=Range(0.0, 1e6, low_open=True)),
-    "tgp-margin": Key("class-gap", "FedTGP margin δ before the cap: 'class-gap' = largest of the per-class "
-                      "nearest-centre distances (authors' code), 'max-pair' = largest centre distance (paper's "
-                      "formula)", ("class-gap", "max-pair")),
-    "tgp-server-lr": Key(0.01, "FedTGP: SGD learning rate of the prototype generator", check=Range(0.0, 10.0,
-                                                                                                 low_open=True)),
-    "tgp-batch-size": Key(10, "FedTGP: client prototypes per mini-batch of generator training",
-                          check=Range(1, 100_000)),
+    "tgp-margin": Key(
+        "class-gap",
+        "FedTGP margin δ before the cap: 'class-gap' = largest of the per-class "
+        "nearest-centre distances (authors' code), 'max-pair' = largest centre distance (paper's "
+        "formula)",
+        ("class-gap", "max-pair"),
+    ),
+    "tgp-server-lr": Key(
+        0.01, "FedTGP: SGD learning rate of the prototype generator", check=Range(0.0, 10.0, low_open=True)
+    ),
+    "tgp-batch-size": Key(
+        10, "FedTGP: client prototypes per mini-batch of generator training", check=Range(1, 100_000)
+    ),
 }
 
 
@@ -225,8 +276,11 @@ class RunConfig:
 
     def __post_init__(self):
         if not self.parsed:  # rebuilt from validated values (per-process caches key on the raw items)
-            object.__setattr__(self, "parsed", {key: _parse(key, value) for key, value in self.values.items()
-                                                if key in KEYS and KEYS[key].parse})
+            object.__setattr__(
+                self,
+                "parsed",
+                {key: _parse(key, value) for key, value in self.values.items() if key in KEYS and KEYS[key].parse},
+            )
 
     def __getitem__(self, key: str):
         return self.values[key]
@@ -247,12 +301,16 @@ class RunConfig:
         """Raise before training when the run config names clients or partitions the federation lacks."""
         asked = self["clients-per-round"]
         if asked > num_partitions:
-            raise ValueError(f"clients-per-round={asked}: must be <= the number of clients ({num_partitions}; set "
-                             "num-supernodes in --federation-config), or 0 for half of them")
+            raise ValueError(
+                f"clients-per-round={asked}: must be <= the number of clients ({num_partitions}; set "
+                "num-supernodes in --federation-config), or 0 for half of them"
+            )
         beyond = sorted(p for p in self.faulty_partitions if p >= num_partitions)
         if beyond:
-            raise ValueError(f"faulty-partitions='{self['faulty-partitions']}': partition ids {beyond} do not exist; "
-                             f"allowed: ids in [0, {num_partitions})")
+            raise ValueError(
+                f"faulty-partitions='{self['faulty-partitions']}': partition ids {beyond} do not exist; "
+                f"allowed: ids in [0, {num_partitions})"
+            )
 
     def clients_per_round(self, num_clients: int) -> int:
         """Clients sampled per round; raises before training when the federation cannot serve the run config."""
@@ -300,8 +358,9 @@ def validate_run_config(raw: dict) -> RunConfig:
     for key, spec in KEYS.items():
         value = raw.get(key, spec.default)
         if not _type_ok(value, spec.default):
-            errors.append(f"{key}={value!r}: expected {TYPE_NAMES[type(spec.default)]}"
-                          + (f" {spec.rule}" if spec.check else ""))
+            errors.append(
+                f"{key}={value!r}: expected {TYPE_NAMES[type(spec.default)]}" + (f" {spec.rule}" if spec.check else "")
+            )
             continue
         if isinstance(spec.default, float):
             value = float(value)
@@ -327,14 +386,18 @@ def _cross_checks(v: dict) -> list[str]:
     if v["data-source"] == "local" and not v["data-path"]:
         errors.append("data-path: required when data-source='local'")
     if v["data-source"] != "local" and v["data-path"]:
-        errors.append(f"data-path='{v['data-path']}' is only read with data-source='local' "
-                      f"(data-source is '{v['data-source']}')")
+        errors.append(
+            f"data-path='{v['data-path']}' is only read with data-source='local' (data-source is '{v['data-source']}')"
+        )
     if v["data-source"] == "sample" and v["dataset"] != "cifar10":
-        errors.append(f"dataset='{v['dataset']}': data-source='sample' only bundles cifar10; "
-                      "use data-source='hub' or 'local'")
+        errors.append(
+            f"dataset='{v['dataset']}': data-source='sample' only bundles cifar10; use data-source='hub' or 'local'"
+        )
     if v["resume-from"] and not Path(v["resume-from"]).expanduser().is_absolute():
         errors.append(f"resume-from='{v['resume-from']}': must be an absolute path to a checkpoint.pt or its folder")
     if v["output-dir"] and not Path(v["output-dir"]).expanduser().is_absolute():
-        errors.append(f"output-dir='{v['output-dir']}': must be an absolute path (the ServerApp's working "
-                      "directory is the SuperLink's, not yours), or empty for the default")
+        errors.append(
+            f"output-dir='{v['output-dir']}': must be an absolute path (the ServerApp's working "
+            "directory is the SuperLink's, not yours), or empty for the default"
+        )
     return errors

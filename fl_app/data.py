@@ -59,14 +59,19 @@ def check_labels(labels, num_classes: int, where: str) -> np.ndarray:
     """Labels as int64, refused unless every one is an integer in [0, ``num_classes``): a label of 42 or -1 would
     otherwise fail only inside a client's training (or index the wrong logit)."""
     raw = np.asarray(labels)
-    if raw.dtype == object or raw.dtype.kind not in "iuf" or (
-            raw.dtype.kind == "f" and not np.all(np.isfinite(raw) & (raw == np.round(raw)))):
+    if (
+        raw.dtype == object
+        or raw.dtype.kind not in "iuf"
+        or (raw.dtype.kind == "f" and not np.all(np.isfinite(raw) & (raw == np.round(raw))))
+    ):
         raise ValueError(f"{where}: labels must be integers in [0, {num_classes - 1}]; found dtype {raw.dtype}")
     bad = np.flatnonzero((raw < 0) | (raw >= num_classes))
     if len(bad):
         shown = ", ".join(str(int(v)) for v in np.unique(raw[bad])[:5])
-        raise ValueError(f"{where}: labels must be integers in [0, {num_classes - 1}] ({num_classes} classes); "
-                         f"{len(bad)} of {len(raw)} rows are out of range (values {shown}; first at row {bad[0]})")
+        raise ValueError(
+            f"{where}: labels must be integers in [0, {num_classes - 1}] ({num_classes} classes); "
+            f"{len(bad)} of {len(raw)} rows are out of range (values {shown}; first at row {bad[0]})"
+        )
     return raw.astype(np.int64)
 
 
@@ -89,8 +94,10 @@ def _load_hf(dataset_name: str, source: str, data_path: str):
     spec = DATASETS[dataset_name]
     if source == "sample":
         if dataset_name != "cifar10":
-            raise ValueError(f"data-source='sample' only bundles cifar10, not dataset='{dataset_name}'; "
-                             "use data-source='hub' or 'local'")
+            raise ValueError(
+                f"data-source='sample' only bundles cifar10, not dataset='{dataset_name}'; "
+                "use data-source='hub' or 'local'"
+            )
         files = {split: str(bundled_file(f"data/cifar10-sample/{split}.parquet")) for split in ("train", "test")}
         return datasets.load_dataset("parquet", data_files=files), "test"
     if source == "hub":
@@ -103,13 +110,15 @@ def _load_hf(dataset_name: str, source: str, data_path: str):
         ds = datasets.load_dataset("imagefolder", data_dir=str(root))
         renames = {k: v for k, v in (("image", spec.image_column), ("label", spec.label_column)) if k != v}
         return (ds.rename_columns(renames) if renames else ds), "test"
-    raise ValueError(f"data-path='{data_path}': expected train.parquet and test.parquet, or train/ and test/ "
-                     "image folders")
+    raise ValueError(
+        f"data-path='{data_path}': expected train.parquet and test.parquet, or train/ and test/ image folders"
+    )
 
 
 @lru_cache(maxsize=4)
-def load_dataset(dataset_name: str, source: str = "sample", data_path: str = "",
-                 image_hw: int = 32) -> tuple[ImageData, ImageData]:
+def load_dataset(
+    dataset_name: str, source: str = "sample", data_path: str = "", image_hw: int = 32
+) -> tuple[ImageData, ImageData]:
     """(train, test) for a named dataset; cached per process so a simulated client decodes it once, and for files
     on disk (sample, local parquet) also across processes (``decoded_cache_dir``)."""
     if dataset_name not in DATASETS:
@@ -120,14 +129,24 @@ def load_dataset(dataset_name: str, source: str = "sample", data_path: str = "",
     cache_file = _decoded_cache_file(dataset_name, source, data_path, image_hw)
     if cache_file is not None and cache_file.is_file():
         with np.load(cache_file) as cached:
-            return tuple(ImageData(torch.from_numpy(cached[f"{split}_images"]),
-                                   torch.from_numpy(check_labels(cached[f"{split}_labels"], spec.num_classes,
-                                                                 f"{cache_file} (decoded {split} split; delete it "
-                                                                 "to decode again)")))
-                         for split in ("train", "test"))
+            return tuple(
+                ImageData(
+                    torch.from_numpy(cached[f"{split}_images"]),
+                    torch.from_numpy(
+                        check_labels(
+                            cached[f"{split}_labels"],
+                            spec.num_classes,
+                            f"{cache_file} (decoded {split} split; delete it to decode again)",
+                        )
+                    ),
+                )
+                for split in ("train", "test")
+            )
     dataset, test_split = _load_hf(dataset_name, source, data_path)
-    train, test = (_decode(dataset[split], spec, image_hw, _label_origin(dataset_name, source, data_path, split))
-                   for split in ("train", test_split))
+    train, test = (
+        _decode(dataset[split], spec, image_hw, _label_origin(dataset_name, source, data_path, split))
+        for split in ("train", test_split)
+    )
     if cache_file is not None:
         _write_decoded(cache_file, train, test)
     return train, test
@@ -170,8 +189,13 @@ def _write_decoded(path: Path, train: ImageData, test: ImageData) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")  # renamed into place: readers never see half a file
-        np.savez(tmp, train_images=train.images.numpy(), train_labels=train.labels.numpy(),
-                 test_images=test.images.numpy(), test_labels=test.labels.numpy())
+        np.savez(
+            tmp,
+            train_images=train.images.numpy(),
+            train_labels=train.labels.numpy(),
+            test_images=test.images.numpy(),
+            test_labels=test.labels.numpy(),
+        )
         os.replace(tmp, path)
     except OSError:  # a read-only home is no reason to fail a run: decode again next time
         pass
@@ -199,8 +223,10 @@ class Splits:
 
 def split_train(labels: np.ndarray, val_size: int, calib_size: int, seed: int) -> Splits:
     if val_size + calib_size >= len(labels):
-        raise ValueError(f"val-size + calib-size = {val_size + calib_size} leaves no training data "
-                         f"(the training set has {len(labels)} images)")
+        raise ValueError(
+            f"val-size + calib-size = {val_size + calib_size} leaves no training data "
+            f"(the training set has {len(labels)} images)"
+        )
     rng = np.random.default_rng([seed, 31])
     held = stratified_holdout(labels, val_size + calib_size, rng)
     rest = np.setdiff1d(np.arange(len(labels)), held)

@@ -69,8 +69,10 @@ def check_host(host: str, what: str = "--host") -> str:
         except ValueError:
             if len(host) <= 253 and all(DNS_LABEL.fullmatch(label) for label in host.split(".")):
                 return host
-    raise ValueError(f"{what} {host!r}: not a DNS name or an IP address (DNS names: labels of letters, digits and "
-                     "'-', 1-63 characters each, at most 253 characters in all)")
+    raise ValueError(
+        f"{what} {host!r}: not a DNS name or an IP address (DNS names: labels of letters, digits and "
+        "'-', 1-63 characters each, at most 253 characters in all)"
+    )
 
 
 def is_loopback(host: str) -> bool:
@@ -86,11 +88,17 @@ def check_insecure_address(host: str, what: str, allow_remote: bool) -> None:
     if is_loopback(host):
         return
     if not allow_remote:
-        raise ValueError(f"{what} {host!r}: the insecure local-test mode (no TLS, no SuperNode authentication) only "
-                         f"uses loopback addresses ({', '.join(LOOPBACK_NAMES)}); for anything else set up TLS "
-                         f"(certs, keys) or pass {INSECURE_REMOTE_FLAG}")
-    print(f"WARNING: {what} {host!r} is not a loopback address: traffic is unencrypted and any host that reaches it "
-          "can join or submit runs", file=sys.stderr, flush=True)
+        raise ValueError(
+            f"{what} {host!r}: the insecure local-test mode (no TLS, no SuperNode authentication) only "
+            f"uses loopback addresses ({', '.join(LOOPBACK_NAMES)}); for anything else set up TLS "
+            f"(certs, keys) or pass {INSECURE_REMOTE_FLAG}"
+        )
+    print(
+        f"WARNING: {what} {host!r} is not a loopback address: traffic is unencrypted and any host that reaches it "
+        "can join or submit runs",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _split_address(address: str) -> str:
@@ -104,8 +112,10 @@ def _refuse_existing(paths, force: bool) -> None:
     old CA beside a new server key would not match)."""
     existing = [str(path) for path in paths if os.path.lexists(path)]
     if existing and not force:
-        raise FileExistsError(f"{', '.join(existing)} already exist(s) and are kept; pass --force (force=True) to "
-                              "replace them (certificates and keys made or registered before then stop working)")
+        raise FileExistsError(
+            f"{', '.join(existing)} already exist(s) and are kept; pass --force (force=True) to "
+            "replace them (certificates and keys made or registered before then stop working)"
+        )
 
 
 def _write_all_new(files: dict[Path, tuple[bytes, int]], force: bool) -> None:
@@ -118,17 +128,23 @@ def _write_all_new(files: dict[Path, tuple[bytes, int]], force: bool) -> None:
 # 1. TLS certificates for the SuperLink
 # ---------------------------------------------------------------------------------------------------------------
 def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fl-app deployment"),
-                      x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fl-app deployment"),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
 
 
 def _key_bytes(key) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
-def make_certs(out_dir: str | Path, hosts: tuple[str, ...] | list[str] = (), days: int = 365,
-               force: bool = False) -> dict[str, Path]:
+def make_certs(
+    out_dir: str | Path, hosts: tuple[str, ...] | list[str] = (), days: int = 365, force: bool = False
+) -> dict[str, Path]:
     """A local CA and a SuperLink server certificate signed by it, valid for localhost, 127.0.0.1, ::1 and `hosts`
     (DNS names or IP addresses the SuperNodes and the `flwr` CLI use to reach the SuperLink) for `days` days.
     Returns {"ca": ca.crt, "cert": server.pem, "key": server.key}; the CA's own key stays in ca.key. Private keys
@@ -145,16 +161,32 @@ def make_certs(out_dir: str | Path, hosts: tuple[str, ...] | list[str] = (), day
 
     ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     ca_name = _name("fl-app deployment CA")
-    ca_cert = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-               .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(start).not_valid_after(end)
-               .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-               .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                            content_commitment=False, key_encipherment=False,
-                                            data_encipherment=False, key_agreement=False, encipher_only=False,
-                                            decipher_only=False), critical=True)
-               .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-               .sign(ca_key, hashes.SHA256()))
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
 
     names: list[x509.GeneralName] = []
     for host in dict.fromkeys([*LOOPBACK_NAMES, *hosts]):  # ordered, without duplicates
@@ -163,19 +195,30 @@ def make_certs(out_dir: str | Path, hosts: tuple[str, ...] | list[str] = (), day
         except ValueError:
             names.append(x509.DNSName(host))
     server_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    server_cert = (x509.CertificateBuilder().subject_name(_name("localhost")).issuer_name(ca_name)
-                   .public_key(server_key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(start).not_valid_after(end)
-                   .add_extension(x509.SubjectAlternativeName(names), critical=False)
-                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                   .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-                   .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-                                  critical=False)
-                   .sign(ca_key, hashes.SHA256()))
+    server_cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("localhost"))
+        .issuer_name(ca_name)
+        .public_key(server_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
 
-    _write_all_new({out / CA_KEY: (_key_bytes(ca_key), PRIVATE), paths["key"]: (_key_bytes(server_key), PRIVATE),
-                    paths["ca"]: (ca_cert.public_bytes(serialization.Encoding.PEM), PUBLIC),
-                    paths["cert"]: (server_cert.public_bytes(serialization.Encoding.PEM), PUBLIC)}, force)
+    _write_all_new(
+        {
+            out / CA_KEY: (_key_bytes(ca_key), PRIVATE),
+            paths["key"]: (_key_bytes(server_key), PRIVATE),
+            paths["ca"]: (ca_cert.public_bytes(serialization.Encoding.PEM), PUBLIC),
+            paths["cert"]: (server_cert.public_bytes(serialization.Encoding.PEM), PUBLIC),
+        },
+        force,
+    )
     return paths
 
 
@@ -191,20 +234,34 @@ def make_node_key(private_path: str | Path, force: bool = False) -> tuple[Path, 
     _refuse_existing([private_path, public_path], force)
     private_path.parent.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP384R1())
-    _write_all_new({
-        private_path: (key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                         serialization.NoEncryption()), PRIVATE),
-        public_path: (key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                                    serialization.PublicFormat.OpenSSH) + b"\n", PUBLIC)}, force)
+    _write_all_new(
+        {
+            private_path: (
+                key.private_bytes(
+                    serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+                ),
+                PRIVATE,
+            ),
+            public_path: (
+                key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+                + b"\n",
+                PUBLIC,
+            ),
+        },
+        force,
+    )
     return private_path, public_path
 
 
-def make_node_keys(out_dir: str | Path, nodes: int, prefix: str = "supernode", start: int = 0, force: bool = False
-                   ) -> list[tuple[Path, Path]]:
+def make_node_keys(
+    out_dir: str | Path, nodes: int, prefix: str = "supernode", start: int = 0, force: bool = False
+) -> list[tuple[Path, Path]]:
     """`nodes` key pairs named <prefix>-<i> / <prefix>-<i>.pub, i = start .. start+nodes-1 (i = partition id)."""
     if nodes < 1 or start < 0 or not re.fullmatch(r"[A-Za-z0-9_.-]+", prefix) or prefix.startswith("."):
-        raise ValueError(f"--nodes {nodes}, --start {start}, --prefix {prefix!r}: need nodes >= 1, start >= 0 and a "
-                         "file-name prefix of letters, digits, '_', '.' and '-' (not starting with '.')")
+        raise ValueError(
+            f"--nodes {nodes}, --start {start}, --prefix {prefix!r}: need nodes >= 1, start >= 0 and a "
+            "file-name prefix of letters, digits, '_', '.' and '-' (not starting with '.')"
+        )
     paths = [Path(out_dir) / f"{prefix}-{i}" for i in range(start, start + nodes)]
     _refuse_existing([q for p in paths for q in (p, p.with_name(p.name + ".pub"))], force)  # all or nothing
     return [make_node_key(path, force) for path in paths]
@@ -213,9 +270,14 @@ def make_node_keys(out_dir: str | Path, nodes: int, prefix: str = "supernode", s
 # ---------------------------------------------------------------------------------------------------------------
 # 3. SuperLink
 # ---------------------------------------------------------------------------------------------------------------
-def superlink_command(state_dir: str | Path, certs_dir: str | Path | None = None, port: int = DEFAULT_SUPERLINK_PORT,
-                      host: str = "127.0.0.1", insecure: bool = False, allow_remote_insecure: bool = False
-                      ) -> list[str]:
+def superlink_command(
+    state_dir: str | Path,
+    certs_dir: str | Path | None = None,
+    port: int = DEFAULT_SUPERLINK_PORT,
+    host: str = "127.0.0.1",
+    insecure: bool = False,
+    allow_remote_insecure: bool = False,
+) -> list[str]:
     """`flower-superlink` with TLS and SuperNode authentication (or, only for a local test, `--insecure` and no
     node authentication, bound to a loopback address unless `allow_remote_insecure`), its state in
     `state_dir`/state.db and no runtime `uv sync` of app dependencies.
@@ -223,14 +285,28 @@ def superlink_command(state_dir: str | Path, certs_dir: str | Path | None = None
     check_host(host)
     if insecure:
         check_insecure_address(host, "--host", allow_remote_insecure)
-    command = ["flower-superlink", "--host", host, "--port", str(port),
-               "--database", str(Path(state_dir).resolve() / "state.db"),
-               "--disable-runtime-dependency-installation"]
+    command = [
+        "flower-superlink",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--database",
+        str(Path(state_dir).resolve() / "state.db"),
+        "--disable-runtime-dependency-installation",
+    ]
     if insecure:
         return command + ["--insecure"]
     certs = Path(certs_dir).resolve()
-    return command + ["--ssl-ca-certfile", str(certs / CA_CERT), "--ssl-certfile", str(certs / SERVER_CERT),
-                      "--ssl-keyfile", str(certs / SERVER_KEY), "--enable-supernode-auth"]
+    return command + [
+        "--ssl-ca-certfile",
+        str(certs / CA_CERT),
+        "--ssl-certfile",
+        str(certs / SERVER_CERT),
+        "--ssl-keyfile",
+        str(certs / SERVER_KEY),
+        "--enable-supernode-auth",
+    ]
 
 
 def flower_env(flwr_home: str | Path | None = None, base: dict | None = None) -> dict:
@@ -241,25 +317,38 @@ def flower_env(flwr_home: str | Path | None = None, base: dict | None = None) ->
     return env
 
 
-def start_process(command: list[str], log_file: str | Path, env: dict | None = None,
-                  cwd: str | Path | None = None) -> subprocess.Popen:
+def start_process(
+    command: list[str], log_file: str | Path, env: dict | None = None, cwd: str | Path | None = None
+) -> subprocess.Popen:
     """Start a Flower process in its own session (stop it with `stop_processes`), output to `log_file`."""
     log_file = Path(log_file)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as log:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                cwd=cwd, start_new_session=True)
+        return subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
 
 
-def start_superlink(state_dir: str | Path, certs_dir: str | Path | None = None,
-                    port: int = DEFAULT_SUPERLINK_PORT, host: str = "127.0.0.1", env: dict | None = None,
-                    insecure: bool = False, allow_remote_insecure: bool = False) -> subprocess.Popen:
+def start_superlink(
+    state_dir: str | Path,
+    certs_dir: str | Path | None = None,
+    port: int = DEFAULT_SUPERLINK_PORT,
+    host: str = "127.0.0.1",
+    env: dict | None = None,
+    insecure: bool = False,
+    allow_remote_insecure: bool = False,
+) -> subprocess.Popen:
     """Start the SuperLink (log in `state_dir`/superlink.log) and return its Popen."""
     command = superlink_command(state_dir, certs_dir, port, host, insecure, allow_remote_insecure)
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    return start_process(command,
-                         state_dir / "superlink.log", env=env, cwd=state_dir)
+    return start_process(command, state_dir / "superlink.log", env=env, cwd=state_dir)
 
 
 def wait_for_port(host: str, port: int, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
@@ -279,8 +368,14 @@ def wait_for_port(host: str, port: int, timeout: float = 60.0, proc: subprocess.
 # ---------------------------------------------------------------------------------------------------------------
 # 4. The `flwr` CLI's connection to the SuperLink ($FLWR_HOME/config.toml)
 # ---------------------------------------------------------------------------------------------------------------
-def write_connection(flwr_home: str | Path, name: str, address: str, root_certificates: str | Path | None = None,
-                     insecure: bool = False, default: bool = False) -> Path:
+def write_connection(
+    flwr_home: str | Path,
+    name: str,
+    address: str,
+    root_certificates: str | Path | None = None,
+    insecure: bool = False,
+    default: bool = False,
+) -> Path:
     """Add/replace `[superlink.<name>]` in $FLWR_HOME/config.toml (address, absolute root-certificates path, or
     `insecure = true` for a local test). `flwr run . <name>`, `flwr ls <name>`, `flwr supernode ... <name>` and
     `flwr stop <run-id> <name>` then use it; `default=True` makes it the connection used when none is named."""
@@ -307,8 +402,9 @@ def write_connection(flwr_home: str | Path, name: str, address: str, root_certif
 
 def flwr_cli(args: list[str], env: dict | None = None, timeout: float = 120.0) -> subprocess.CompletedProcess:
     """Run `flwr <args>` and return the completed process (text output)."""
-    return subprocess.run(["flwr", *args], env=env, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, check=False)
+    return subprocess.run(
+        ["flwr", *args], env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
+    )
 
 
 def _json_tail(text: str) -> dict:
@@ -322,8 +418,9 @@ def _json_tail(text: str) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 # 5. Register SuperNode public keys (needs the SuperLink running with --enable-supernode-auth)
 # ---------------------------------------------------------------------------------------------------------------
-def register_node(public_key: str | Path, connection: str, env: dict | None = None, name: str | None = None,
-                  timeout: float = 120.0) -> int:
+def register_node(
+    public_key: str | Path, connection: str, env: dict | None = None, name: str | None = None, timeout: float = 120.0
+) -> int:
     """`flwr supernode register <public key> <connection>`; returns the node id the SuperLink assigned."""
     args = ["supernode", "register", str(public_key), connection, "--format", "json"]
     if name:
@@ -358,35 +455,74 @@ def node_config(partition_id: int, num_partitions: int, budget_macs: float | Non
     return text if budget_macs is None else f"{text} budget-macs={float(budget_macs)!r}"
 
 
-def supernode_command(superlink: str, partition_id: int, num_partitions: int, port: int,
-                      root_certificates: str | Path | None = None, private_key: str | Path | None = None,
-                      budget_macs: float | None = None, insecure: bool = False,
-                      max_retries: int | None = None, allow_remote_insecure: bool = False) -> list[str]:
+def supernode_command(
+    superlink: str,
+    partition_id: int,
+    num_partitions: int,
+    port: int,
+    root_certificates: str | Path | None = None,
+    private_key: str | Path | None = None,
+    budget_macs: float | None = None,
+    insecure: bool = False,
+    max_retries: int | None = None,
+    allow_remote_insecure: bool = False,
+) -> list[str]:
     """`flower-supernode` for one partition: TLS towards the SuperLink (`root_certificates` = the CA), its
     authentication key, and its own `--port` for the local ClientApp runtime API (one per SuperNode on a host).
     `insecure=True` (no TLS, no key) is only for a local test against an `--insecure` SuperLink on a loopback
     address (another one only with `allow_remote_insecure`)."""
     if insecure:
         check_insecure_address(_split_address(superlink), "--superlink", allow_remote_insecure)
-    command = ["flower-supernode", "--superlink", superlink, "--port", str(port),
-               "--node-config", node_config(partition_id, num_partitions, budget_macs)]
+    command = [
+        "flower-supernode",
+        "--superlink",
+        superlink,
+        "--port",
+        str(port),
+        "--node-config",
+        node_config(partition_id, num_partitions, budget_macs),
+    ]
     if max_retries is not None:
         command += ["--max-retries", str(max_retries)]
     if insecure:
         return command + ["--insecure"]
     if root_certificates is None or private_key is None:
         raise ValueError("a secure SuperNode needs root_certificates and private_key")
-    return command + ["--root-certificates", str(Path(root_certificates).resolve()),
-                      "--auth-supernode-private-key", str(Path(private_key).resolve())]
+    return command + [
+        "--root-certificates",
+        str(Path(root_certificates).resolve()),
+        "--auth-supernode-private-key",
+        str(Path(private_key).resolve()),
+    ]
 
 
-def start_supernode(log_file: str | Path, superlink: str, partition_id: int, num_partitions: int, port: int,
-                    root_certificates: str | Path | None = None, private_key: str | Path | None = None,
-                    budget_macs: float | None = None, env: dict | None = None, insecure: bool = False,
-                    max_retries: int | None = None, allow_remote_insecure: bool = False) -> subprocess.Popen:
+def start_supernode(
+    log_file: str | Path,
+    superlink: str,
+    partition_id: int,
+    num_partitions: int,
+    port: int,
+    root_certificates: str | Path | None = None,
+    private_key: str | Path | None = None,
+    budget_macs: float | None = None,
+    env: dict | None = None,
+    insecure: bool = False,
+    max_retries: int | None = None,
+    allow_remote_insecure: bool = False,
+) -> subprocess.Popen:
     """Start one SuperNode (see `supernode_command`) and return its Popen."""
-    command = supernode_command(superlink, partition_id, num_partitions, port, root_certificates, private_key,
-                                budget_macs, insecure, max_retries, allow_remote_insecure)
+    command = supernode_command(
+        superlink,
+        partition_id,
+        num_partitions,
+        port,
+        root_certificates,
+        private_key,
+        budget_macs,
+        insecure,
+        max_retries,
+        allow_remote_insecure,
+    )
     return start_process(command, log_file, env=env, cwd=Path(log_file).parent)
 
 
@@ -399,7 +535,7 @@ def _proc_table() -> dict[int, tuple[int, str]]:
     for entry in Path("/proc").glob("[0-9]*"):
         try:
             stat = (entry / "stat").read_text()
-            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             table[int(entry.name)] = (ppid, cmdline)
         except (OSError, ValueError, IndexError):
@@ -413,8 +549,11 @@ def related_pids(roots: list[int], markers: tuple[str, ...] = ()) -> set[int]:
     table = _proc_table()
     found = {pid for pid in roots if pid in table}
     patterns = [re.compile(re.escape(m) + r"(?![\w.-])") for m in markers]  # 127.0.0.1:80 is not :8080
-    found |= {pid for pid, (_, cmd) in table.items()
-              if ("flwr" in cmd or "flower" in cmd) and any(pt.search(cmd) for pt in patterns)}
+    found |= {
+        pid
+        for pid, (_, cmd) in table.items()
+        if ("flwr" in cmd or "flower" in cmd) and any(pt.search(cmd) for pt in patterns)
+    }
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in table.items():
         children.setdefault(ppid, []).append(pid)
@@ -489,10 +628,17 @@ def _is_zombie(pid: int) -> bool:
 # ---------------------------------------------------------------------------------------------------------------
 # The whole sequence as shell commands
 # ---------------------------------------------------------------------------------------------------------------
-def recipe(deploy_dir: str | Path, nodes: int, connection: str | None = None, superlink_host: str = "127.0.0.1",
-           superlink_port: int = DEFAULT_SUPERLINK_PORT, first_node_port: int = DEFAULT_SUPERNODE_PORT,
-           budgets: list[float] | None = None, insecure_local_test: bool = False,
-           allow_remote_insecure: bool = False) -> str:
+def recipe(
+    deploy_dir: str | Path,
+    nodes: int,
+    connection: str | None = None,
+    superlink_host: str = "127.0.0.1",
+    superlink_port: int = DEFAULT_SUPERLINK_PORT,
+    first_node_port: int = DEFAULT_SUPERNODE_PORT,
+    budgets: list[float] | None = None,
+    insecure_local_test: bool = False,
+    allow_remote_insecure: bool = False,
+) -> str:
     """The commands for a deployment with `nodes` SuperNodes on one host (start each long-running one in its own
     terminal). `insecure_local_test=True` gives the local-test-only variant without TLS and node authentication.
     Every path and name is shell-quoted: the lines can be pasted as they are, whatever the folder is called."""
@@ -504,30 +650,68 @@ def recipe(deploy_dir: str | Path, nodes: int, connection: str | None = None, su
     address = f"{superlink_host}:{superlink_port}"
     me = "python -m fl_app.deploy"
     q = shlex.join
-    lines = ["# SuperLink and SuperNodes: no `uv sync` of app dependencies at run time",
-             "export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1"]
+    lines = [
+        "# SuperLink and SuperNodes: no `uv sync` of app dependencies at run time",
+        "export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1",
+    ]
     if insecure_local_test:
-        lines += ["# LOCAL TEST ONLY: no TLS, no SuperNode authentication",
-                  q(["mkdir", "-p", str(d / "insecure-superlink")]),
-                  q(superlink_command(d / "insecure-superlink", None, superlink_port, superlink_host,
-                                      insecure=True, allow_remote_insecure=allow_remote_insecure)) + " &"]
-        lines += [q(supernode_command(address, i, nodes, first_node_port + i, insecure=True,
-                                      allow_remote_insecure=allow_remote_insecure)) + " &" for i in range(nodes)]
-        lines += [f"{me} {q(['connection', connection, '--address', address, '--insecure'])}",
-                  q(["flwr", "run", ".", connection, "--stream"])]
+        lines += [
+            "# LOCAL TEST ONLY: no TLS, no SuperNode authentication",
+            q(["mkdir", "-p", str(d / "insecure-superlink")]),
+            q(
+                superlink_command(
+                    d / "insecure-superlink",
+                    None,
+                    superlink_port,
+                    superlink_host,
+                    insecure=True,
+                    allow_remote_insecure=allow_remote_insecure,
+                )
+            )
+            + " &",
+        ]
+        lines += [
+            q(
+                supernode_command(
+                    address, i, nodes, first_node_port + i, insecure=True, allow_remote_insecure=allow_remote_insecure
+                )
+            )
+            + " &"
+            for i in range(nodes)
+        ]
+        lines += [
+            f"{me} {q(['connection', connection, '--address', address, '--insecure'])}",
+            q(["flwr", "run", ".", connection, "--stream"]),
+        ]
         return "\n".join(lines)
     host_option = [] if superlink_host in LOOPBACK_NAMES else ["--host", superlink_host]
-    lines += [f"{me} {q(['certs', str(d / 'certs'), *host_option])}",
-              f"{me} {q(['keys', str(d / 'keys'), '--nodes', str(nodes)])}",
-              q(["mkdir", "-p", str(d / "superlink")]),
-              q(superlink_command(d / "superlink", d / "certs", superlink_port, superlink_host)) + " &",
-              f"{me} " + q(["connection", connection, "--address", address, "--root-certificates",
-                            str(d / "certs" / CA_CERT)]),
-              *[q(["flwr", "supernode", "register", str(d / "keys" / f"supernode-{i}.pub"), connection])
-                for i in range(nodes)]]
-    lines += [q(supernode_command(address, i, nodes, first_node_port + i, d / "certs" / CA_CERT,
-                                  d / "keys" / f"supernode-{i}", budgets[i] if budgets else None)) + " &"
-              for i in range(nodes)]
+    lines += [
+        f"{me} {q(['certs', str(d / 'certs'), *host_option])}",
+        f"{me} {q(['keys', str(d / 'keys'), '--nodes', str(nodes)])}",
+        q(["mkdir", "-p", str(d / "superlink")]),
+        q(superlink_command(d / "superlink", d / "certs", superlink_port, superlink_host)) + " &",
+        f"{me} "
+        + q(["connection", connection, "--address", address, "--root-certificates", str(d / "certs" / CA_CERT)]),
+        *[
+            q(["flwr", "supernode", "register", str(d / "keys" / f"supernode-{i}.pub"), connection])
+            for i in range(nodes)
+        ],
+    ]
+    lines += [
+        q(
+            supernode_command(
+                address,
+                i,
+                nodes,
+                first_node_port + i,
+                d / "certs" / CA_CERT,
+                d / "keys" / f"supernode-{i}",
+                budgets[i] if budgets else None,
+            )
+        )
+        + " &"
+        for i in range(nodes)
+    ]
     lines += [q(["flwr", "run", ".", connection, "--stream"]), q(["flwr", "ls", connection])]
     return "\n".join(lines)
 
@@ -543,18 +727,28 @@ def _exec_or_print(command: list[str], print_only: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fl_app.deploy", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m fl_app.deploy",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="step", required=True)
 
     p = sub.add_parser("certs", help="local CA + SuperLink TLS certificate (ca.crt, server.pem, server.key)")
     p.add_argument("out_dir")
-    p.add_argument("--host", action="append", default=[],
-                   help="extra DNS name / IP for the server certificate (repeatable); localhost and 127.0.0.1 "
-                        "are always included")
+    p.add_argument(
+        "--host",
+        action="append",
+        default=[],
+        help="extra DNS name / IP for the server certificate (repeatable); localhost and 127.0.0.1 are always included",
+    )
     p.add_argument("--days", type=int, default=365, help=f"certificate lifetime in days, 1-{MAX_CERT_DAYS}")
-    p.add_argument("--force", action="store_true", help="replace an existing CA, server certificate and keys "
-                   "(SuperNodes and the flwr CLI must then get the new ca.crt)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing CA, server certificate and keys "
+        "(SuperNodes and the flwr CLI must then get the new ca.crt)",
+    )
 
     p = sub.add_parser("keys", help="SuperNode authentication key pairs (EC P-384, OpenSSH format)")
     p.add_argument("out_dir")
@@ -568,10 +762,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--state", required=True, help="folder for the SuperLink database (state.db)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 to accept remote SuperNodes)")
     p.add_argument("--port", type=int, default=DEFAULT_SUPERLINK_PORT)
-    p.add_argument("--insecure-local-test", action="store_true",
-                   help="LOCAL TEST ONLY: no TLS and no SuperNode authentication")
-    p.add_argument(INSECURE_REMOTE_FLAG, action="store_true",
-                   help="with --insecure-local-test: allow a non-loopback address (unencrypted, unauthenticated)")
+    p.add_argument(
+        "--insecure-local-test", action="store_true", help="LOCAL TEST ONLY: no TLS and no SuperNode authentication"
+    )
+    p.add_argument(
+        INSECURE_REMOTE_FLAG,
+        action="store_true",
+        help="with --insecure-local-test: allow a non-loopback address (unencrypted, unauthenticated)",
+    )
     p.add_argument("--print", action="store_true", help="only print the command")
 
     p = sub.add_parser("connection", help="write the `flwr` CLI's SuperLink connection into $FLWR_HOME/config.toml")
@@ -594,10 +792,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--num-partitions", type=int, required=True)
     p.add_argument("--budget-macs", type=float, help="FEAST: this node's MACs budget")
     p.add_argument("--port", type=int, help="local ClientApp runtime API port (default 9094 + partition id)")
-    p.add_argument("--insecure-local-test", action="store_true",
-                   help="LOCAL TEST ONLY: no TLS, no authentication key")
-    p.add_argument(INSECURE_REMOTE_FLAG, action="store_true",
-                   help="with --insecure-local-test: allow a non-loopback address (unencrypted, unauthenticated)")
+    p.add_argument("--insecure-local-test", action="store_true", help="LOCAL TEST ONLY: no TLS, no authentication key")
+    p.add_argument(
+        INSECURE_REMOTE_FLAG,
+        action="store_true",
+        help="with --insecure-local-test: allow a non-loopback address (unencrypted, unauthenticated)",
+    )
     p.add_argument("--print", action="store_true", help="only print the command")
 
     p = sub.add_parser("recipe", help="print the whole sequence of commands")
@@ -608,8 +808,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=DEFAULT_SUPERLINK_PORT)
     p.add_argument("--budgets", help="comma-separated MACs budget per node (FEAST)")
     p.add_argument("--insecure-local-test", action="store_true")
-    p.add_argument(INSECURE_REMOTE_FLAG, action="store_true",
-                   help="with --insecure-local-test: allow a non-loopback address (unencrypted, unauthenticated)")
+    p.add_argument(
+        INSECURE_REMOTE_FLAG,
+        action="store_true",
+        help="with --insecure-local-test: allow a non-loopback address (unencrypted, unauthenticated)",
+    )
 
     args = parser.parse_args(argv)
     try:
@@ -628,15 +831,19 @@ def _run_step(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
     elif args.step == "superlink":
         if not args.insecure_local_test and not args.certs:
             parser.error("superlink needs --certs (or --insecure-local-test)")
-        command = superlink_command(args.state, args.certs, args.port, args.host, args.insecure_local_test,
-                                    args.insecure_allow_remote)
+        command = superlink_command(
+            args.state, args.certs, args.port, args.host, args.insecure_local_test, args.insecure_allow_remote
+        )
         Path(args.state).mkdir(parents=True, exist_ok=True)
         _exec_or_print(command, args.print)
     elif args.step == "connection":
         if not args.insecure and not args.root_certificates:
             parser.error("connection needs --root-certificates (or --insecure for a local test)")
-        print(write_connection(args.flwr_home, args.name, args.address, args.root_certificates, args.insecure,
-                               args.default))
+        print(
+            write_connection(
+                args.flwr_home, args.name, args.address, args.root_certificates, args.insecure, args.default
+            )
+        )
     elif args.step == "register":
         for key in args.public_keys:
             print(f"{key}: node id {register_node(key, args.connection)}")
@@ -644,9 +851,20 @@ def _run_step(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         if not args.insecure_local_test and not (args.ca and args.key):
             parser.error("supernode needs --ca and --key (or --insecure-local-test)")
         port = args.port if args.port is not None else DEFAULT_SUPERNODE_PORT + args.partition_id
-        _exec_or_print(supernode_command(args.superlink, args.partition_id, args.num_partitions, port, args.ca,
-                                         args.key, args.budget_macs, args.insecure_local_test,
-                                         allow_remote_insecure=args.insecure_allow_remote), args.print)
+        _exec_or_print(
+            supernode_command(
+                args.superlink,
+                args.partition_id,
+                args.num_partitions,
+                port,
+                args.ca,
+                args.key,
+                args.budget_macs,
+                args.insecure_local_test,
+                allow_remote_insecure=args.insecure_allow_remote,
+            ),
+            args.print,
+        )
     elif args.step == "recipe":
         budgets = None
         if args.budgets:
@@ -654,8 +872,18 @@ def _run_step(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
                 budgets = list(parse_macs_list(args.budgets))
             except ValueError as error:
                 raise ValueError(f"--budgets {args.budgets!r}: {error}") from None
-        print(recipe(args.dir, args.nodes, args.connection, args.host, args.port, budgets=budgets,
-                     insecure_local_test=args.insecure_local_test, allow_remote_insecure=args.insecure_allow_remote))
+        print(
+            recipe(
+                args.dir,
+                args.nodes,
+                args.connection,
+                args.host,
+                args.port,
+                budgets=budgets,
+                insecure_local_test=args.insecure_local_test,
+                allow_remote_insecure=args.insecure_allow_remote,
+            )
+        )
 
 
 if __name__ == "__main__":

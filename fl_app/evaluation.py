@@ -25,8 +25,9 @@ def extract_subnet(cfg: SupernetConfig, supernet_state: Mapping, arch: Subnet) -
 
 
 @torch.no_grad()
-def recalibrate_bn(model: ElasticResNet, images: torch.Tensor, arch: Subnet | None = None,
-                   batch_size: int = 256) -> None:
+def recalibrate_bn(
+    model: ElasticResNet, images: torch.Tensor, arch: Subnet | None = None, batch_size: int = 256
+) -> None:
     """Re-estimate every BatchNorm's running statistics for ``arch`` as an exact average over ``images``."""
     bns = [m for m in model.modules() if isinstance(m, DynamicBatchNorm2d)]
     saved = [bn.momentum for bn in bns]
@@ -36,7 +37,7 @@ def recalibrate_bn(model: ElasticResNet, images: torch.Tensor, arch: Subnet | No
     model.train()
     device = next(model.parameters()).device
     for start in range(0, len(images), batch_size):
-        model(normalize(images[start: start + batch_size]).to(device), arch)
+        model(normalize(images[start : start + batch_size]).to(device), arch)
     for bn, momentum in zip(bns, saved):
         bn.momentum = momentum
     model.eval()
@@ -48,13 +49,14 @@ def accuracy(model: ElasticResNet, data: ImageData, arch: Subnet | None = None, 
     device = next(model.parameters()).device
     correct = 0
     for start in range(0, len(data), batch_size):
-        logits = model(normalize(data.images[start: start + batch_size]).to(device), arch)
-        correct += int((logits.argmax(1).cpu() == data.labels[start: start + batch_size]).sum())
+        logits = model(normalize(data.images[start : start + batch_size]).to(device), arch)
+        correct += int((logits.argmax(1).cpu() == data.labels[start : start + batch_size]).sum())
     return correct / max(len(data), 1)
 
 
-def evaluate_subnet(cfg: SupernetConfig, supernet_state: Mapping, arch: Subnet, calibration: ImageData,
-                    *splits: ImageData) -> list[float]:
+def evaluate_subnet(
+    cfg: SupernetConfig, supernet_state: Mapping, arch: Subnet, calibration: ImageData, *splits: ImageData
+) -> list[float]:
     """Extract ``arch``, recalibrate its BN on ``calibration``, return its accuracy on each split."""
     model = extract_subnet(cfg, supernet_state, arch).to(preferred_device())
     recalibrate_bn(model, calibration.images)
@@ -64,8 +66,9 @@ def evaluate_subnet(cfg: SupernetConfig, supernet_state: Mapping, arch: Subnet, 
 POPULATION_TIERS = ("largest", "best-validation")
 
 
-def population_weighted_accuracy(budgets, tier_macs: list[int], tier_accuracy: list[float],
-                                 choose_by: list[float] | None = None) -> float:
+def population_weighted_accuracy(
+    budgets, tier_macs: list[int], tier_accuracy: list[float], choose_by: list[float] | None = None
+) -> float:
     """Mean over clients of the accuracy of the tier each client runs (0 when it can afford none).
 
     A client runs its *largest* affordable tier; with ``choose_by`` (one score per tier, e.g. validation accuracy,
@@ -88,8 +91,19 @@ def population_weighted_accuracy(budgets, tier_macs: list[int], tier_accuracy: l
 class TierEvaluator:
     """Central evaluation of the reporting tiers, usable as a Flower ``evaluate_fn``; keeps every row it measured."""
 
-    def __init__(self, cfg: SupernetConfig, tiers, budgets, calibration: ImageData, validation: ImageData,
-                 test: ImageData, eval_every: int, num_rounds: int, decode_state, population_tier: str = "largest"):
+    def __init__(
+        self,
+        cfg: SupernetConfig,
+        tiers,
+        budgets,
+        calibration: ImageData,
+        validation: ImageData,
+        test: ImageData,
+        eval_every: int,
+        num_rounds: int,
+        decode_state,
+        population_tier: str = "largest",
+    ):
         if population_tier not in POPULATION_TIERS:
             raise ValueError(f"population-tier='{population_tier}': allowed values are {list(POPULATION_TIERS)}")
         if population_tier == "best-validation" and not len(validation):
@@ -112,16 +126,25 @@ class TierEvaluator:
         for tier in self.tiers:
             splits = [self.validation, self.test] if len(self.validation) else [self.test]
             accs = evaluate_subnet(self.cfg, state, tier.arch, self.calibration, *splits)
-            val_acc, test_acc = (accs if len(accs) == 2 else [float("nan"), accs[0]])
-            tier_results.append({"macs": tier.macs, "params": tier.params, "val_accuracy": val_acc,
-                                 "accuracy": test_acc})
+            val_acc, test_acc = accs if len(accs) == 2 else [float("nan"), accs[0]]
+            tier_results.append(
+                {"macs": tier.macs, "params": tier.params, "val_accuracy": val_acc, "accuracy": test_acc}
+            )
         choose_by = [t["val_accuracy"] for t in tier_results] if self.population_tier == "best-validation" else None
-        pwa = population_weighted_accuracy(self.budgets, [t["macs"] for t in tier_results],
-                                           [t["accuracy"] for t in tier_results], choose_by)
+        pwa = population_weighted_accuracy(
+            self.budgets, [t["macs"] for t in tier_results], [t["accuracy"] for t in tier_results], choose_by
+        )
         for t in tier_results:
-            self.rows.append({"round": server_round, "tier_macs": t["macs"], "tier_params": t["params"],
-                              "val_accuracy": t["val_accuracy"], "test_accuracy": t["accuracy"],
-                              "population_weighted_accuracy": pwa})
+            self.rows.append(
+                {
+                    "round": server_round,
+                    "tier_macs": t["macs"],
+                    "tier_params": t["params"],
+                    "val_accuracy": t["val_accuracy"],
+                    "test_accuracy": t["accuracy"],
+                    "population_weighted_accuracy": pwa,
+                }
+            )
         self.last = {"round": server_round, "tiers": tier_results, "population_weighted_accuracy": pwa}
         metrics = {f"acc@{t['macs'] / 1e6:.2f}M": t["accuracy"] for t in tier_results}
         metrics["population-weighted-accuracy"] = pwa

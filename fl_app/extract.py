@@ -37,18 +37,37 @@ def load_trained(checkpoint: Path) -> tuple[dict, object, SupernetConfig]:
     return blob, validate_run_config(blob["run_config"]), SupernetConfig.from_dict(blob["supernet"])
 
 
-def choose(cfg: SupernetConfig, cache: SubnetCache, budget: float, scorer: ValidationScorer,
-           from_cache: bool = False, seed: int = 0, population: int = 16, generations: int = 6) -> dict:
+def choose(
+    cfg: SupernetConfig,
+    cache: SubnetCache,
+    budget: float,
+    scorer: ValidationScorer,
+    from_cache: bool = False,
+    seed: int = 0,
+    population: int = 16,
+    generations: int = 6,
+) -> dict:
     """The subnet to deploy under ``budget`` and how it was found; scores come from the validation split only."""
     if from_cache:
         chosen = cache.local_max(budget)
         return {"arch": chosen.arch, "val_accuracy": scorer(chosen.arch), "source": "cache", "candidates": 1}
-    ranked = evolutionary_search(cfg, scorer, budget, seed=seed, population=population, generations=generations,
-                                 start=[c.arch for c in reversed(cache.under(budget))])
+    ranked = evolutionary_search(
+        cfg,
+        scorer,
+        budget,
+        seed=seed,
+        population=population,
+        generations=generations,
+        start=[c.arch for c in reversed(cache.under(budget))],
+    )
     best = ranked[0]
     in_cache = any(c.arch == best.arch for c in cache.entries)
-    return {"arch": best.arch, "val_accuracy": best.val_accuracy, "source": "search (cached subnet)" if in_cache
-            else "search", "candidates": len(ranked)}
+    return {
+        "arch": best.arch,
+        "val_accuracy": best.val_accuracy,
+        "source": "search (cached subnet)" if in_cache else "search",
+        "candidates": len(ranked),
+    }
 
 
 def refuse_to_overwrite(out: Path, checkpoint: Path) -> str | None:
@@ -66,8 +85,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--macs", required=True, type=float, help="inference budget in MACs, e.g. 5e6")
     parser.add_argument("--out", required=True, type=Path, help="new file for the standalone subnet")
     parser.add_argument("--from-cache", action="store_true", help="largest cached subnet under the budget, no search")
-    parser.add_argument("--subnet-cache", default=None, help="cache of --from-cache and of the search's first "
-                                                               "generation (default: the run's)")
+    parser.add_argument(
+        "--subnet-cache",
+        default=None,
+        help="cache of --from-cache and of the search's first generation (default: the run's)",
+    )
     parser.add_argument("--population", type=int, default=16, help="search: candidates per generation")
     parser.add_argument("--generations", type=int, default=6, help="search: generations")
     parser.add_argument("--seed", type=int, default=0, help="search: random seed")
@@ -84,23 +106,29 @@ def main(argv: list[str] | None = None) -> dict:
     cache = SubnetCache.load(cfg, args.subnet_cache or run.subnet_cache)
     smallest = cache.min_macs if args.from_cache else count_costs(cfg, cfg.min_subnet())[0]
     if args.macs < smallest:
-        parser.error(f"--macs {args.macs:.0f}: below the smallest {'cached ' if args.from_cache else ''}subnet "
-                     f"({smallest} MACs)")
+        parser.error(
+            f"--macs {args.macs:.0f}: below the smallest {'cached ' if args.from_cache else ''}subnet ({smallest} MACs)"
+        )
 
     train, test = dataset_for(run, cfg)
     splits = server_splits(run, train)
     calibration = train.subset(splits.calibration)
     scorer = ValidationScorer(cfg, blob["state_dict"], calibration, train.subset(splits.validation))
-    found = choose(cfg, cache, args.macs, scorer, args.from_cache, args.seed, args.population,
-                   args.generations)
+    found = choose(cfg, cache, args.macs, scorer, args.from_cache, args.seed, args.population, args.generations)
 
     model = extract_subnet(cfg, blob["state_dict"], found["arch"])
     recalibrate_bn(model, calibration.images)
     macs, params = count_costs(cfg, found["arch"])
-    result = {"macs": macs, "params": params, "val_accuracy": found["val_accuracy"],
-              "accuracy": accuracy(model, test),  # the test split, read once for the chosen subnet
-              "arch": found["arch"].to_dict(), "source": found["source"], "candidates": found["candidates"],
-              "out": str(args.out)}
+    result = {
+        "macs": macs,
+        "params": params,
+        "val_accuracy": found["val_accuracy"],
+        "accuracy": accuracy(model, test),  # the test split, read once for the chosen subnet
+        "arch": found["arch"].to_dict(),
+        "source": found["source"],
+        "candidates": found["candidates"],
+        "out": str(args.out),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     partial = args.out.with_name(args.out.name + ".partial")
     model.save_standalone(partial)

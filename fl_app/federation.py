@@ -31,10 +31,13 @@ class Federation:
         cache = SubnetCache.load(cfg, run.subnet_cache)
         max_budget = run["budget-max-macs"] or cache.max_macs
         if max_budget < cache.min_macs:
-            raise ValueError(f"budget-max-macs={max_budget:.0f} is below the smallest cached subnet "
-                             f"({cache.min_macs} MACs); allowed: >= {cache.min_macs} or 0 for the cache maximum")
-        budgets = draw_budgets(num_partitions, cache.min_macs, max_budget, run["budget-zipf-a"], run["seed"],
-                               run["budget-levels"])
+            raise ValueError(
+                f"budget-max-macs={max_budget:.0f} is below the smallest cached subnet "
+                f"({cache.min_macs} MACs); allowed: >= {cache.min_macs} or 0 for the cache maximum"
+            )
+        budgets = draw_budgets(
+            num_partitions, cache.min_macs, max_budget, run["budget-zipf-a"], run["seed"], run["budget-levels"]
+        )
         return Federation(cfg, cache, budgets, num_partitions)
 
     def client_budgets(self, run: RunConfig, declared: dict[int, float]) -> dict[int, float]:
@@ -45,15 +48,18 @@ class Federation:
         budgets = {pid: float(declared.get(pid, self.budgets[pid])) for pid in range(self.num_partitions)}
         for pid, budget in budgets.items():
             if budget < self.cache.min_macs:
-                raise ValueError(f"budget-macs={budget:.0f} of partition {pid} is below the smallest cached "
-                                 f"subnet ({self.cache.min_macs} MACs); allowed: >= {self.cache.min_macs}")
+                raise ValueError(
+                    f"budget-macs={budget:.0f} of partition {pid} is below the smallest cached "
+                    f"subnet ({self.cache.min_macs} MACs); allowed: >= {self.cache.min_macs}"
+                )
         return budgets
 
     def tiers(self, run: RunConfig):
         targets = run.tier_targets
         if targets and min(targets) < self.cache.min_macs:
-            raise ValueError(f"tiers: {min(targets):.0f} MACs is below the smallest cached subnet "
-                             f"({self.cache.min_macs} MACs)")
+            raise ValueError(
+                f"tiers: {min(targets):.0f} MACs is below the smallest cached subnet ({self.cache.min_macs} MACs)"
+            )
         return self.cache.tiers(targets)
 
 
@@ -70,8 +76,15 @@ def pool_partitions(run: RunConfig, labels: np.ndarray, budgets) -> tuple[np.nda
     partition's budget (the γ-allocation's input): the client pool left after the server's held-out splits, split by
     the run's partitioner."""
     pool = split_train(labels, run["val-size"], run["calib-size"], run["seed"]).client_pool
-    partitioner = make_partitioner(run["partitioner"], len(budgets), run["seed"], run["dirichlet-alpha"],
-                                   run["gamma"], np.asarray(budgets, dtype=float), run["max-training-macs"])
+    partitioner = make_partitioner(
+        run["partitioner"],
+        len(budgets),
+        run["seed"],
+        run["dirichlet-alpha"],
+        run["gamma"],
+        np.asarray(budgets, dtype=float),
+        run["max-training-macs"],
+    )
     return tuple(pool[idx] for idx in partition_indices(labels[pool], partitioner))
 
 

@@ -21,11 +21,26 @@ from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, R
 from flwr.common.logger import log
 
 from clients.feast import LocalSettings
-from clients.fedtopo import (broadcast_problem, class_counts, evaluate, fedtopo_loss, fedtopo_upload, local_train,
-                             model_is_finite)
+from clients.fedtopo import (
+    broadcast_problem,
+    class_counts,
+    evaluate,
+    fedtopo_loss,
+    fedtopo_upload,
+    local_train,
+    model_is_finite,
+)
 from clients.fedtopo_baselines import FdLoss, class_means_upload, head_upload, load_head, plain_ce, proto_loss
-from fl_app.checkpoint import (CHECKPOINT_FILE, capture_rng, load_run_checkpoint, load_verified, model_fingerprint,
-                               run_config_differences, same_run_earlier_round, save_verified)
+from fl_app.checkpoint import (
+    CHECKPOINT_FILE,
+    capture_rng,
+    load_run_checkpoint,
+    load_verified,
+    model_fingerprint,
+    run_config_differences,
+    same_run_earlier_round,
+    save_verified,
+)
 from fl_app.config import RunConfig
 from fl_app.data import DATASETS, ImageData, load_dataset, split_train, stratified_holdout
 from fl_app.device import preferred_device
@@ -41,8 +56,9 @@ HETERO_METHODS = ("fedtopo", "local", "lg-fedavg", "fd", "fedproto", "fedtgp")
 
 # -- data: identical on server and clients -------------------------------------------------------------------------
 @lru_cache(maxsize=2)
-def _splits(dataset: str, source: str, path: str, seed: int, alpha: float, test_fraction: float,
-            num_partitions: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+def _splits(
+    dataset: str, source: str, path: str, seed: int, alpha: float, test_fraction: float, num_partitions: int
+) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
     train, _ = load_dataset(dataset, source, path)
     labels = train.labels.numpy()
     pool = split_train(labels, 0, 0, seed).client_pool  # no server hold-out: evaluation is on clients
@@ -50,8 +66,9 @@ def _splits(dataset: str, source: str, path: str, seed: int, alpha: float, test_
     out = []
     for pid, idx in enumerate(partition_indices(labels[pool], partitioner)):
         rows = pool[idx]
-        held = stratified_holdout(labels[rows], int(round(test_fraction * len(rows))),
-                                  np.random.default_rng([seed, 47, pid]))
+        held = stratified_holdout(
+            labels[rows], int(round(test_fraction * len(rows))), np.random.default_rng([seed, 47, pid])
+        )
         test = rows[held]
         out.append((np.setdiff1d(rows, test), test))
     return tuple(out)
@@ -59,8 +76,15 @@ def _splits(dataset: str, source: str, path: str, seed: int, alpha: float, test_
 
 def client_rows(run: RunConfig, num_partitions: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
     """(train rows, test rows) into the training set for every partition id."""
-    return _splits(run["dataset"], run["data-source"], run["data-path"], run["seed"], run["dirichlet-alpha"],
-                   run["test-fraction"], num_partitions)
+    return _splits(
+        run["dataset"],
+        run["data-source"],
+        run["data-path"],
+        run["seed"],
+        run["dirichlet-alpha"],
+        run["test-fraction"],
+        num_partitions,
+    )
 
 
 def client_data(run: RunConfig, pid: int, num_partitions: int) -> tuple[ImageData, ImageData]:
@@ -80,10 +104,15 @@ MODELS_DIR = "client-models"  # where clients keep model files for a resume (see
 
 def hetero_fingerprint(run: RunConfig, num_clients: int) -> dict:
     """What FedTopo-family checkpoints belong to: every client's architecture, the classes and the feature size."""
-    return model_fingerprint(run, {"architectures": [architecture_of(run["model-family"], p)
-                                                     for p in range(num_clients)],
-                                   "num-classes": DATASETS[run["dataset"]].num_classes,
-                                   "feature-dim": run["feature-dim"], "num-clients": num_clients})
+    return model_fingerprint(
+        run,
+        {
+            "architectures": [architecture_of(run["model-family"], p) for p in range(num_clients)],
+            "num-classes": DATASETS[run["dataset"]].num_classes,
+            "feature-dim": run["feature-dim"],
+            "num-clients": num_clients,
+        },
+    )
 
 
 def client_model_dirs(config, node_config) -> tuple[str, str]:
@@ -99,18 +128,27 @@ def _model_file(folder: str, pid: int, server_round: int) -> Path:
 
 
 def _saved_rounds(folder: str, pid: int) -> list[int]:
-    return sorted(int(f.stem.rsplit("-", 1)[1]) for f in Path(folder).glob(f"partition-{pid}-round-*.pt")
-                  if f.stem.rsplit("-", 1)[1].isdigit())
+    return sorted(
+        int(f.stem.rsplit("-", 1)[1])
+        for f in Path(folder).glob(f"partition-{pid}-round-*.pt")
+        if f.stem.rsplit("-", 1)[1].isdigit()
+    )
 
 
 def save_model_file(run: RunConfig, pid: int, num: int, model, folder: str, server_round: int) -> None:
     """The client's model after ``server_round`` as a verified file; files no checkpoint can need any more are
     removed (the newest one at or before the last checkpoint round before this one is kept, and all later)."""
     Path(folder).mkdir(parents=True, exist_ok=True)
-    save_verified(_model_file(folder, pid, server_round),
-                  {"round": server_round, "run_config": run.to_dict(),
-                   "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}},
-                  hetero_fingerprint(run, num), replace_if=lambda old: old.get("round") == server_round)
+    save_verified(
+        _model_file(folder, pid, server_round),
+        {
+            "round": server_round,
+            "run_config": run.to_dict(),
+            "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+        },
+        hetero_fingerprint(run, num),
+        replace_if=lambda old: old.get("round") == server_round,
+    )
     every = run["checkpoint-every"]
     last_checkpoint = (server_round - 1) // every * every if every else server_round - 1
     kept = [r for r in _saved_rounds(folder, pid) if r <= last_checkpoint][-1:]
@@ -186,16 +224,23 @@ def evaluate_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: C
     _, test = client_data(run, pid, num)
     config = msg.content.config_records["config"]
     correct, total = evaluate(load_client_model(run, pid, context.state, num, config, context.node_config), test)
-    return Message(RecordDict({"metrics": MetricRecord({"correct": correct, "num-test": total,
-                                                        "partition-id": pid})}), reply_to=msg)
+    return Message(
+        RecordDict({"metrics": MetricRecord({"correct": correct, "num-test": total, "partition-id": pid})}),
+        reply_to=msg,
+    )
 
 
 def broadcast_shapes(run: RunConfig) -> dict[str, tuple]:
     """What the server of ``run``'s method broadcasts (key -> shape) once it has merged something."""
     c, d = DATASETS[run["dataset"]].num_classes, run["feature-dim"]
-    return {"fedtopo": {"topology": (c, c)}, "lg-fedavg": {"head.weight": (c, d), "head.bias": (c,)},
-            "fd": {"soft-labels": (c, c), "has": (c,)}, "fedproto": {"prototypes": (c, d), "has": (c,)},
-            "fedtgp": {"prototypes": (c, d), "has": (c,)}, "local": {}}[run["method"]]
+    return {
+        "fedtopo": {"topology": (c, c)},
+        "lg-fedavg": {"head.weight": (c, d), "head.bias": (c,)},
+        "fd": {"soft-labels": (c, c), "has": (c,)},
+        "fedproto": {"prototypes": (c, d), "has": (c,)},
+        "fedtgp": {"prototypes": (c, d), "has": (c,)},
+        "local": {},
+    }[run["method"]]
 
 
 def train_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
@@ -223,10 +268,15 @@ def train_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Cont
     save_dir, _ = client_model_dirs(config, context.node_config)
     if save_dir:
         save_model_file(run, pid, num, model, save_dir, server_round)
-    return Message(RecordDict({
-        "upload": state_to_record(upload, dtype),
-        "metrics": MetricRecord({"num-examples": len(train), "partition-id": pid, **metrics}),
-    }), reply_to=msg)
+    return Message(
+        RecordDict(
+            {
+                "upload": state_to_record(upload, dtype),
+                "metrics": MetricRecord({"num-examples": len(train), "partition-id": pid, **metrics}),
+            }
+        ),
+        reply_to=msg,
+    )
 
 
 # -- server --------------------------------------------------------------------------------------------------------
@@ -242,30 +292,48 @@ def build_strategy(run: RunConfig, node_of_partition: dict[int, int]):
     the size of each training and test split and holds replies to them."""
     method = run["method"]
     rows = client_rows(run, len(node_of_partition))
-    common = dict(clients_per_round=run.clients_per_round(len(node_of_partition)), seed=run["seed"],
-                  num_rounds=run["num-server-rounds"], eval_every=run["eval-every"],
-                  payload_dtype=run["payload-dtype"], min_reply_fraction=run["min-reply-fraction"],
-                  lr_of_round=lr_of_round(run), feature_dim=run["feature-dim"],
-                  train_size_of_partition={pid: len(rows[pid][0]) for pid in node_of_partition},
-                  test_size_of_partition={pid: len(rows[pid][1]) for pid in node_of_partition})
+    common = dict(
+        clients_per_round=run.clients_per_round(len(node_of_partition)),
+        seed=run["seed"],
+        num_rounds=run["num-server-rounds"],
+        eval_every=run["eval-every"],
+        payload_dtype=run["payload-dtype"],
+        min_reply_fraction=run["min-reply-fraction"],
+        lr_of_round=lr_of_round(run),
+        feature_dim=run["feature-dim"],
+        train_size_of_partition={pid: len(rows[pid][0]) for pid in node_of_partition},
+        test_size_of_partition={pid: len(rows[pid][1]) for pid in node_of_partition},
+    )
     num_classes = DATASETS[run["dataset"]].num_classes
     if method == "fedtopo":
-        return FedTopoStrategy(node_of_partition, num_classes, tau=run["topo-tau"], weighting=run["topo-weighting"],
-                               kappa=run["topo-kappa"], **common)
+        return FedTopoStrategy(
+            node_of_partition,
+            num_classes,
+            tau=run["topo-tau"],
+            weighting=run["topo-weighting"],
+            kappa=run["topo-kappa"],
+            **common,
+        )
     if method == "fedtgp":
-        return FedTgpStrategy(node_of_partition, num_classes, server_epochs=run["tgp-server-epochs"],
-                              margin_cap=run["tgp-margin-cap"],
-                              margin_rule=run["tgp-margin"], server_lr=run["tgp-server-lr"],
-                              server_batch_size=run["tgp-batch-size"], **common)
-    classes = {"local": LocalStrategy, "lg-fedavg": LgFedAvgStrategy, "fd": FdStrategy,
-               "fedproto": FedProtoStrategy}
+        return FedTgpStrategy(
+            node_of_partition,
+            num_classes,
+            server_epochs=run["tgp-server-epochs"],
+            margin_cap=run["tgp-margin-cap"],
+            margin_rule=run["tgp-margin"],
+            server_lr=run["tgp-server-lr"],
+            server_batch_size=run["tgp-batch-size"],
+            **common,
+        )
+    classes = {"local": LocalStrategy, "lg-fedavg": LgFedAvgStrategy, "fd": FdStrategy, "fedproto": FedProtoStrategy}
     if method not in classes:
         raise ValueError(f"method='{method}': allowed model-heterogeneous methods are {list(HETERO_METHODS)}")
     return classes[method](node_of_partition, num_classes, **common)
 
 
-def plot_accuracy_per_round(path: Path, lines: dict[str, list[tuple[int, float]]], title: str,
-                            ylabel: str = "mean client accuracy (%)") -> None:
+def plot_accuracy_per_round(
+    path: Path, lines: dict[str, list[tuple[int, float]]], title: str, ylabel: str = "mean client accuracy (%)"
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -290,24 +358,37 @@ def hetero_summary(run: RunConfig, strategy, num_clients: int, seconds: float, e
     rounds = strategy.rounds
     last = next((h for h in reversed(strategy.history) if not math.isnan(h["mean_client_accuracy"])), {})
     return {
-        "method": run["method"], "dataset": run["dataset"], "rounds": run["num-server-rounds"], "seed": run["seed"],
-        "completed": error is None, "error": error, "rounds_done": max(strategy.train_loss, default=0),
-        "num_clients": num_clients, "clients_per_round": run.clients_per_round(num_clients),
+        "method": run["method"],
+        "dataset": run["dataset"],
+        "rounds": run["num-server-rounds"],
+        "seed": run["seed"],
+        "completed": error is None,
+        "error": error,
+        "rounds_done": max(strategy.train_loss, default=0),
+        "num_clients": num_clients,
+        "clients_per_round": run.clients_per_round(num_clients),
         "model_family": run["model-family"],
         "architectures": [architecture_of(run["model-family"], pid) for pid in range(num_clients)],
-        "mean_client_accuracy": last.get("mean_client_accuracy"), "pooled_accuracy": last.get("pooled_accuracy"),
+        "mean_client_accuracy": last.get("mean_client_accuracy"),
+        "pooled_accuracy": last.get("pooled_accuracy"),
         "accuracy_round": last.get("round"),
         "client_accuracy": [strategy.client_accuracy.get(p) for p in range(num_clients)],
-        "bytes_up": sum(r.bytes_up for r in rounds.values()), "bytes_down": sum(r.bytes_down for r in rounds.values()),
+        "bytes_up": sum(r.bytes_up for r in rounds.values()),
+        "bytes_down": sum(r.bytes_down for r in rounds.values()),
         "bytes_up_per_round": sum(r.bytes_up for r in rounds.values()) / max(len(rounds), 1),
         "bytes_down_per_round": sum(r.bytes_down for r in rounds.values()) / max(len(rounds), 1),
         "failed_replies": sum(len(r.failed) for r in rounds.values()),
         "rejected_replies": sum(len(r.rejected) for r in rounds.values()),
         "failed_evaluations": sum(len(r.failed) for r in strategy.eval_rounds.values()),
         "rejected_evaluations": sum(len(r.rejected) for r in strategy.eval_rounds.values()),
-        "history": strategy.history, "wall_seconds": round(seconds, 1), "run_config": run.to_dict(),
-        **({"tgp_margins": {str(r): m for r, m in sorted(strategy.margins.items())}}
-           if hasattr(strategy, "margins") else {}),
+        "history": strategy.history,
+        "wall_seconds": round(seconds, 1),
+        "run_config": run.to_dict(),
+        **(
+            {"tgp_margins": {str(r): m for r, m in sorted(strategy.margins.items())}}
+            if hasattr(strategy, "margins")
+            else {}
+        ),
     }
 
 
@@ -318,10 +399,18 @@ def write_round_files(out_dir: Path, strategy) -> None:
 
 
 def write_hetero_checkpoint(out_dir: Path, server_round: int, run: RunConfig, strategy, num_clients: int) -> Path:
-    return save_verified(out_dir / CHECKPOINT_FILE, {
-        "round": server_round, "run_config": run.to_dict(), "num_clients": num_clients,
-        "strategy": strategy.checkpoint_state(), "rng": capture_rng()},
-        hetero_fingerprint(run, num_clients), replace_if=same_run_earlier_round(run, server_round))
+    return save_verified(
+        out_dir / CHECKPOINT_FILE,
+        {
+            "round": server_round,
+            "run_config": run.to_dict(),
+            "num_clients": num_clients,
+            "strategy": strategy.checkpoint_state(),
+            "rng": capture_rng(),
+        },
+        hetero_fingerprint(run, num_clients),
+        replace_if=same_run_earlier_round(run, server_round),
+    )
 
 
 def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
@@ -336,8 +425,11 @@ def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
     reloads its newest model file at or before that round."""
     num_clients = len(nodes)
     node_of_partition = {pid: info["node_id"] for pid, info in nodes.items()}
-    resumed = load_run_checkpoint(run["resume-from"], run, num_clients, hetero_fingerprint(run, num_clients)) \
-        if run["resume-from"] else None
+    resumed = (
+        load_run_checkpoint(run["resume-from"], run, num_clients, hetero_fingerprint(run, num_clients))
+        if run["resume-from"]
+        else None
+    )
     out_dir = prepare_output_dir(run["output-dir"], run["method"], run["dataset"], run["seed"])
     strategy = build_strategy(run, node_of_partition)
     first_round = 1
@@ -350,8 +442,16 @@ def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
         first_round = blob["round"] + 1
         strategy.client_config.update({"resume-models-dir": str(folder / MODELS_DIR), "resume-round": blob["round"]})
         log(INFO, "Resuming from %s at round %d", folder, first_round)
-    log(INFO, "%s on %s: %d clients (%s family), Dirichlet α=%s, output %s", run["method"], run["dataset"],
-        num_clients, run["model-family"], run["dirichlet-alpha"], out_dir)
+    log(
+        INFO,
+        "%s on %s: %d clients (%s family), Dirichlet α=%s, output %s",
+        run["method"],
+        run["dataset"],
+        num_clients,
+        run["model-family"],
+        run["dirichlet-alpha"],
+        out_dir,
+    )
 
     def round_done(server_round: int) -> None:
         write_round_files(out_dir, strategy)
@@ -360,8 +460,14 @@ def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
 
     started, error = time.time(), None
     try:
-        strategy.start(grid, state_to_record({}), num_rounds=run["num-server-rounds"], timeout=run["round-timeout"],
-                       first_round=first_round, round_done=round_done)
+        strategy.start(
+            grid,
+            state_to_record({}),
+            num_rounds=run["num-server-rounds"],
+            timeout=run["round-timeout"],
+            first_round=first_round,
+            round_done=round_done,
+        )
     except Exception as failure:
         error = f"{type(failure).__name__}: {failure}"
         raise
@@ -369,14 +475,21 @@ def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
         elapsed = time.time() - started
         summary = hetero_summary(run, strategy, num_clients, elapsed, error)
         write_round_files(out_dir, strategy)
-        plot_accuracy_per_round(out_dir / "accuracy_per_round.png",
-                                {run["method"]: [(h["round"], h["mean_client_accuracy"]) for h in strategy.history]},
-                                f"{run['method']} on {run['dataset']} ({num_clients} clients)")
+        plot_accuracy_per_round(
+            out_dir / "accuracy_per_round.png",
+            {run["method"]: [(h["round"], h["mean_client_accuracy"]) for h in strategy.history]},
+            f"{run['method']} on {run['dataset']} ({num_clients} clients)",
+        )
         write_json(out_dir / "summary.json", summary)
         log(INFO, "Results written to %s", out_dir)
-    log(INFO, "Done in %.0fs: mean client accuracy %.1f%%, pooled %.1f%%, %.0f bytes up per round", elapsed,
-        100 * (summary["mean_client_accuracy"] or 0), 100 * (summary["pooled_accuracy"] or 0),
-        summary["bytes_up_per_round"])
+    log(
+        INFO,
+        "Done in %.0fs: mean client accuracy %.1f%%, pooled %.1f%%, %.0f bytes up per round",
+        elapsed,
+        100 * (summary["mean_client_accuracy"] or 0),
+        100 * (summary["pooled_accuracy"] or 0),
+        summary["bytes_up_per_round"],
+    )
     return summary
 
 
@@ -389,9 +502,16 @@ class InProcessGrid:
         self.run, self.num_clients = run, num_clients
         self.node_of_partition = {pid: first_node_id + pid for pid in range(num_clients)}
         self.partition_of_node = {n: p for p, n in self.node_of_partition.items()}
-        self.contexts = {pid: Context(run_id=1, node_id=node, state=RecordDict(), run_config={},
-                                      node_config={"partition-id": pid, "num-partitions": num_clients})
-                         for pid, node in self.node_of_partition.items()}
+        self.contexts = {
+            pid: Context(
+                run_id=1,
+                node_id=node,
+                state=RecordDict(),
+                run_config={},
+                node_config={"partition-id": pid, "num-partitions": num_clients},
+            )
+            for pid, node in self.node_of_partition.items()
+        }
 
     def nodes(self) -> dict[int, dict]:
         return {pid: {"node_id": node} for pid, node in self.node_of_partition.items()}

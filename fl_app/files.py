@@ -16,8 +16,9 @@ from typing import BinaryIO, Callable
 CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
-def write_new_file(path: str | Path, content: bytes | Callable[[BinaryIO], None], mode: int = 0o644,
-                   replace: bool = False) -> Path:
+def write_new_file(
+    path: str | Path, content: bytes | Callable[[BinaryIO], None], mode: int = 0o644, replace: bool = False
+) -> Path:
     """Write ``content`` (bytes, or a function writing to a binary file) to ``path`` with permission bits ``mode``.
 
     Raises ``FileExistsError`` when something exists at ``path`` and ``replace`` is false."""
@@ -50,8 +51,9 @@ def _link_new(tmp: Path, path: Path) -> None:
     try:
         os.link(tmp, path, follow_symlinks=False)  # atomic, and fails if the name is taken by now
     except FileExistsError:
-        raise FileExistsError(f"{path} exists; it is kept (nothing is overwritten without an explicit "
-                              "request)") from None
+        raise FileExistsError(
+            f"{path} exists; it is kept (nothing is overwritten without an explicit request)"
+        ) from None
     except OSError:  # a filesystem without hard links: the check at the start stands
         if os.path.lexists(path):
             raise FileExistsError(f"{path} exists; it is kept") from None

@@ -26,8 +26,10 @@ def prepare_output_dir(requested: str, method: str, dataset: str, seed: int) -> 
         path = Path.home() / "fl_app_runs" / f"{method}-{dataset}-s{seed}-{stamp}"
     existing = [name for name in RESULT_FILES if (path / name).exists()]
     if existing:
-        raise ValueError(f"output-dir='{path}' already holds results ({', '.join(existing)}); "
-                         "choose a new folder so they are not overwritten")
+        raise ValueError(
+            f"output-dir='{path}' already holds results ({', '.join(existing)}); "
+            "choose a new folder so they are not overwritten"
+        )
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -71,27 +73,41 @@ def metrics_with_round_costs(metrics_rows: list[dict], rounds: dict) -> list[dic
     out = []
     for row in metrics_rows:
         log_ = rounds.get(row["round"])
-        out.append({**row, "train_loss": log_.train_loss if log_ else math.nan,
-                    "bytes_down": log_.bytes_down if log_ else 0, "bytes_up": log_.bytes_up if log_ else 0})
+        out.append(
+            {
+                **row,
+                "train_loss": log_.train_loss if log_ else math.nan,
+                "bytes_down": log_.bytes_down if log_ else 0,
+                "bytes_up": log_.bytes_up if log_ else 0,
+            }
+        )
     return out
 
 
-def write_round_files(out_dir: Path, metrics_rows: list[dict], rounds: dict,
-                      clients: "ClientRecords | None" = None) -> None:
+def write_round_files(
+    out_dir: Path, metrics_rows: list[dict], rounds: dict, clients: "ClientRecords | None" = None
+) -> None:
     """metrics.csv and rounds.csv (with the clients' training FLOPs per round) and clients.csv, with every round
     finished so far. Called after each round (each file replaced atomically), so a run that dies keeps every finished
     round; the run's end writes them once more."""
     write_csv(out_dir / "metrics.csv", metrics_with_round_costs(metrics_rows, rounds))
-    write_csv(out_dir / "rounds.csv", [{**log_.row(r), **(clients.round_columns(r) if clients else {})}
-                                       for r, log_ in sorted(rounds.items())])
+    write_csv(
+        out_dir / "rounds.csv",
+        [{**log_.row(r), **(clients.round_columns(r) if clients else {})} for r, log_ in sorted(rounds.items())],
+    )
     if clients is not None:
         write_csv(out_dir / "clients.csv", clients.rows())
 
 
 # reply metric -> (clients.csv column, how successive rounds combine)
-CLIENT_METRICS = {"train-loss": ("last_train_loss", "last"), "trained-macs": ("trained_macs", "last"),
-                  "client-seconds": ("client_seconds", "sum"), "train-flops": ("train_flops", "sum"),
-                  "peak-rss-mb": ("peak_rss_mb", "max"), "cuda-peak-mb": ("cuda_peak_mb", "max")}
+CLIENT_METRICS = {
+    "train-loss": ("last_train_loss", "last"),
+    "trained-macs": ("trained_macs", "last"),
+    "client-seconds": ("client_seconds", "sum"),
+    "train-flops": ("train_flops", "sum"),
+    "peak-rss-mb": ("peak_rss_mb", "max"),
+    "cuda-peak-mb": ("cuda_peak_mb", "max"),
+}
 
 
 class ClientRecords:
@@ -101,10 +117,17 @@ class ClientRecords:
 
     def __init__(self, budgets: dict[int, float], examples: dict[int, int], node_of_partition: dict[int, int]):
         self.partition_of_node = {node: pid for pid, node in node_of_partition.items()}
-        self.clients = {pid: {"partition_id": pid, "budget_macs": budgets.get(pid), "num_examples": examples.get(pid),
-                              "rounds_sampled": 0, "rounds_answered": 0,
-                              **{column: math.nan if how != "sum" else 0.0 for column, how in CLIENT_METRICS.values()}}
-                        for pid in sorted(node_of_partition)}
+        self.clients = {
+            pid: {
+                "partition_id": pid,
+                "budget_macs": budgets.get(pid),
+                "num_examples": examples.get(pid),
+                "rounds_sampled": 0,
+                "rounds_answered": 0,
+                **{column: math.nan if how != "sum" else 0.0 for column, how in CLIENT_METRICS.values()},
+            }
+            for pid in sorted(node_of_partition)
+        }
         self.flops_of_round: dict[int, float] = {}
 
     def wrap(self, grid) -> "RecordingGrid":
@@ -139,8 +162,9 @@ class ClientRecords:
                 if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                     continue
                 old = row[column]
-                row[column] = (value if how == "last" or math.isnan(old) else
-                               old + value if how == "sum" else max(old, value))
+                row[column] = (
+                    value if how == "last" or math.isnan(old) else old + value if how == "sum" else max(old, value)
+                )
                 if key == "train-flops":
                     self.flops_of_round[server_round] = self.flops_of_round.get(server_round, 0.0) + value
 

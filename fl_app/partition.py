@@ -14,7 +14,7 @@ def gamma_weights(budgets: np.ndarray, gamma: float, max_training_macs: float = 
     capped = np.asarray(budgets, dtype=float)
     if max_training_macs > 0:
         capped = np.minimum(capped, max_training_macs)
-    return capped ** gamma
+    return capped**gamma
 
 
 def gamma_shares(budgets: np.ndarray, gamma: float, max_training_macs: float = 0.0) -> np.ndarray:
@@ -38,9 +38,17 @@ class GammaPartitioner(Partitioner):
     last. At γ > 0 the same draw favours budget-rich clients twice: larger Dirichlet concentration and a higher cap.
     """
 
-    def __init__(self, budgets, gamma: float, alpha: float, partition_by: str = "label",
-                 max_training_macs: float = 0.0, min_partition_size: int = 10, seed: int = 0,
-                 max_attempts: int = 100):
+    def __init__(
+        self,
+        budgets,
+        gamma: float,
+        alpha: float,
+        partition_by: str = "label",
+        max_training_macs: float = 0.0,
+        min_partition_size: int = 10,
+        seed: int = 0,
+        max_attempts: int = 100,
+    ):
         super().__init__()
         if gamma < 0:
             raise ValueError(f"gamma={gamma}: must be >= 0")
@@ -88,17 +96,27 @@ class GammaPartitioner(Partitioner):
                     sizes[i] += len(chunk)
             if sizes.min() >= self.min_partition_size:
                 return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
-        raise ValueError(f"γ-allocation: no draw in {self.max_attempts} gave every client >= "
-                         f"{self.min_partition_size} samples; raise dirichlet-alpha or lower the number of clients")
+        raise ValueError(
+            f"γ-allocation: no draw in {self.max_attempts} gave every client >= "
+            f"{self.min_partition_size} samples; raise dirichlet-alpha or lower the number of clients"
+        )
 
 
-def make_partitioner(name: str, num_partitions: int, seed: int, alpha: float, gamma: float = 0.0,
-                     budgets=None, max_training_macs: float = 0.0) -> Partitioner:
+def make_partitioner(
+    name: str,
+    num_partitions: int,
+    seed: int,
+    alpha: float,
+    gamma: float = 0.0,
+    budgets=None,
+    max_training_macs: float = 0.0,
+) -> Partitioner:
     if name == "gamma":
         return GammaPartitioner(budgets, gamma, alpha, max_training_macs=max_training_macs, seed=seed)
     if name == "dirichlet":
-        return DirichletPartitioner(num_partitions, "label", alpha, min_partition_size=10, self_balancing=True,
-                                    seed=seed)
+        return DirichletPartitioner(
+            num_partitions, "label", alpha, min_partition_size=10, self_balancing=True, seed=seed
+        )
     if name == "iid":
         return IidPartitioner(num_partitions)
     raise ValueError(f"partitioner='{name}': allowed values are {list(PARTITIONERS)}")

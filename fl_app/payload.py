@@ -22,8 +22,9 @@ def state_to_record(state: Mapping[str, np.ndarray | torch.Tensor], dtype: str =
         if dtype == "bfloat16" and tensor.is_floating_point():
             arrays[name] = Array(tensor.to(torch.bfloat16).view(torch.int16).contiguous().numpy())
         else:
-            arrays[name] = Array(tensor.float().contiguous().numpy() if tensor.is_floating_point()
-                                 else tensor.contiguous().numpy())
+            arrays[name] = Array(
+                tensor.float().contiguous().numpy() if tensor.is_floating_point() else tensor.contiguous().numpy()
+            )
     return ArrayRecord(arrays)
 
 
@@ -36,8 +37,10 @@ def _decode(array: Array, dtype: str) -> np.ndarray:
     value = array.numpy()
     # the .npy header inside the data is what numpy trusts; it must agree with the metadata that was screened
     if str(value.dtype) != array.dtype or tuple(value.shape) != tuple(array.shape):
-        raise ValueError(f"array data holds {value.dtype} {tuple(value.shape)} but its metadata says "
-                         f"{array.dtype} {tuple(array.shape)}")
+        raise ValueError(
+            f"array data holds {value.dtype} {tuple(value.shape)} but its metadata says "
+            f"{array.dtype} {tuple(array.shape)}"
+        )
     if dtype == "bfloat16" and value.dtype == np.int16:
         value = torch.from_numpy(value.copy()).view(torch.bfloat16).float().numpy()
     return value.astype(np.float32, copy=False)
@@ -84,5 +87,6 @@ def npy_bytes(shape: tuple, dtype: str) -> int:
     np_dtype = np.dtype(dtype)
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(
-        header, {"descr": np.lib.format.dtype_to_descr(np_dtype), "fortran_order": False, "shape": tuple(shape)})
+        header, {"descr": np.lib.format.dtype_to_descr(np_dtype), "fortran_order": False, "shape": tuple(shape)}
+    )
     return header.tell() + int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize

@@ -88,9 +88,14 @@ class Run:
 
     def group_key(self) -> tuple:
         config = {k: v for k, v in self.config.items() if k not in NOT_GROUPED}
-        return (self.label, json.dumps(self.cell, sort_keys=True), json.dumps(config, sort_keys=True),
-                json.dumps(self.record.get("federation", {}), sort_keys=True), self.summary.get("rounds"),
-                self.summary.get("num_clients"))
+        return (
+            self.label,
+            json.dumps(self.cell, sort_keys=True),
+            json.dumps(config, sort_keys=True),
+            json.dumps(self.record.get("federation", {}), sort_keys=True),
+            self.summary.get("rounds"),
+            self.summary.get("num_clients"),
+        )
 
     def compute_curve(self, column: str) -> list[tuple[float, float]]:
         """(cumulative client compute after the round, accuracy) at each evaluated round; [] when unrecorded."""
@@ -175,8 +180,11 @@ def group_runs(runs: list[Run]) -> list[Row]:
         by_name[row.name].append(row)
     for same in (group for group in by_name.values() if len(group) > 1):
         configs = [r.first.config or {"rounds": r.first.summary.get("rounds")} for r in same]
-        differing = sorted(k for k in set().union(*configs)
-                           if k not in NOT_GROUPED and len({json.dumps(c.get(k)) for c in configs}) > 1)
+        differing = sorted(
+            k
+            for k in set().union(*configs)
+            if k not in NOT_GROUPED and len({json.dumps(c.get(k)) for c in configs}) > 1
+        )
         for row, config in zip(same, configs):
             row.name += " [" + ", ".join(f"{k}={config.get(k)}" for k in differing) + "]"
     return rows
@@ -188,8 +196,10 @@ def check_commits(runs: list[Run], allow_mixed: bool) -> None:
         commits[run.commit] += 1
     if len(commits) > 1 and not allow_mixed:
         listed = ", ".join(f"{c} ({n} runs)" for c, n in sorted(commits.items()))
-        raise MixedCommits(f"these runs were made at different commits: {listed}; rerun them at one commit, or pass "
-                           "--allow-mixed-commits to put them in one table (each row names its commits)")
+        raise MixedCommits(
+            f"these runs were made at different commits: {listed}; rerun them at one commit, or pass "
+            "--allow-mixed-commits to put them in one table (each row names its commits)"
+        )
 
 
 def tier_text(run: Run) -> str:
@@ -208,15 +218,22 @@ def accuracy_rows(rows: list[Row]) -> list[dict]:
     for row in rows:
         s = row.first.summary
         acc = row.estimate()
-        table.append({
-            "method": row.name, "dataset": s.get("dataset", "?"), "rounds": s.get("rounds", "?"),
-            "seeds": seeds_text(row), "tiers": tier_text(row.first),
-            "accuracy": acc.mean, "accuracy_ci95": acc.half_width, "n": acc.n,
-            "accuracy_kind": row.first.accuracy_kind,
-            "mb_down": row.estimate(lambda r: r.summary.get("bytes_down", math.nan) / 1e6).mean,
-            "mb_up": row.estimate(lambda r: r.summary.get("bytes_up", math.nan) / 1e6).mean,
-            "commit": row.commits,
-        })
+        table.append(
+            {
+                "method": row.name,
+                "dataset": s.get("dataset", "?"),
+                "rounds": s.get("rounds", "?"),
+                "seeds": seeds_text(row),
+                "tiers": tier_text(row.first),
+                "accuracy": acc.mean,
+                "accuracy_ci95": acc.half_width,
+                "n": acc.n,
+                "accuracy_kind": row.first.accuracy_kind,
+                "mb_down": row.estimate(lambda r: r.summary.get("bytes_down", math.nan) / 1e6).mean,
+                "mb_up": row.estimate(lambda r: r.summary.get("bytes_up", math.nan) / 1e6).mean,
+                "commit": row.commits,
+            }
+        )
     return table
 
 
@@ -230,9 +247,17 @@ def paired_rows(rows: list[Row], reference: str) -> list[dict]:
         # several reference rows (e.g. hand-made runs of two lengths): the one whose settings differ least
         ref = min(candidates, key=lambda r: config_distance(r.first.config, row.first.config))
         paired = paired_difference(row.by_seed(), ref.by_seed())
-        table.append({"method": row.name, "reference": ref.name, "difference": paired.difference.mean,
-                      "difference_ci95": paired.difference.half_width, "n": paired.difference.n,
-                      "wins": paired.wins, "verdict": paired.verdict})
+        table.append(
+            {
+                "method": row.name,
+                "reference": ref.name,
+                "difference": paired.difference.mean,
+                "difference_ci95": paired.difference.half_width,
+                "n": paired.difference.n,
+                "wins": paired.wins,
+                "verdict": paired.verdict,
+            }
+        )
     return table
 
 
@@ -245,9 +270,16 @@ def tier_rows(rows: list[Row]) -> list[dict]:
     for row in rows:
         count = min(len(run.summary.get("tiers") or []) for run in row.runs)
         for i in range(count):
-            acc = row.estimate(lambda run: run.summary["tiers"][i]["accuracy"])
-            table.append({"method": row.name, "tier_mmacs": round(row.first.summary["tiers"][i]["macs"] / 1e6, 3),
-                          "accuracy": acc.mean, "accuracy_ci95": acc.half_width, "n": acc.n})
+            acc = row.estimate(lambda run, i=i: run.summary["tiers"][i]["accuracy"])
+            table.append(
+                {
+                    "method": row.name,
+                    "tier_mmacs": round(row.first.summary["tiers"][i]["macs"] / 1e6, 3),
+                    "accuracy": acc.mean,
+                    "accuracy_ci95": acc.half_width,
+                    "n": acc.n,
+                }
+            )
     return table
 
 
@@ -256,9 +288,10 @@ def round_rows(rows: list[Row]) -> list[dict]:
     for row in rows:
         rounds = sorted({r for run in row.runs for r, _ in run.curve})
         for rnd in rounds:
-            acc = row.estimate(lambda run: dict(run.curve).get(rnd, math.nan))
-            table.append({"method": row.name, "round": rnd, "accuracy": acc.mean, "accuracy_ci95": acc.half_width,
-                          "n": acc.n})
+            acc = row.estimate(lambda run, rnd=rnd: dict(run.curve).get(rnd, math.nan))
+            table.append(
+                {"method": row.name, "round": rnd, "accuracy": acc.mean, "accuracy_ci95": acc.half_width, "n": acc.n}
+            )
     return table
 
 
@@ -288,14 +321,21 @@ def equal_compute_rows(rows: list[Row], reference: str | None = None) -> tuple[l
     column, text = found
     totals = [row.estimate(lambda run: total_compute(run, column)) for row in rows]
     references = [t.mean for row, t in zip(rows, totals) if row.first.label == reference and t.n]
-    budget = min(references) if references else \
-        min(total_compute(run, column) for row in rows for run in row.runs)
+    budget = min(references) if references else min(total_compute(run, column) for row in rows for run in row.runs)
     table = []
     for row, total in zip(rows, totals):
         acc = row.estimate(lambda run: value_at_budget(run.compute_curve(column), budget))
-        table.append({"method": row.name, "compute_budget": budget, "total_compute": total.mean,
-                      "reached_budget": total.mean >= budget, "accuracy_at_budget": acc.mean,
-                      "accuracy_at_budget_ci95": acc.half_width, "n": acc.n})
+        table.append(
+            {
+                "method": row.name,
+                "compute_budget": budget,
+                "total_compute": total.mean,
+                "reached_budget": total.mean >= budget,
+                "accuracy_at_budget": acc.mean,
+                "accuracy_at_budget_ci95": acc.half_width,
+                "n": acc.n,
+            }
+        )
     return table, text
 
 
@@ -313,20 +353,44 @@ def markdown(header: list[str], lines: list[list]) -> str:
 
 def accuracy_markdown(table: list[dict]) -> str:
     kinds = {row["accuracy_kind"] for row in table}
-    title = {"population_weighted_accuracy": "population-weighted accuracy (%)",
-             "mean_client_accuracy": "mean client accuracy (%)"}
+    title = {
+        "population_weighted_accuracy": "population-weighted accuracy (%)",
+        "mean_client_accuracy": "mean client accuracy (%)",
+    }
     acc_header = title[kinds.pop()] if len(kinds) == 1 else "accuracy (%)"
-    return markdown(["method", "dataset", "rounds", "seeds", "tiers (MMACs)", acc_header, "MB down", "MB up",
-                     "commit"],
-                    [[r["method"], r["dataset"], r["rounds"], r["seeds"], r["tiers"],
-                      percent(r["accuracy"], r["accuracy_ci95"]), f"{r['mb_down']:.1f}", f"{r['mb_up']:.1f}",
-                      r["commit"]] for r in table])
+    return markdown(
+        ["method", "dataset", "rounds", "seeds", "tiers (MMACs)", acc_header, "MB down", "MB up", "commit"],
+        [
+            [
+                r["method"],
+                r["dataset"],
+                r["rounds"],
+                r["seeds"],
+                r["tiers"],
+                percent(r["accuracy"], r["accuracy_ci95"]),
+                f"{r['mb_down']:.1f}",
+                f"{r['mb_up']:.1f}",
+                r["commit"],
+            ]
+            for r in table
+        ],
+    )
 
 
 def paired_markdown(table: list[dict]) -> str:
-    return markdown(["method", "vs", "difference (points)", "seeds won", "verdict"],
-                    [[r["method"], r["reference"], _signed(r["difference"], r["difference_ci95"]),
-                      f"{r['wins']}/{r['n']}", r["verdict"]] for r in table])
+    return markdown(
+        ["method", "vs", "difference (points)", "seeds won", "verdict"],
+        [
+            [
+                r["method"],
+                r["reference"],
+                _signed(r["difference"], r["difference_ci95"]),
+                f"{r['wins']}/{r['n']}",
+                r["verdict"],
+            ]
+            for r in table
+        ],
+    )
 
 
 def _signed(mean: float, half: float) -> str:
@@ -335,10 +399,18 @@ def _signed(mean: float, half: float) -> str:
 
 
 def compute_markdown(table: list[dict], text: str) -> str:
-    return markdown(["method", f"total {text}", f"accuracy (%) at {table[0]['compute_budget']:.4g} {text}"],
-                    [[r["method"], f"{r['total_compute']:.4g}",
-                      percent(r["accuracy_at_budget"], r["accuracy_at_budget_ci95"])
-                      + ("" if r["reached_budget"] else " (final; ran out before)")] for r in table])
+    return markdown(
+        ["method", f"total {text}", f"accuracy (%) at {table[0]['compute_budget']:.4g} {text}"],
+        [
+            [
+                r["method"],
+                f"{r['total_compute']:.4g}",
+                percent(r["accuracy_at_budget"], r["accuracy_at_budget_ci95"])
+                + ("" if r["reached_budget"] else " (final; ran out before)"),
+            ]
+            for r in table
+        ],
+    )
 
 
 def report(runs: list[Run], reference: str | None = None, allow_mixed_commits: bool = False) -> dict:
@@ -348,9 +420,15 @@ def report(runs: list[Run], reference: str | None = None, allow_mixed_commits: b
     check_commits(runs, allow_mixed_commits)
     rows = group_runs(runs)
     compute, compute_text = equal_compute_rows(rows, reference)
-    return {"accuracy": accuracy_rows(rows), "paired": paired_rows(rows, reference) if reference else [],
-            "tiers": tier_rows(rows), "rounds": round_rows(rows), "compute": compute, "compute_text": compute_text,
-            "rows": rows}
+    return {
+        "accuracy": accuracy_rows(rows),
+        "paired": paired_rows(rows, reference) if reference else [],
+        "tiers": tier_rows(rows),
+        "rounds": round_rows(rows),
+        "compute": compute,
+        "compute_text": compute_text,
+        "rows": rows,
+    }
 
 
 def report_text(tables: dict) -> str:
@@ -374,8 +452,9 @@ def write_tables(out: Path, tables: dict) -> str:
     return text
 
 
-def write_suite_tables(out: Path, folders: list[Path], reference: str | None = None,
-                       allow_mixed_commits: bool = False, plots: bool = True) -> str:
+def write_suite_tables(
+    out: Path, folders: list[Path], reference: str | None = None, allow_mixed_commits: bool = False, plots: bool = True
+) -> str:
     """The runner's last step: tables (and plots) of a suite's finished runs, written into its folder."""
     runs = [load_run(f) for f in folders]
     try:
@@ -430,8 +509,15 @@ def write_plots(out: Path, tables: dict) -> list[Path]:
         for row in rows:
             for i, run in enumerate(row.runs):
                 curve = run.compute_curve(column)
-                ax.plot([c for c, _ in curve], [100 * a for _, a in curve], marker="o", markersize=3, alpha=0.7,
-                        color=f"C{rows.index(row) % 10}", label=row.name if i == 0 else None)
+                ax.plot(
+                    [c for c, _ in curve],
+                    [100 * a for _, a in curve],
+                    marker="o",
+                    markersize=3,
+                    alpha=0.7,
+                    color=f"C{rows.index(row) % 10}",
+                    label=row.name if i == 0 else None,
+                )
         ax.set(xlabel=f"cumulative {text}", ylabel="accuracy (%)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
@@ -443,9 +529,14 @@ def write_plots(out: Path, tables: dict) -> list[Path]:
         for row in rows:
             points = [t for t in tables["tiers"] if t["method"] == row.name]
             if points:
-                ax.errorbar([p["tier_mmacs"] for p in points], [100 * p["accuracy"] for p in points],
-                            yerr=[100 * (0 if math.isnan(p["accuracy_ci95"]) else p["accuracy_ci95"])
-                                  for p in points], marker="o", capsize=3, label=row.name)
+                ax.errorbar(
+                    [p["tier_mmacs"] for p in points],
+                    [100 * p["accuracy"] for p in points],
+                    yerr=[100 * (0 if math.isnan(p["accuracy_ci95"]) else p["accuracy_ci95"]) for p in points],
+                    marker="o",
+                    capsize=3,
+                    label=row.name,
+                )
         ax.set_xscale("log")
         ax.set(xlabel="MMACs", ylabel="test accuracy (%)")
         ax.grid(True, alpha=0.3)
@@ -469,15 +560,18 @@ def write_plots(out: Path, tables: dict) -> list[Path]:
 # -- tables kept in READMEs ----------------------------------------------------------------------------------------
 # <!-- report: experiments/results/x/runs --reference feast --table tiers -->  ...generated...  <!-- /report -->
 README_BLOCK = re.compile(r"(<!-- report: (?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
-README_TABLES = {"accuracy": lambda t: accuracy_markdown(t["accuracy"]),
-                 "paired": lambda t: paired_markdown(t["paired"]),
-                 "tiers": lambda t: tiers_markdown(t["tiers"])}
+README_TABLES = {
+    "accuracy": lambda t: accuracy_markdown(t["accuracy"]),
+    "paired": lambda t: paired_markdown(t["paired"]),
+    "tiers": lambda t: tiers_markdown(t["tiers"]),
+}
 
 
 def tiers_markdown(table: list[dict]) -> str:
-    return markdown(["method", "tier (MMACs)", "accuracy (%)", "seeds"],
-                    [[r["method"], f"{r['tier_mmacs']:.2f}", percent(r["accuracy"], r["accuracy_ci95"]), r["n"]]
-                     for r in table])
+    return markdown(
+        ["method", "tier (MMACs)", "accuracy (%)", "seeds"],
+        [[r["method"], f"{r['tier_mmacs']:.2f}", percent(r["accuracy"], r["accuracy_ci95"]), r["n"]] for r in table],
+    )
 
 
 def readme_block(args_text: str, root: Path) -> str:
@@ -504,8 +598,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write table.md and the CSV tables here")
     parser.add_argument("--plots", action="store_true", help="with --out: also write the plots")
     parser.add_argument("--allow-mixed-commits", action="store_true")
-    parser.add_argument("--update-readme", action="store_true",
-                        help="the paths are markdown files: regenerate their <!-- report: ... --> tables in place")
+    parser.add_argument(
+        "--update-readme",
+        action="store_true",
+        help="the paths are markdown files: regenerate their <!-- report: ... --> tables in place",
+    )
     args = parser.parse_args(argv)
     if args.update_readme:
         root = Path(__file__).resolve().parents[1]

@@ -32,5 +32,4 @@ def bundled_file(relative: str) -> Path:
     for base in (PACKAGE_DIR, _installed_package_dir()):
         if base is not None and (base / relative).exists():
             return base / relative
-    raise FileNotFoundError(f"bundled file fl_app/{relative} not found; install the project first "
-                            "(pip install -e .)")
+    raise FileNotFoundError(f"bundled file fl_app/{relative} not found; install the project first (pip install -e .)")

@@ -46,9 +46,11 @@ class ValidationScorer:
 
 def genes(cfg: SupernetConfig) -> list[tuple[str, int, tuple]]:
     """(field, position, ordered choices) of every searchable dimension."""
-    return ([("d", i, tuple(range(cfg.max_extra_blocks_per_stage + 1))) for i in range(cfg.num_stages)]
-            + [("e", i, tuple(sorted(cfg.expansion_ratio_choices))) for i in range(cfg.num_stages)]
-            + [("w", i, tuple(range(len(cfg.width_multiplier_choices)))) for i in range(cfg.num_stages + 1)])
+    return (
+        [("d", i, tuple(range(cfg.max_extra_blocks_per_stage + 1))) for i in range(cfg.num_stages)]
+        + [("e", i, tuple(sorted(cfg.expansion_ratio_choices))) for i in range(cfg.num_stages)]
+        + [("w", i, tuple(range(len(cfg.width_multiplier_choices)))) for i in range(cfg.num_stages + 1)]
+    )
 
 
 def _with(arch: Subnet, field: str, position: int, value) -> Subnet:
@@ -80,21 +82,32 @@ def mutate(cfg: SupernetConfig, arch: Subnet, rng: np.random.Generator, probabil
 
 def crossover(a: Subnet, b: Subnet, rng: np.random.Generator) -> Subnet:
     """Uniform crossover: every dimension from one parent or the other."""
+
     def pick(x: tuple, y: tuple) -> list:
         return [u if rng.random() < 0.5 else v for u, v in zip(x, y)]
 
     return Subnet(pick(a.d, b.d), pick(a.e, b.e), pick(a.w, b.w))
 
 
-def evolutionary_search(cfg: SupernetConfig, score: Callable[[Subnet], float], budget: float, seed: int = 0,
-                        population: int = 16, generations: int = 6, parents: int = 4,
-                        mutation_probability: float = 0.2, start: list[Subnet] = ()) -> list[Scored]:
+def evolutionary_search(
+    cfg: SupernetConfig,
+    score: Callable[[Subnet], float],
+    budget: float,
+    seed: int = 0,
+    population: int = 16,
+    generations: int = 6,
+    parents: int = 4,
+    mutation_probability: float = 0.2,
+    start: list[Subnet] = (),
+) -> list[Scored]:
     """Every candidate scored, best first (ties: fewer MACs). ``start`` (e.g. the cached subnets under the budget)
     joins the first generation; the rest of it is random subnets shrunk to the budget."""
     rng = np.random.default_rng([seed, int(budget)])
     if count_costs(cfg, cfg.min_subnet())[0] > budget:
-        raise ValueError(f"budget {budget:.0f} MACs is below the supernet's smallest subnet "
-                         f"({count_costs(cfg, cfg.min_subnet())[0]} MACs)")
+        raise ValueError(
+            f"budget {budget:.0f} MACs is below the supernet's smallest subnet "
+            f"({count_costs(cfg, cfg.min_subnet())[0]} MACs)"
+        )
     seen: dict[Subnet, Scored] = {}
 
     def evaluate(arch: Subnet) -> None:

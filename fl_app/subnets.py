@@ -90,8 +90,9 @@ def read_cache_rows(path: Path) -> tuple[list[Subnet], list[dict]]:
     subnets, rows = [], []
     with open(path, newline="") as handle:
         for row in csv.DictReader(handle):
-            subnets.append(Subnet(ast.literal_eval(row["d"]), ast.literal_eval(row["e"]),
-                                  ast.literal_eval(row["w_indices"])))
+            subnets.append(
+                Subnet(ast.literal_eval(row["d"]), ast.literal_eval(row["e"]), ast.literal_eval(row["w_indices"]))
+            )
             rows.append(row)
     return subnets, rows
 
@@ -104,8 +105,9 @@ def write_cache(path: Path, cache_entries: list[CachedSubnet]) -> None:
             writer.writerow([c.macs, c.params, str(list(c.arch.d)), str(list(c.arch.e)), str(list(c.arch.w))])
 
 
-def draw_budgets(num_clients: int, min_macs: float, max_macs: float, zipf_a: float, seed: int,
-                 levels: int = 0) -> np.ndarray:
+def draw_budgets(
+    num_clients: int, min_macs: float, max_macs: float, zipf_a: float, seed: int, levels: int = 0
+) -> np.ndarray:
     """Client inference budgets: Zipf(``zipf_a``) over ``levels`` ranks spread evenly from ``min_macs`` to
     ``max_macs`` (rank 1, the most common, is the smallest budget), jittered by up to half a step, clipped.
 

@@ -83,8 +83,12 @@ class SupernetConfig:
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self):
-        for key in ("original_stage_base_channels", "width_multiplier_choices", "expansion_ratio_choices",
-                    "stage_downsample_factors"):
+        for key in (
+            "original_stage_base_channels",
+            "width_multiplier_choices",
+            "expansion_ratio_choices",
+            "stage_downsample_factors",
+        ):
             object.__setattr__(self, key, tuple(getattr(self, key)))
         if len(self.original_stage_base_channels) != self.num_stages:
             raise ValueError("supernet: original_stage_base_channels must have num_stages entries")
@@ -121,16 +125,20 @@ class SupernetConfig:
     def check_subnet(self, arch: Subnet) -> None:
         """Raise ``ValueError`` naming the offending field when ``arch`` is not a subnet of this supernet."""
         if len(arch.d) != self.num_stages or any(not 0 <= x <= self.max_extra_blocks_per_stage for x in arch.d):
-            raise ValueError(f"subnet d={list(arch.d)}: need {self.num_stages} values in "
-                             f"0..{self.max_extra_blocks_per_stage}")
+            raise ValueError(
+                f"subnet d={list(arch.d)}: need {self.num_stages} values in 0..{self.max_extra_blocks_per_stage}"
+            )
         if len(arch.e) != self.num_stages or any(
-                min(abs(x - c) for c in self.expansion_ratio_choices) > 1e-9 for x in arch.e):
-            raise ValueError(f"subnet e={list(arch.e)}: need {self.num_stages} values from "
-                             f"{list(self.expansion_ratio_choices)}")
-        if len(arch.w) != self.num_stages + 1 or any(
-                not 0 <= x < len(self.width_multiplier_choices) for x in arch.w):
-            raise ValueError(f"subnet w_indices={list(arch.w)}: need {self.num_stages + 1} values in "
-                             f"0..{len(self.width_multiplier_choices) - 1}")
+            min(abs(x - c) for c in self.expansion_ratio_choices) > 1e-9 for x in arch.e
+        ):
+            raise ValueError(
+                f"subnet e={list(arch.e)}: need {self.num_stages} values from {list(self.expansion_ratio_choices)}"
+            )
+        if len(arch.w) != self.num_stages + 1 or any(not 0 <= x < len(self.width_multiplier_choices) for x in arch.w):
+            raise ValueError(
+                f"subnet w_indices={list(arch.w)}: need {self.num_stages + 1} values in "
+                f"0..{len(self.width_multiplier_choices) - 1}"
+            )
 
     # -- serialisation ----------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -209,12 +217,19 @@ def width_sliced_config(cfg: SupernetConfig, rates: tuple[float, ...] = WIDTH_RA
     ``width_tier(cfg, i)``, a prefix slice of the full-width model like every other subnet.
     """
     data = cfg.to_dict()
-    data.update(width_multiplier_choices=list(rates), expansion_ratio_choices=[max(cfg.expansion_ratio_choices)],
-                channel_divisible_by=1, name=f"{cfg.name}-width-sliced")
+    data.update(
+        width_multiplier_choices=list(rates),
+        expansion_ratio_choices=[max(cfg.expansion_ratio_choices)],
+        channel_divisible_by=1,
+        name=f"{cfg.name}-width-sliced",
+    )
     return SupernetConfig.from_dict(data)
 
 
 def width_tier(cfg: SupernetConfig, index: int) -> Subnet:
     """Subnet of a width-sliced config at rate ``width_multiplier_choices[index]`` on every position."""
-    return Subnet(d=(cfg.max_extra_blocks_per_stage,) * cfg.num_stages,
-                  e=(max(cfg.expansion_ratio_choices),) * cfg.num_stages, w=(index,) * (cfg.num_stages + 1))
+    return Subnet(
+        d=(cfg.max_extra_blocks_per_stage,) * cfg.num_stages,
+        e=(max(cfg.expansion_ratio_choices),) * cfg.num_stages,
+        w=(index,) * (cfg.num_stages + 1),
+    )

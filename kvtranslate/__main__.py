@@ -1,4 +1,5 @@
 """Command line: python -m kvtranslate pretrain|train|eval|demo --help"""
+
 import argparse
 import json
 import os
@@ -8,16 +9,25 @@ import sys
 def add_train_args(p):
     from .train import TRAIN_DEFAULTS as D
     from .translators import GATINGS, KINDS
+
     p.add_argument("--kind", choices=KINDS, default=D["kind"], help="translator type")
     p.add_argument("--steps", type=int, default=D["steps"])
     p.add_argument("--batch", type=int, default=D["batch"])
     p.add_argument("--lr", type=float, default=D["lr"])
     p.add_argument("--k-layers", type=int, default=D["k_layers"], help="source layers read per target layer")
     p.add_argument("--hidden", type=int, default=D["hidden"])
-    p.add_argument("--window", type=int, default=D["window"],
-                   help="target tokens whose embedding lookup the translator reads: each token and window-1 before it")
-    p.add_argument("--embed-dim", type=int, default=D["embed_dim"],
-                   help="target embeddings wider than this are first projected to it (one shared map)")
+    p.add_argument(
+        "--window",
+        type=int,
+        default=D["window"],
+        help="target tokens whose embedding lookup the translator reads: each token and window-1 before it",
+    )
+    p.add_argument(
+        "--embed-dim",
+        type=int,
+        default=D["embed_dim"],
+        help="target embeddings wider than this are first projected to it (one shared map)",
+    )
     p.add_argument("--n-experts", type=int, default=D["n_experts"])
     p.add_argument("--gating", choices=GATINGS, default=D["gating"])
     p.add_argument("--top-k", type=int, default=D["top_k"])
@@ -25,29 +35,40 @@ def add_train_args(p):
     p.add_argument("--w-ccl", type=float, default=D["w_ccl"], help="context correction loss weight (0 = off)")
     p.add_argument("--w-hidden", type=float, default=D["w_hidden"], help="CCL hidden-state term weight")
     p.add_argument("--w-kl", type=float, default=D["w_kl"], help="CCL next-token KL term weight")
-    p.add_argument("--ccl-start", type=float, default=D["ccl_start"],
-                   help="fraction of the steps trained on reconstruction only before the CCL joins")
+    p.add_argument(
+        "--ccl-start",
+        type=float,
+        default=D["ccl_start"],
+        help="fraction of the steps trained on reconstruction only before the CCL joins",
+    )
     p.add_argument("--w-balance", type=float, default=D["w_balance"], help="router load-balancing weight")
     p.add_argument("--n-train", type=int, default=D["n_train"], help="training passages")
-    p.add_argument("--phrase-mix", type=float, default=D["phrase_mix"],
-                   help="share of training facts phrased with random words of the training templates (variety)")
+    p.add_argument(
+        "--phrase-mix",
+        type=float,
+        default=D["phrase_mix"],
+        help="share of training facts phrased with random words of the training templates (variety)",
+    )
     p.add_argument("--seed", type=int, default=D["seed"])
 
 
 def train_overrides(args):
     """The training settings the command line gives (every TRAIN_DEFAULTS key that has a flag)."""
     from .train import TRAIN_DEFAULTS
+
     return {key: getattr(args, key) for key in TRAIN_DEFAULTS if hasattr(args, key)}
 
 
 def is_committed_checkpoints(folder):
     from .models import CHECKPOINT_DIR
+
     return os.path.realpath(folder) == os.path.realpath(CHECKPOINT_DIR)
 
 
 def pretrain_log_path(args):
     """--log, else OUT/pretrain_log.jsonl; the committed checkpoints' log lives with the results, not beside them."""
     from .models import RESULTS_DIR
+
     if args.log:
         return args.log
     return os.path.join(RESULTS_DIR if is_committed_checkpoints(args.out) else args.out, "pretrain_log.jsonl")
@@ -55,17 +76,21 @@ def pretrain_log_path(args):
 
 def cmd_pretrain(args):
     from .pretrain import pretrain
+
     os.makedirs(args.out, exist_ok=True)
     log_path = pretrain_log_path(args)
     os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
     with open(log_path, "a") as log_file:
+
         def log(line):
             print(line, flush=True)
             log_file.write(line + "\n")
             log_file.flush()
+
         log(json.dumps(dict(event="command", argv=sys.argv)))
         from .models import TINY_SPECS
         from .tokenization import load_tokenizer
+
         for name in args.models:
             # models that share a tokenizer reuse the one saved with its owner
             owner = os.path.join(args.out, TINY_SPECS[name]["tokenizer"])
@@ -76,9 +101,18 @@ def cmd_pretrain(args):
 def pretrain_settings(args, name):
     """The pretraining settings the command line gives model `name` (--steps may differ per model)."""
     steps = args.steps[name] if isinstance(args.steps, dict) else args.steps
-    return dict(steps=steps, seed=args.seed, batch=args.batch, lr=args.lr, init=args.init, questions=args.questions,
-                recall_prob=args.recall_prob, answer_weight=args.answer_weight, context_weight=args.context_weight,
-                curriculum=args.curriculum)
+    return dict(
+        steps=steps,
+        seed=args.seed,
+        batch=args.batch,
+        lr=args.lr,
+        init=args.init,
+        questions=args.questions,
+        recall_prob=args.recall_prob,
+        answer_weight=args.answer_weight,
+        context_weight=args.context_weight,
+        curriculum=args.curriculum,
+    )
 
 
 def parse_steps(values, models):
@@ -107,6 +141,7 @@ def add_device_args(p):
 def cmd_train(args):
     from .models import load_model
     from .train import save_translator, train_translator
+
     source, source_tok = load_model(args.source, device=args.device)
     target, target_tok = load_model(args.target, device=args.device)
     translator, history, cfg = train_translator(source, source_tok, target, target_tok, **train_overrides(args))
@@ -122,6 +157,7 @@ def cmd_eval(args):
     from .evaluate import qa_scores
     from .models import load_model
     from .train import encode_pair_items, load_translator
+
     source, source_tok = load_model(args.source, device=args.device)
     target, target_tok = load_model(args.target, device=args.device)
     translator = load_translator(source, target, args.translator)[0] if args.translator else None
@@ -140,48 +176,94 @@ def cmd_eval(args):
 
 def cmd_demo(args):
     from .demo import run_demo
+
     sizes = {k: getattr(args, k) for k in DEMO_SIZES if getattr(args, k) is not None}
     pairs = [p.split(":") for p in args.pairs] if args.pairs else None
-    run_demo(args.out, quick=args.quick, seed=args.seed, save_translators=args.save_translators, device=args.device,
-             sizes=sizes, pairs=pairs)
+    run_demo(
+        args.out,
+        quick=args.quick,
+        seed=args.seed,
+        save_translators=args.save_translators,
+        device=args.device,
+        sizes=sizes,
+        pairs=pairs,
+    )
 
 
-DEMO_SIZES = {"steps": "translator steps on the main pair", "coverage_steps": "translator steps on the other pairs",
-              "n_eval": "held-out evaluation passages per pair", "n_long": "long passages per pair",
-              "n_inject": "passages of the injection study"}
+DEMO_SIZES = {
+    "steps": "translator steps on the main pair",
+    "coverage_steps": "translator steps on the other pairs",
+    "n_eval": "held-out evaluation passages per pair",
+    "n_long": "long passages per pair",
+    "n_inject": "passages of the injection study",
+}
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m kvtranslate",
-                                     description="Translate a source LLM's context KV cache into a target LLM's.")
+    parser = argparse.ArgumentParser(
+        prog="python -m kvtranslate", description="Translate a source LLM's context KV cache into a target LLM's."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     from .models import CHECKPOINT_DIR, INITS, TINY_SPECS
+
     p = sub.add_parser("pretrain", help="build and pretrain the tiny models on the synthetic corpus")
     p.add_argument("--models", nargs="+", choices=sorted(TINY_SPECS), default=list(TINY_SPECS))
     from .pretrain import DEFAULTS as P
+
     p.add_argument("--steps", nargs="+", default=[str(P["steps"])], help="steps for all models, or NAME=STEPS pairs")
     p.add_argument("--batch", type=int, default=P["batch"])
     p.add_argument("--lr", type=float, default=P["lr"])
-    p.add_argument("--init", choices=INITS, default=P["init"],
-                   help="hf: HF's N(0, 0.02) init, tied embeddings; torch: PyTorch's default scales, untied")
-    p.add_argument("--questions", type=int, default=P["questions"],
-                   help="question/answer turns after each passage, each about a different fact")
-    p.add_argument("--recall-prob", type=float, default=P["recall_prob"],
-                   help="share of passages whose facts all have the asked attribute (binding drills)")
-    p.add_argument("--answer-weight", type=float, default=P["answer_weight"],
-                   help="extra loss weight of answer tokens (0: every token counts once)")
-    p.add_argument("--context-weight", type=float, default=P["context_weight"],
-                   help="loss weight of the passage and question tokens (1: plain LM loss, 0: answers only)")
-    p.add_argument("--curriculum", type=float, default=P["curriculum"],
-                   help="share of the steps over which facts per passage grow from 1 to 6 (0: all from the start)")
+    p.add_argument(
+        "--init",
+        choices=INITS,
+        default=P["init"],
+        help="hf: HF's N(0, 0.02) init, tied embeddings; torch: PyTorch's default scales, untied",
+    )
+    p.add_argument(
+        "--questions",
+        type=int,
+        default=P["questions"],
+        help="question/answer turns after each passage, each about a different fact",
+    )
+    p.add_argument(
+        "--recall-prob",
+        type=float,
+        default=P["recall_prob"],
+        help="share of passages whose facts all have the asked attribute (binding drills)",
+    )
+    p.add_argument(
+        "--answer-weight",
+        type=float,
+        default=P["answer_weight"],
+        help="extra loss weight of answer tokens (0: every token counts once)",
+    )
+    p.add_argument(
+        "--context-weight",
+        type=float,
+        default=P["context_weight"],
+        help="loss weight of the passage and question tokens (1: plain LM loss, 0: answers only)",
+    )
+    p.add_argument(
+        "--curriculum",
+        type=float,
+        default=P["curriculum"],
+        help="share of the steps over which facts per passage grow from 1 to 6 (0: all from the start)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True,
-                   help=f"checkpoint folder; the committed one ({CHECKPOINT_DIR}) only with --overwrite-committed")
-    p.add_argument("--overwrite-committed", action="store_true",
-                   help="allow --out to be the committed checkpoint folder (replaces the models the demo and tests use)")
-    p.add_argument("--log", help="JSON-lines log (default OUT/pretrain_log.jsonl; kvtranslate/results/ for the "
-                                 "committed folder)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help=f"checkpoint folder; the committed one ({CHECKPOINT_DIR}) only with --overwrite-committed",
+    )
+    p.add_argument(
+        "--overwrite-committed",
+        action="store_true",
+        help="allow --out to be the committed checkpoint folder (replaces the models the demo and tests use)",
+    )
+    p.add_argument(
+        "--log", help="JSON-lines log (default OUT/pretrain_log.jsonl; kvtranslate/results/ for the committed folder)"
+    )
     p.set_defaults(func=cmd_pretrain)
 
     p = sub.add_parser("train", help="train a translator for one source -> target pair")
@@ -193,6 +275,7 @@ def main(argv=None):
     p.set_defaults(func=cmd_train)
 
     from .evaluate import MODES
+
     p = sub.add_parser("eval", help="closed-set accuracy and extractive F1 on held-out passages")
     p.add_argument("--source", required=True)
     p.add_argument("--target", required=True)
@@ -209,8 +292,12 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--quick", action="store_true", help="much smaller run (smoke test)")
     p.add_argument("--save-translators", action="store_true", help="also write every trained translator")
-    p.add_argument("--pairs", nargs="+", metavar="SOURCE:TARGET",
-                   help="run only these of the demo's pairs, keeping the other pairs already in OUT")
+    p.add_argument(
+        "--pairs",
+        nargs="+",
+        metavar="SOURCE:TARGET",
+        help="run only these of the demo's pairs, keeping the other pairs already in OUT",
+    )
     for key, what in DEMO_SIZES.items():
         p.add_argument("--" + key.replace("_", "-"), type=int, help=f"{what} (default: the full run's)")
     p.add_argument("--seed", type=int, default=0)
@@ -219,6 +306,7 @@ def main(argv=None):
 
     args = parser.parse_args(argv)
     from .models import pick_device, set_threads
+
     try:
         set_threads(getattr(args, "threads", 1))  # the machine is shared: one thread unless told otherwise
         if hasattr(args, "device"):
@@ -227,9 +315,12 @@ def main(argv=None):
         parser.error(str(e))
     if args.command == "pretrain":
         from .pretrain import DEFAULTS, check_config
+
         if is_committed_checkpoints(args.out) and not args.overwrite_committed:
-            parser.error(f"--out {args.out} is the committed checkpoint folder: pretraining there replaces the models "
-                         f"the demo and the tests use; pass --overwrite-committed to do that, or choose another --out")
+            parser.error(
+                f"--out {args.out} is the committed checkpoint folder: pretraining there replaces the models "
+                f"the demo and the tests use; pass --overwrite-committed to do that, or choose another --out"
+            )
         try:
             args.steps = parse_steps(args.steps, args.models)
             for name in args.models:

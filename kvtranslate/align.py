@@ -4,6 +4,7 @@ Token alignment: each target token reads the source token that covers its *last 
 of both tokenizations of the same text). The last character is the one a causal model has just "seen" when it
 writes that token's KV, so this picks the source state that has read at least as far as the target token.
 """
+
 import bisect
 
 import torch
@@ -55,5 +56,5 @@ def padded_alignment(alignments, source_lengths, source_width, target_width):
     index = torch.zeros(len(alignments), target_width, dtype=torch.long)
     for b, (a, n_src) in enumerate(zip(alignments, source_lengths)):
         if a:
-            index[b, target_width - len(a):] = torch.tensor(a) + (source_width - n_src)
+            index[b, target_width - len(a) :] = torch.tensor(a) + (source_width - n_src)
     return index

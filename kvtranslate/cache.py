@@ -5,6 +5,7 @@ left-padded, plus a mask [batch, seq] (1 = real token). Keys are kept *pre-RoPE*
 extraction un-rotates them at their positions and injection rotates them at the target's positions. GPT-2/OPT
 keys carry position only through their learned input embeddings and pass through unchanged.
 """
+
 import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
@@ -23,8 +24,9 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
-def rope_cos_sin(model: PreTrainedModel, positions: Tensor,
-                 dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+def rope_cos_sin(
+    model: PreTrainedModel, positions: Tensor, dtype: torch.dtype = torch.float32
+) -> tuple[Tensor, Tensor]:
     """cos/sin [B, T, head_dim] of the model's own rotary embedding at `positions` [B, T]."""
     dummy = torch.zeros(1, dtype=dtype, device=positions.device)
     return model.model.rotary_emb(dummy, positions)
@@ -48,8 +50,10 @@ def check_kv(model: PreTrainedModel, kv: KV, mask: Tensor) -> None:
     for i, (k, v) in enumerate(kv):
         want = (mask.shape[0], g["kv_heads"], mask.shape[1], g["head_dim"])
         if tuple(k.shape) != want or tuple(v.shape) != want:
-            raise ValueError(f"layer {i}: keys {tuple(k.shape)} / values {tuple(v.shape)} do not match the "
-                             f"model's cache shape [batch, kv_heads, seq, head_dim] = {want}")
+            raise ValueError(
+                f"layer {i}: keys {tuple(k.shape)} / values {tuple(v.shape)} do not match the "
+                f"model's cache shape [batch, kv_heads, seq, head_dim] = {want}"
+            )
 
 
 def extract_kv(model: PreTrainedModel, cache: DynamicCache, mask: Tensor) -> KV:

@@ -8,27 +8,80 @@ Split discipline: names and templates are partitioned into a train part and a he
 train on split="train" and are evaluated on split="eval" (unseen names, unseen fact/question phrasings).
 The tiny language models are pretrained on split="all": they must know the whole language they are tested on.
 """
+
 import random
 from dataclasses import dataclass, field
 
-SYLLABLES = ["ka", "lo", "mi", "ren", "tas", "vo", "ju", "pel", "dor", "si", "na", "bek", "ru", "fa",
-             "zen", "ti", "gro", "mal", "os", "ve", "lin", "qua", "hu", "sor"]
+SYLLABLES = [
+    "ka",
+    "lo",
+    "mi",
+    "ren",
+    "tas",
+    "vo",
+    "ju",
+    "pel",
+    "dor",
+    "si",
+    "na",
+    "bek",
+    "ru",
+    "fa",
+    "zen",
+    "ti",
+    "gro",
+    "mal",
+    "os",
+    "ve",
+    "lin",
+    "qua",
+    "hu",
+    "sor",
+]
 CITY_STEMS = ["Mar", "Bel", "Tor", "Kes", "Ulm", "Var", "Pon", "Dres", "Hal", "Lis", "Nor", "Gav", "Rim", "Sol"]
 CITY_ENDS = ["ton", "ia", "grad", "ford", "os", "heim", "port", "vale"]
-JOBS = ["baker", "pilot", "nurse", "farmer", "painter", "lawyer", "miner", "sailor", "doctor", "teacher",
-        "tailor", "singer", "driver", "writer", "chemist", "butcher", "dancer", "judge", "guard", "clerk"]
+JOBS = [
+    "baker",
+    "pilot",
+    "nurse",
+    "farmer",
+    "painter",
+    "lawyer",
+    "miner",
+    "sailor",
+    "doctor",
+    "teacher",
+    "tailor",
+    "singer",
+    "driver",
+    "writer",
+    "chemist",
+    "butcher",
+    "dancer",
+    "judge",
+    "guard",
+    "clerk",
+]
 COLORS = ["red", "blue", "green", "yellow", "purple", "orange", "black", "white", "pink", "gray"]
 
 # attribute -> (fact templates, question templates); the LAST template of each list is held out for eval.
 TEMPLATES = {
-    "city": (["{n} lives in {v}.", "{n} moved to {v}.", "The home of {n} is {v}."],
-             ["Where does {n} live?", "Which city is {n} in?", "What is the city of {n}?"]),
-    "job": (["{n} works as a {v}.", "{n} is a {v}.", "The job of {n} is {v}."],
-            ["What is the job of {n}?", "What does {n} do?", "Which job does {n} have?"]),
-    "age": (["{n} is {v} years old.", "{n} turned {v}.", "The age of {n} is {v}."],
-            ["How old is {n}?", "What age is {n}?", "What is the age of {n}?"]),
-    "color": (["{n} likes {v}.", "The favorite color of {n} is {v}.", "{n} loves the color {v}."],
-              ["Which color does {n} like?", "What color does {n} love?", "What is the favorite color of {n}?"]),
+    "city": (
+        ["{n} lives in {v}.", "{n} moved to {v}.", "The home of {n} is {v}."],
+        ["Where does {n} live?", "Which city is {n} in?", "What is the city of {n}?"],
+    ),
+    "job": (
+        ["{n} works as a {v}.", "{n} is a {v}.", "The job of {n} is {v}."],
+        ["What is the job of {n}?", "What does {n} do?", "Which job does {n} have?"],
+    ),
+    "age": (
+        ["{n} is {v} years old.", "{n} turned {v}.", "The age of {n} is {v}."],
+        ["How old is {n}?", "What age is {n}?", "What is the age of {n}?"],
+    ),
+    "color": (
+        ["{n} likes {v}.", "The favorite color of {n} is {v}.", "{n} loves the color {v}."],
+        ["Which color does {n} like?", "What color does {n} love?", "What is the favorite color of {n}?"],
+    ),
 }
 ATTRIBUTES = list(TEMPLATES)
 
@@ -67,14 +120,14 @@ def split_templates(templates, split):
 
 @dataclass
 class QAItem:
-    passage: str            # context, starts with a space (byte-level BPE splits " Name" the same everywhere)
-    question: str           # "\nQ: ...\nA: <asked name>" (see question_turn)
-    answer: str             # " value"
+    passage: str  # context, starts with a space (byte-level BPE splits " Name" the same everywhere)
+    question: str  # "\nQ: ...\nA: <asked name>" (see question_turn)
+    answer: str  # " value"
     options: list = field(default_factory=list)  # closed-set candidates (each " value"), answer included
-    label: int = 0          # index of the answer in options
+    label: int = 0  # index of the answer in options
     attribute: str = ""
     facts: list = field(default_factory=list)  # (person, attribute, value) of every fact in the passage
-    person: str = ""        # whom the question is about
+    person: str = ""  # whom the question is about
 
 
 def template_words(split):
@@ -116,16 +169,23 @@ def ask_one(rng, facts, split):
 
 
 def question_turn(question, person):
-    """"\nQ: <question>\nA: <asked name>": the answer follows the asked name directly. With any token between
+    """ "\nQ: <question>\nA: <asked name>": the answer follows the asked name directly. With any token between
     the name and the answer position ("...of Kalo?\nA:") the tiny models never learned to bind a value to its
     name; with the name last they do (experiments/probe_recall.py, checkpoints/README.md)."""
     return f"\nQ: {question}\nA: {person}"
 
 
 def qa_item(facts, person, attr, value, question, options):
-    return QAItem(passage=" " + " ".join(f[3] for f in facts), question=question_turn(question, person),
-                  answer=" " + value, options=[" " + o for o in options], label=options.index(value),
-                  attribute=attr, facts=[f[:3] for f in facts], person=person)
+    return QAItem(
+        passage=" " + " ".join(f[3] for f in facts),
+        question=question_turn(question, person),
+        answer=" " + value,
+        options=[" " + o for o in options],
+        label=options.index(value),
+        attribute=attr,
+        facts=[f[:3] for f in facts],
+        person=person,
+    )
 
 
 def make_item(rng, n_facts, split="all", n_options=4, max_people=None, template_split=None, phrase_mix=0.0):
@@ -184,16 +244,34 @@ def questions_about(rng, item, n, split="eval", skip_asked=False):
     facts = [f for f in item.facts if f != asked_fact(item)] if skip_asked else item.facts
     for person, attr, value in rng.sample(facts, min(n, len(facts))):
         q = rng.choice(split_templates(TEMPLATES[attr][1], split)).format(n=person)
-        out.append(QAItem(passage=item.passage, question=question_turn(q, person), answer=" " + value,
-                          options=[" " + value], label=0, attribute=attr, facts=item.facts, person=person))
+        out.append(
+            QAItem(
+                passage=item.passage,
+                question=question_turn(q, person),
+                answer=" " + value,
+                options=[" " + value],
+                label=0,
+                attribute=attr,
+                facts=item.facts,
+                person=person,
+            )
+        )
     return out
 
 
-def make_dataset(n, seed, split="all", min_facts=2, max_facts=6, n_options=4, template_split=None,
-                 phrase_mix=0.0):
+def make_dataset(n, seed, split="all", min_facts=2, max_facts=6, n_options=4, template_split=None, phrase_mix=0.0):
     rng = random.Random(seed)
-    return [make_item(rng, rng.randint(min_facts, max_facts), split, n_options, template_split=template_split,
-                      phrase_mix=phrase_mix) for _ in range(n)]
+    return [
+        make_item(
+            rng,
+            rng.randint(min_facts, max_facts),
+            split,
+            n_options,
+            template_split=template_split,
+            phrase_mix=phrase_mix,
+        )
+        for _ in range(n)
+    ]
 
 
 def make_long_dataset(n, seed, split="eval", n_facts=24, n_options=4):

@@ -8,6 +8,7 @@ trained with varied phrasings, `mot-phrase-mix`; `mot-noccl` is available in VAR
 extractive QA on held-out names and templates, long-context generation and translate-vs-prefill timing; the
 injection-point study and a multi-agent run on the first pair. Writes OUT/summary.json, OUT/details.json and plots.
 """
+
 import json
 import os
 import platform
@@ -17,8 +18,14 @@ import time
 import torch
 
 from .corpus import make_dataset, make_item, make_long_dataset, questions_about
-from .evaluate import (closed_set_accuracy, extractive_f1, injection_errors, multi_agent, qa_scores,
-                       time_translate_vs_prefill)
+from .evaluate import (
+    closed_set_accuracy,
+    extractive_f1,
+    injection_errors,
+    multi_agent,
+    qa_scores,
+    time_translate_vs_prefill,
+)
 from .models import load_model
 from .train import encode_pair_items, save_translator, train_translator
 
@@ -35,15 +42,17 @@ COMPARED = ("mot", "single", "shared-latent")
 # happens, and whether the pair trains for `steps` (the main pair) or `coverage_steps` (the study parts and
 # the longer training cost time; the other pairs show that every family works on both sides)
 PAIRS = {
-    ("tiny-gpt2", "tiny-qwen2"): dict(variants=COMPARED + ("mot-phrase-mix",), injection=COMPARED,
-                                      multi_agent=True, main=True),
+    ("tiny-gpt2", "tiny-qwen2"): dict(
+        variants=COMPARED + ("mot-phrase-mix",), injection=COMPARED, multi_agent=True, main=True
+    ),
     ("tiny-qwen2-b", "tiny-qwen2"): dict(variants=COMPARED, injection=(), multi_agent=False, main=False),
     ("tiny-opt", "tiny-gpt2"): dict(variants=COMPARED, injection=(), multi_agent=False, main=False),
     ("tiny-qwen2", "tiny-opt"): dict(variants=COMPARED, injection=(), multi_agent=False, main=False),
 }
 INJECTION_POINTS = (0.25, 0.5, 0.75, 1.0)
-FULL = dict(steps=1000, coverage_steps=600, n_train=3000, n_eval=300, n_long=100, n_inject=160, n_docs=40,
-            long_facts=22)
+FULL = dict(
+    steps=1000, coverage_steps=600, n_train=3000, n_eval=300, n_long=100, n_inject=160, n_docs=40, long_facts=22
+)
 QUICK = dict(steps=15, coverage_steps=10, n_train=200, n_eval=40, n_long=16, n_inject=32, n_docs=4, long_facts=22)
 
 
@@ -59,21 +68,40 @@ def long_items(n, seed, tokenizers, limit, long_facts):
     return items[:n]
 
 
-def run_pair(source_name, target_name, cfg, out_dir, seed, log, save_translators=False, device="cpu",
-             variants=COMPARED, injection=(), multi_agent_run=False, main=False):
+def run_pair(
+    source_name,
+    target_name,
+    cfg,
+    out_dir,
+    seed,
+    log,
+    save_translators=False,
+    device="cpu",
+    variants=COMPARED,
+    injection=(),
+    multi_agent_run=False,
+    main=False,
+):
     source, source_tok = load_model(source_name, device=device)
     target, target_tok = load_model(target_name, device=device)
     pair = f"{source_name}->{target_name}"
     eval_data = encode_pair_items(source_tok, target_tok, make_dataset(cfg["n_eval"], seed=seed + 7, split="eval"))
-    limit = min(target.config.max_position_embeddings if hasattr(target.config, "max_position_embeddings")
-                else target.config.n_positions, 256)
-    long_data = encode_pair_items(source_tok, target_tok,
-                                  long_items(cfg["n_long"], seed + 8, [source_tok, target_tok], limit,
-                                             cfg["long_facts"]))
-    inject_data = eval_data[:cfg["n_inject"]]
+    limit = min(
+        target.config.max_position_embeddings
+        if hasattr(target.config, "max_position_embeddings")
+        else target.config.n_positions,
+        256,
+    )
+    long_data = encode_pair_items(
+        source_tok, target_tok, long_items(cfg["n_long"], seed + 8, [source_tok, target_tok], limit, cfg["long_facts"])
+    )
+    inject_data = eval_data[: cfg["n_inject"]]
     args = (source, source_tok, target, target_tok)
-    res = dict(pair=pair, cross_tokenizer=source_tok.get_vocab() != target_tok.get_vocab(),
-               steps=cfg["steps"] if main else cfg["coverage_steps"])
+    res = dict(
+        pair=pair,
+        cross_tokenizer=source_tok.get_vocab() != target_tok.get_vocab(),
+        steps=cfg["steps"] if main else cfg["coverage_steps"],
+    )
     t0 = time.time()
     direct, _ = qa_scores(eval_data, "direct", *args)
     res["direct_acc"] = direct["acc"]
@@ -90,29 +118,41 @@ def run_pair(source_name, target_name, cfg, out_dir, seed, log, save_translators
     for name in variants:
         overrides = VARIANTS[name]
         steps = cfg["steps"] if main else cfg["coverage_steps"]
-        translator, history, tcfg = train_translator(source, source_tok, target, target_tok, log=log,
-                                                     steps=steps, n_train=cfg["n_train"], seed=seed, **overrides)
+        translator, history, tcfg = train_translator(
+            source, source_tok, target, target_tok, log=log, steps=steps, n_train=cfg["n_train"], seed=seed, **overrides
+        )
         translators[name] = translator
         if save_translators:
             save_translator(translator, tcfg, os.path.join(out_dir, "translators", pair.replace("->", "__"), name))
         details["train"][name] = history
         scores, preds = qa_scores(eval_data, "translated", *args, translator)
         long_f1, _, _ = extractive_f1(long_data, "translated", *args, translator)
-        details["variants"][name] = dict(**scores, long_f1=long_f1,
-                                         params=sum(p.numel() for p in translator.parameters()),
-                                         train_seconds=history[-1]["seconds"], examples=preds[:5])
+        details["variants"][name] = dict(
+            **scores,
+            long_f1=long_f1,
+            params=sum(p.numel() for p in translator.parameters()),
+            train_seconds=history[-1]["seconds"],
+            examples=preds[:5],
+        )
         study = {}
         for frac in INJECTION_POINTS if name in injection else ():
             errors = injection_errors(inject_data, *args, translator, frac)
-            study[str(frac)] = dict(acc=closed_set_accuracy(inject_data, "translated", *args, translator, frac),
-                                    **errors)
+            study[str(frac)] = dict(
+                acc=closed_set_accuracy(inject_data, "translated", *args, translator, frac), **errors
+            )
         if study:
             details["injection"][name] = study
         log(json.dumps(dict(pair=pair, variant=name, **details["variants"][name], injection=study)))
     for name, scores in details["variants"].items():
         prefix = name.replace("-", "_")
-        res.update({f"{prefix}_acc": scores["acc"], f"{prefix}_f1": scores["f1"],
-                    f"{prefix}_binding_acc": scores["binding_acc"], f"{prefix}_long_f1": scores["long_f1"]})
+        res.update(
+            {
+                f"{prefix}_acc": scores["acc"],
+                f"{prefix}_f1": scores["f1"],
+                f"{prefix}_binding_acc": scores["binding_acc"],
+                f"{prefix}_long_f1": scores["long_f1"],
+            }
+        )
     # retention: long-context cache-augmented generation, translated / direct quality; on the held-out phrasings
     # of the evaluation set (held-out names, fact and question templates) for short contexts
     res["retention"] = res["mot_long_f1"] / max(res["direct_long_f1"], 1e-9)
@@ -122,8 +162,10 @@ def run_pair(source_name, target_name, cfg, out_dir, seed, log, save_translators
     # timing on a short context and on a long one, batch 1
     short_text = make_dataset(1, seed=seed + 9, split="eval")[0].passage
     long_text = long_items(1, seed + 10, [source_tok, target_tok], limit, cfg["long_facts"])[0].passage
-    timing = {k: time_translate_vs_prefill(*args, translators["mot"], t) for k, t in
-              (("short", short_text), ("long", long_text))}
+    timing = {
+        k: time_translate_vs_prefill(*args, translators["mot"], t)
+        for k, t in (("short", short_text), ("long", long_text))
+    }
     res["translate_ms"], res["prefill_ms"] = timing["short"]["translate_ms"], timing["short"]["prefill_ms"]
     res["timing"] = timing
     if multi_agent_run:
@@ -142,6 +184,7 @@ def multi_agent_docs(n_docs, seed, per_doc=3):
 def write_csv(summary, details_by_pair, out_dir):
     """summary.csv: one row per pair; injection.csv: one row per (pair, translator, injection point)."""
     import csv
+
     keys = [k for k in next(iter(summary.values())) if not isinstance(next(iter(summary.values()))[k], dict)]
     with open(os.path.join(out_dir, "summary.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
@@ -159,8 +202,10 @@ def write_csv(summary, details_by_pair, out_dir):
 
 def plot(details_by_pair, out_dir):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     details_by_pair = {pair: d for pair, d in details_by_pair.items() if d["injection"]}  # pairs with the study
     if not details_by_pair:
         return
@@ -192,8 +237,7 @@ def run_demo(out_dir, quick=False, seed=0, save_translators=False, device="cpu",
     selected = list(PAIRS) if pairs is None else [tuple(p) for p in pairs]
     unknown = [p for p in selected if p not in PAIRS]
     if unknown:
-        raise ValueError(f"--pairs {unknown} not among the demo's pairs: "
-                         f"{[':'.join(p) for p in PAIRS]}")
+        raise ValueError(f"--pairs {unknown} not among the demo's pairs: {[':'.join(p) for p in PAIRS]}")
     torch.manual_seed(seed)
     cfg = {**(QUICK if quick else FULL), **(sizes or {})}
     os.makedirs(out_dir, exist_ok=True)
@@ -222,8 +266,20 @@ def run_demo(out_dir, quick=False, seed=0, save_translators=False, device="cpu",
     start, done = time.time(), []
     for source_name, target_name in selected:
         parts = PAIRS[(source_name, target_name)]
-        res, details = run_pair(source_name, target_name, cfg, out_dir, seed, log, save_translators, device,
-                                parts["variants"], parts["injection"], parts["multi_agent"], parts["main"])
+        res, details = run_pair(
+            source_name,
+            target_name,
+            cfg,
+            out_dir,
+            seed,
+            log,
+            save_translators,
+            device,
+            parts["variants"],
+            parts["injection"],
+            parts["multi_agent"],
+            parts["main"],
+        )
         summary[res["pair"]] = res
         details_by_pair[res["pair"]] = details
         done.append(res["pair"])
@@ -231,12 +287,21 @@ def run_demo(out_dir, quick=False, seed=0, save_translators=False, device="cpu",
         # every pair of the demo is in the summary)
         minutes = (time.time() - start) / 60
         order = [pair_name(*p) for p in PAIRS if pair_name(*p) in summary]
-        meta = dict(seed=seed, quick=quick, config=cfg, minutes=round(minutes, 2), threads=torch.get_num_threads(),
-                    device=str(device), pairs=done, complete=len(order) == len(PAIRS),
-                    machine=f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".strip(),
-                    torch=torch.__version__)
-        write_results({p: summary[p] for p in order}, {p: details_by_pair[p] for p in order}, meta, runs + [meta],
-                      out_dir)
+        meta = dict(
+            seed=seed,
+            quick=quick,
+            config=cfg,
+            minutes=round(minutes, 2),
+            threads=torch.get_num_threads(),
+            device=str(device),
+            pairs=done,
+            complete=len(order) == len(PAIRS),
+            machine=f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".strip(),
+            torch=torch.__version__,
+        )
+        write_results(
+            {p: summary[p] for p in order}, {p: details_by_pair[p] for p in order}, meta, runs + [meta], out_dir
+        )
     log(json.dumps(dict(event="done", minutes=round((time.time() - start) / 60, 2))))
     log_file.close()
     return summary

@@ -6,6 +6,7 @@ Modes (the bounds and the translated cache go through the same scoring code):
 - "translated": the first p of the context comes from the translator's cache, the target replays the rest;
 - "native": the same prefix/replay split with the target's own cache (sanity check, equals "direct").
 """
+
 import statistics
 import time
 
@@ -49,7 +50,7 @@ def closed_set_correct(data, mode, source, source_tok, target, target_tok, trans
     """Per example: whether the highest-likelihood option is the answer."""
     correct = []
     for i in range(0, len(data), batch):
-        chunk = data[i:i + batch]
+        chunk = data[i : i + batch]
         kv, kv_mask, tails = prefix_and_tails(mode, chunk, source, source_tok, target, target_tok, translator, frac)
         scores = option_logprobs(target, kv, kv_mask, tails, [e["options"] for e in chunk], target_tok.pad_token_id)
         correct += [int(s.argmax()) == e["label"] for s, e in zip(scores, chunk)]
@@ -65,7 +66,7 @@ def closed_set_accuracy(*args, **kwargs):
 def extractive_f1(data, mode, source, source_tok, target, target_tok, translator=None, frac=1.0, batch=32):
     f1s, ems, predictions = [], [], []
     for i in range(0, len(data), batch):
-        chunk = data[i:i + batch]
+        chunk = data[i : i + batch]
         kv, kv_mask, tails = prefix_and_tails(mode, chunk, source, source_tok, target, target_tok, translator, frac)
         answers = greedy_answers(target, kv, kv_mask, tails, target_tok.pad_token_id, target_tok.eos_token_id)
         for a, e in zip(answers, chunk):
@@ -77,15 +78,19 @@ def extractive_f1(data, mode, source, source_tok, target, target_tok, translator
     return sum(f1s) / len(f1s), sum(ems) / len(ems), predictions
 
 
-
 def qa_scores(data, mode, source, source_tok, target, target_tok, translator=None, frac=1.0):
     """Closed-set accuracy, binding accuracy (items with a same-type distractor), extractive F1 and EM of one
     mode, plus the greedy answers."""
     correct = closed_set_correct(data, mode, source, source_tok, target, target_tok, translator, frac)
     f1, em, predictions = extractive_f1(data, mode, source, source_tok, target, target_tok, translator, frac)
-    scores = dict(acc=sum(correct) / len(correct),
-                  binding_acc=binding_accuracy([e["needs_binding"] for e in data], correct), f1=f1, em=em)
+    scores = dict(
+        acc=sum(correct) / len(correct),
+        binding_acc=binding_accuracy([e["needs_binding"] for e in data], correct),
+        f1=f1,
+        em=em,
+    )
     return scores, predictions
+
 
 @torch.no_grad()
 def injection_errors(data, source, source_tok, target, target_tok, translator, frac, batch=32):
@@ -95,9 +100,10 @@ def injection_errors(data, source, source_tok, target, target_tok, translator, f
     distribution where the answer starts (what is left at the last state)."""
     hid, hid_n, kls = 0.0, 0, []
     for i in range(0, len(data), batch):
-        chunk = data[i:i + batch]
-        kv_t, mask_t, tails = prefix_and_tails("translated", chunk, source, source_tok, target, target_tok,
-                                               translator, frac)
+        chunk = data[i : i + batch]
+        kv_t, mask_t, tails = prefix_and_tails(
+            "translated", chunk, source, source_tok, target, target_tok, translator, frac
+        )
         kv_n, mask_n, _ = prefix_and_tails("native", chunk, source, source_tok, target, target_tok, None, frac)
         ids, mask = pad_right(tails, target_tok.pad_token_id, target.device)
         out_t = forward(target, ids, mask, inject_kv(target, kv_t, mask_t), mask_t, hidden_states=True)
@@ -112,7 +118,9 @@ def injection_errors(data, source, source_tok, target, target_tok, translator, f
             last = len(tails[b]) - 1
             lp_n, lp_t = F.log_softmax(out_n.logits[b, last], -1), F.log_softmax(out_t.logits[b, last], -1)
             kls.append((lp_n.exp() * (lp_n - lp_t)).sum().item())
-    return dict(replay_hidden_err=hid / hid_n if hid_n else None, answer_kl=sum(kls) / len(kls))  # None: nothing replayed
+    return dict(
+        replay_hidden_err=hid / hid_n if hid_n else None, answer_kl=sum(kls) / len(kls)
+    )  # None: nothing replayed
 
 
 @torch.no_grad()
@@ -121,18 +129,26 @@ def multi_agent(documents, source, source_tok, target, target_tok, translator):
     translated cache, which is built once per document and reused for every question."""
     f1s, transcript = [], []
     for doc_examples in documents:
-        kv, kv_mask, _ = prefix_and_tails("translated", doc_examples[:1], source, source_tok, target, target_tok,
-                                          translator, 1.0)
+        kv, kv_mask, _ = prefix_and_tails(
+            "translated", doc_examples[:1], source, source_tok, target, target_tok, translator, 1.0
+        )
         n = len(doc_examples)
         kv_rep = [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in kv]
-        answers = greedy_answers(target, kv_rep, kv_mask.expand(n, -1), [e["question"] for e in doc_examples],
-                                 target_tok.pad_token_id, target_tok.eos_token_id)
+        answers = greedy_answers(
+            target,
+            kv_rep,
+            kv_mask.expand(n, -1),
+            [e["question"] for e in doc_examples],
+            target_tok.pad_token_id,
+            target_tok.eos_token_id,
+        )
         for a, e in zip(answers, doc_examples):
             text = target_tok.decode(a).strip()
             f1s.append(f1_em(text, e["gold"])[0])
             if len(transcript) < 6:
-                transcript.append(dict(question=target_tok.decode(e["question"]).strip(), answer_b=text,
-                                       gold=e["gold"]))
+                transcript.append(
+                    dict(question=target_tok.decode(e["question"]).strip(), answer_b=text, gold=e["gold"])
+                )
     return sum(f1s) / len(f1s), transcript
 
 
@@ -175,11 +191,14 @@ def time_translate_vs_prefill(source, source_tok, target, target_tok, translator
     for fn in fns.values():
         fn()  # warm-up
     for r in range(repeats):
-        for name in (("translate", "prefill") if r % 2 == 0 else ("prefill", "translate")):
+        for name in ("translate", "prefill") if r % 2 == 0 else ("prefill", "translate"):
             synchronize()
             t0 = time.perf_counter()
             fns[name]()
             synchronize()
             times[name].append((time.perf_counter() - t0) * 1000)
-    return dict(tokens=len(char_offsets(target_tok, text)[0]), translate_ms=statistics.median(times["translate"]),
-                prefill_ms=statistics.median(times["prefill"]))
+    return dict(
+        tokens=len(char_offsets(target_tok, text)[0]),
+        translate_ms=statistics.median(times["translate"]),
+        prefill_ms=statistics.median(times["prefill"]),
+    )

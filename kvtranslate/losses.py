@@ -5,6 +5,7 @@ its native cache; the two trajectories are aligned on hidden states (MSE, scaled
 variance) and next-token distributions (KL(native || translated)). Errors that a KV-only loss treats as small
 but that the target's attention amplifies downstream are exactly what this term sees.
 """
+
 import torch
 import torch.nn.functional as F
 
@@ -20,7 +21,7 @@ def kv_reconstruction_loss(pred_kv, native_kv, mask, std=None):
         diff = (torch.cat([pk, pv], 1) - torch.cat([nk, nv], 1)).transpose(1, 2).flatten(2)  # [B, T, O]
         if std is not None:
             diff = diff / std[j]
-        total = total + ((diff ** 2).mean(-1) * weight).sum() / weight.sum().clamp(min=1)
+        total = total + ((diff**2).mean(-1) * weight).sum() / weight.sum().clamp(min=1)
     return total / len(pred_kv)
 
 

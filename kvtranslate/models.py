@@ -4,15 +4,27 @@ Every forward goes through `forward()`, which derives position ids from the atte
 handles left padding (GPT-2 ignores the mask when it builds positions), OPT's mask-derived positions and
 Qwen2's RoPE positions, and continuing from an injected cache.
 """
+
 import json
 import math
 import os
 
 import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    DynamicCache,
+    GPT2Config,
+    GPT2LMHeadModel,
+    OPTConfig,
+    OPTForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 from transformers.pytorch_utils import Conv1D
-from transformers import DynamicCache, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
-from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM, \
-    Qwen2Config, Qwen2ForCausalLM
 
 from .tokenization import load_tokenizer, save_tokenizer, train_tokenizer
 
@@ -27,32 +39,51 @@ N_POSITIONS = 256
 TINY_SPECS = {
     "tiny-gpt2": dict(family="gpt2", vocab=512, tokenizer="tiny-gpt2", layers=2, hidden=128, heads=4, kv_heads=4),
     "tiny-opt": dict(family="opt", vocab=768, tokenizer="tiny-opt", layers=2, hidden=128, heads=4, kv_heads=4),
-    "tiny-qwen2": dict(family="qwen2", vocab=1024, tokenizer="tiny-qwen2", layers=2, hidden=128, heads=4,
-                       kv_heads=2),
+    "tiny-qwen2": dict(family="qwen2", vocab=1024, tokenizer="tiny-qwen2", layers=2, hidden=128, heads=4, kv_heads=2),
     # same family and tokenizer as tiny-qwen2, different depth and width (the same-family pair)
-    "tiny-qwen2-b": dict(family="qwen2", vocab=1024, tokenizer="tiny-qwen2", layers=3, hidden=96, heads=4,
-                         kv_heads=2),
+    "tiny-qwen2-b": dict(family="qwen2", vocab=1024, tokenizer="tiny-qwen2", layers=3, hidden=96, heads=4, kv_heads=2),
 }
 
 
 def tiny_config(spec, eos_id, pad_id, positions=N_POSITIONS, tie=True):
-    common = dict(vocab_size=spec["vocab"], bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=pad_id,
-                  tie_word_embeddings=tie)
+    common = dict(
+        vocab_size=spec["vocab"], bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=pad_id, tie_word_embeddings=tie
+    )
     if spec["family"] == "gpt2":
-        return GPT2Config(n_layer=spec["layers"], n_embd=spec["hidden"], n_head=spec["heads"],
-                          n_positions=positions, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
+        return GPT2Config(
+            n_layer=spec["layers"],
+            n_embd=spec["hidden"],
+            n_head=spec["heads"],
+            n_positions=positions,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **common,
+        )
     if spec["family"] == "opt":
         # word_embed_proj_dim must equal hidden_size; pad_token_id is OPT's embedding padding index
-        return OPTConfig(num_hidden_layers=spec["layers"], hidden_size=spec["hidden"],
-                         num_attention_heads=spec["heads"], ffn_dim=4 * spec["hidden"],
-                         word_embed_proj_dim=spec["hidden"], max_position_embeddings=positions,
-                         dropout=0.0, attention_dropout=0.0, **common)
+        return OPTConfig(
+            num_hidden_layers=spec["layers"],
+            hidden_size=spec["hidden"],
+            num_attention_heads=spec["heads"],
+            ffn_dim=4 * spec["hidden"],
+            word_embed_proj_dim=spec["hidden"],
+            max_position_embeddings=positions,
+            dropout=0.0,
+            attention_dropout=0.0,
+            **common,
+        )
     if spec["family"] == "qwen2":
-        return Qwen2Config(num_hidden_layers=spec["layers"], hidden_size=spec["hidden"],
-                           num_attention_heads=spec["heads"], num_key_value_heads=spec["kv_heads"],
-                           intermediate_size=3 * spec["hidden"], max_position_embeddings=positions,
-                           rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
-                           **common)
+        return Qwen2Config(
+            num_hidden_layers=spec["layers"],
+            hidden_size=spec["hidden"],
+            num_attention_heads=spec["heads"],
+            num_key_value_heads=spec["kv_heads"],
+            intermediate_size=3 * spec["hidden"],
+            max_position_embeddings=positions,
+            rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
+            **common,
+        )
     raise ValueError(f"family must be one of {FAMILIES}, got {spec['family']!r}")
 
 
@@ -107,20 +138,26 @@ def resolve(name_or_path: str) -> str:
     if name_or_path in TINY_SPECS:
         folder = os.path.join(CHECKPOINT_DIR, name_or_path)
         if not os.path.isdir(folder):
-            raise FileNotFoundError(f"tiny checkpoint {folder} is missing: run `python -m kvtranslate pretrain "
-                                    f"--models {name_or_path}` first")
+            raise FileNotFoundError(
+                f"tiny checkpoint {folder} is missing: run `python -m kvtranslate pretrain "
+                f"--models {name_or_path}` first"
+            )
         return folder
     if os.path.isdir(name_or_path):
         return name_or_path
-    looks_like_path = (name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
-                       or os.path.isdir(os.path.dirname(name_or_path) or "\0"))
+    looks_like_path = (
+        name_or_path.startswith((".", "/", "~"))
+        or name_or_path.count("/") > 1
+        or os.path.isdir(os.path.dirname(name_or_path) or "\0")
+    )
     if looks_like_path:
         raise FileNotFoundError(f"model path {name_or_path!r} does not exist")
     return name_or_path  # hub id such as "gpt2" or "Qwen/Qwen2.5-0.5B"
 
 
-def load_model(name_or_path: str, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_model(
+    name_or_path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     where = resolve(name_or_path)
     config = AutoConfig.from_pretrained(where)
     family_of(config)  # before loading weights: an unsupported family fails with its name
@@ -129,7 +166,7 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32,
 
 
 def pick_device(name: str) -> torch.device:
-    """"cpu", "cuda" (an error naming --device when CUDA is absent) or "auto" (CUDA when present)."""
+    """ "cpu", "cuda" (an error naming --device when CUDA is absent) or "auto" (CUDA when present)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
@@ -150,8 +187,10 @@ def family_of(model_or_config: PreTrainedModel | PretrainedConfig) -> str:
     config = getattr(model_or_config, "config", model_or_config)
     family = config.model_type
     if family not in FAMILIES:
-        raise ValueError(f"unsupported model family {family!r} (model_type in the config): kvtranslate supports "
-                         f"{', '.join(FAMILIES)}")
+        raise ValueError(
+            f"unsupported model family {family!r} (model_type in the config): kvtranslate supports "
+            f"{', '.join(FAMILIES)}"
+        )
     return family
 
 
@@ -159,16 +198,32 @@ def kv_geometry(model: PreTrainedModel) -> dict[str, int]:
     """Layer count, KV heads and head width of the model's cache."""
     c, family = model.config, family_of(model)
     if family == "gpt2":
-        return dict(layers=c.n_layer, heads=c.n_head, kv_heads=c.n_head, head_dim=c.n_embd // c.n_head,
-                    hidden=c.n_embd, max_positions=c.n_positions)
+        return dict(
+            layers=c.n_layer,
+            heads=c.n_head,
+            kv_heads=c.n_head,
+            head_dim=c.n_embd // c.n_head,
+            hidden=c.n_embd,
+            max_positions=c.n_positions,
+        )
     if family == "opt":
-        return dict(layers=c.num_hidden_layers, heads=c.num_attention_heads, kv_heads=c.num_attention_heads,
-                    head_dim=c.hidden_size // c.num_attention_heads, hidden=c.hidden_size,
-                    max_positions=c.max_position_embeddings)
+        return dict(
+            layers=c.num_hidden_layers,
+            heads=c.num_attention_heads,
+            kv_heads=c.num_attention_heads,
+            head_dim=c.hidden_size // c.num_attention_heads,
+            hidden=c.hidden_size,
+            max_positions=c.max_position_embeddings,
+        )
     # Qwen2Config has no head_dim attribute
-    return dict(layers=c.num_hidden_layers, heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
-                head_dim=c.hidden_size // c.num_attention_heads, hidden=c.hidden_size,
-                max_positions=c.max_position_embeddings)
+    return dict(
+        layers=c.num_hidden_layers,
+        heads=c.num_attention_heads,
+        kv_heads=c.num_key_value_heads,
+        head_dim=c.hidden_size // c.num_attention_heads,
+        hidden=c.hidden_size,
+        max_positions=c.max_position_embeddings,
+    )
 
 
 def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -176,15 +231,30 @@ def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def forward(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache | None = None,
-            past_mask: torch.Tensor | None = None, hidden_states: bool = False, use_cache: bool = True):
+def forward(
+    model: PreTrainedModel,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    cache: DynamicCache | None = None,
+    past_mask: torch.Tensor | None = None,
+    hidden_states: bool = False,
+    use_cache: bool = True,
+):
     """Run `model` on ids [B, T] continuing `cache` (whose real/pad layout is `past_mask` [B, P])."""
     full_mask = mask if past_mask is None else torch.cat([past_mask, mask], dim=1)
-    positions = positions_from_mask(full_mask)[:, -ids.shape[1]:]
+    positions = positions_from_mask(full_mask)[:, -ids.shape[1] :]
     if family_of(model) in LEARNED_POSITIONS and positions.numel():
         limit = kv_geometry(model)["max_positions"]
         if int(positions.max()) >= limit:  # a learned position table has no row for it (an index error deep inside)
-            raise ValueError(f"{int(positions.max()) + 1} tokens (cache + input) exceed the {limit} positions of this "
-                             f"{family_of(model)} model (max_position_embeddings / n_positions in its config)")
-    return model(input_ids=ids, attention_mask=full_mask, position_ids=positions, cache=cache, use_cache=use_cache,
-                 output_hidden_states=hidden_states)
+            raise ValueError(
+                f"{int(positions.max()) + 1} tokens (cache + input) exceed the {limit} positions of this "
+                f"{family_of(model)} model (max_position_embeddings / n_positions in its config)"
+            )
+    return model(
+        input_ids=ids,
+        attention_mask=full_mask,
+        position_ids=positions,
+        cache=cache,
+        use_cache=use_cache,
+        output_hidden_states=hidden_states,
+    )

@@ -14,6 +14,7 @@ Closed-set accuracy (log-likelihood of 4 candidates, lm-eval style), open exact 
 items with a same-type distractor) are logged. The other options (answer-token loss weight, all-same-attribute
 "binding drill" passages, HF init with tied embeddings, full LM loss) are kept for the recorded trials.
 """
+
 import json
 import os
 import random
@@ -28,9 +29,22 @@ from .models import CHECKPOINT_DIR, INITS, N_POSITIONS, TINY_SPECS, build_tiny, 
 from .scoring import binding_accuracy, greedy_answers, option_logprobs, pad_right
 from .tokenization import encode_item, encode_text, encode_turn
 
-DEFAULTS = dict(steps=8000, batch=32, lr=1e-3, warmup=200, max_facts=6, curriculum=0.4, long_prob=0.04,
-                long_facts=24, questions=3, answer_weight=0.0, context_weight=0.0, recall_prob=0.0, init="torch",
-                seed=0)
+DEFAULTS = dict(
+    steps=8000,
+    batch=32,
+    lr=1e-3,
+    warmup=200,
+    max_facts=6,
+    curriculum=0.4,
+    long_prob=0.04,
+    long_facts=24,
+    questions=3,
+    answer_weight=0.0,
+    context_weight=0.0,
+    recall_prob=0.0,
+    init="torch",
+    seed=0,
+)
 
 
 def check_config(cfg):
@@ -38,21 +52,24 @@ def check_config(cfg):
     unknown = sorted(set(cfg) - set(DEFAULTS))
     if unknown:
         raise ValueError(f"unknown pretraining settings {unknown}; allowed: {sorted(DEFAULTS)}")
-    rules = dict(steps=(lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
-                 batch=(lambda v: isinstance(v, int) and v >= 4, "an integer >= 4 (long batches are batch // 4)"),
-                 questions=(lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
-                 max_facts=(lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
-                 recall_prob=(lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]"),
-                 long_prob=(lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]"),
-                 answer_weight=(lambda v: v >= 0.0, "a number >= 0"),
-                 context_weight=(lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]"),
-                 curriculum=(lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]"),
-                 lr=(lambda v: v > 0.0, "a number > 0"),
-                 init=(lambda v: v in INITS, f"one of {INITS}"))
+    rules = dict(
+        steps=(lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
+        batch=(lambda v: isinstance(v, int) and v >= 4, "an integer >= 4 (long batches are batch // 4)"),
+        questions=(lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
+        max_facts=(lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
+        recall_prob=(lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]"),
+        long_prob=(lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]"),
+        answer_weight=(lambda v: v >= 0.0, "a number >= 0"),
+        context_weight=(lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]"),
+        curriculum=(lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]"),
+        lr=(lambda v: v > 0.0, "a number > 0"),
+        init=(lambda v: v in INITS, f"one of {INITS}"),
+    )
     for key, (ok, allowed) in rules.items():
         if not ok(cfg[key]):
-            raise ValueError(f"pretraining setting {key} (--{key.replace('_', '-')}) must be {allowed}, "
-                             f"got {cfg[key]!r}")
+            raise ValueError(
+                f"pretraining setting {key} (--{key.replace('_', '-')}) must be {allowed}, got {cfg[key]!r}"
+            )
 
 
 def curriculum_facts(progress, max_facts, curriculum):
@@ -99,8 +116,9 @@ def lm_loss(logits, ids, mask, answer_mask, answer_weight, context_weight=1.0):
     context_weight times. The passage's names and values are random, so their loss cannot fall below its
     entropy; context_weight < 1 lowers that noise's share of the gradient (the recipe uses 0: answers only)."""
     target = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
-    per_token = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), target.reshape(-1),
-                                ignore_index=-100, reduction="none")
+    per_token = F.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100, reduction="none"
+    )
     answer = answer_mask[:, 1:].float()
     weight = (context_weight * (mask[:, 1:].float() - answer) + (1 + answer_weight) * answer).reshape(-1)
     return (per_token * weight).sum() / weight.sum()
@@ -114,7 +132,7 @@ def direct_accuracy(model, tokenizer, items, batch=64):
     model.eval()
     correct, exact = [], 0
     for i in range(0, len(items), batch):
-        chunk = items[i:i + batch]
+        chunk = items[i : i + batch]
         encs = [encode_item(tokenizer, it) for it in chunk]
         tails = [e["context"] + e["question"] for e in encs]
         scores = option_logprobs(model, None, None, tails, [e["options"] for e in encs], tokenizer.pad_token_id)
@@ -144,8 +162,9 @@ def pretrain(name, out_dir=CHECKPOINT_DIR, log=print, tokenizer=None, **override
         progress = step / cfg["steps"]
         max_facts = curriculum_facts(progress, cfg["max_facts"], cfg["curriculum"])
         long_prob = cfg["long_prob"] if progress > 0.5 else 0.0
-        ids, mask, answer_mask = training_batch(tokenizer, rng, cfg["batch"], max_facts, long_prob,
-                                                cfg["long_facts"], cfg["questions"], cfg["recall_prob"])
+        ids, mask, answer_mask = training_batch(
+            tokenizer, rng, cfg["batch"], max_facts, long_prob, cfg["long_facts"], cfg["questions"], cfg["recall_prob"]
+        )
         logits = forward(model, ids, mask, use_cache=False).logits
         loss = lm_loss(logits, ids, mask, answer_mask, cfg["answer_weight"], cfg["context_weight"])
         opt.zero_grad(set_to_none=True)
@@ -156,15 +175,29 @@ def pretrain(name, out_dir=CHECKPOINT_DIR, log=print, tokenizer=None, **override
         bar.set_postfix(loss=f"{loss.item():.3f}", facts=max_facts, refresh=False)
         if (step + 1) % 500 == 0 or step + 1 == cfg["steps"]:
             acc, em, binding = direct_accuracy(model, tokenizer, eval_items)
-            rec = dict(event="eval", step=step + 1, minutes=round((time.time() - start) / 60, 2),
-                       loss=round(loss.item(), 4), max_facts=max_facts, closed_acc=acc, open_em=em,
-                       binding_acc=binding)
+            rec = dict(
+                event="eval",
+                step=step + 1,
+                minutes=round((time.time() - start) / 60, 2),
+                loss=round(loss.item(), 4),
+                max_facts=max_facts,
+                closed_acc=acc,
+                open_em=em,
+                binding_acc=binding,
+            )
             history.append(rec)
             log(json.dumps(rec))
     model.eval()
     final = history[-1]
-    meta = dict(name=name, spec=TINY_SPECS[name], pretrain=cfg, params=n_params, final=final,
-                eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    meta = dict(
+        name=name,
+        spec=TINY_SPECS[name],
+        pretrain=cfg,
+        params=n_params,
+        final=final,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+    )
     save_model(model, tokenizer, os.path.join(out_dir, name), meta)
     log(json.dumps(dict(final, event="saved", model=name, folder=os.path.join(out_dir, name))))
     return model, tokenizer, final

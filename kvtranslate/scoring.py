@@ -4,6 +4,7 @@ Each row is (prefix cache, tail tokens). The cache is left-padded, the tails are
 from the concatenated mask, so real tokens never see padding. `kv=None` means no cache (the tail holds the
 whole prompt: direct reading or the no-context bound).
 """
+
 import re
 import string
 from collections import Counter
@@ -20,8 +21,8 @@ def pad_right(rows, pad_id, device=None):
     ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), length), dtype=torch.long)
     for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-        mask[i, :len(r)] = 1
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[i, : len(r)] = 1
     return ids.to(device), mask.to(device)
 
 
@@ -31,8 +32,8 @@ def pad_left(rows, pad_id, device=None):
     mask = torch.zeros((len(rows), length), dtype=torch.long)
     for i, r in enumerate(rows):
         if len(r):
-            ids[i, length - len(r):] = torch.tensor(r, dtype=torch.long)
-            mask[i, length - len(r):] = 1
+            ids[i, length - len(r) :] = torch.tensor(r, dtype=torch.long)
+            mask[i, length - len(r) :] = 1
     return ids.to(device), mask.to(device)
 
 
@@ -62,7 +63,7 @@ def option_logprobs(model, kv, kv_mask, tails, options, pad_id):
     logp = F.log_softmax(out.logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None])[..., 0].cpu()
     scores = torch.zeros(len(rows))
     for i, (row, s) in enumerate(zip(rows, starts)):
-        scores[i] = logp[i, s - 1:len(row) - 1].sum()
+        scores[i] = logp[i, s - 1 : len(row) - 1].sum()
     return scores.view(len(tails), n_opt)
 
 

@@ -1,4 +1,5 @@
 """Small byte-level BPE tokenizers trained locally on the synthetic corpus (one per tiny model)."""
+
 import os
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -15,8 +16,12 @@ def train_tokenizer(vocab_size, seed=0):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=True)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS, PAD],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS, PAD],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(tokenizer_training_text(seed=seed), trainer=trainer)
     return wrap(tok)
 
@@ -45,8 +50,11 @@ def encode_item(tokenizer, item):
     """Context, question, answer(+EOS) and options(+EOS) token lists, each piece encoded on its own so the
     context tokens are identical whether the model reads the context alone or followed by a question."""
     eos = [tokenizer.eos_token_id]
-    return dict(context=encode_text(tokenizer, item.passage), **encode_turn(tokenizer, item),
-                options=[encode_text(tokenizer, o) + eos for o in item.options])
+    return dict(
+        context=encode_text(tokenizer, item.passage),
+        **encode_turn(tokenizer, item),
+        options=[encode_text(tokenizer, o) + eos for o in item.options],
+    )
 
 
 def encode_text(tokenizer, text):
@@ -55,5 +63,7 @@ def encode_text(tokenizer, text):
 
 def encode_turn(tokenizer, item):
     """Question and answer(+EOS) tokens of one question turn, without re-encoding the passage and options."""
-    return dict(question=encode_text(tokenizer, item.question),
-                answer=encode_text(tokenizer, item.answer) + [tokenizer.eos_token_id])
+    return dict(
+        question=encode_text(tokenizer, item.question),
+        answer=encode_text(tokenizer, item.answer) + [tokenizer.eos_token_id],
+    )

@@ -4,6 +4,7 @@ Each step: both frozen models prefill a batch of contexts (source KV = input, ta
 target), the translator writes the target's pre-RoPE KV, an injection point p is drawn per batch, and the
 target replays the context after p plus question and answer on the translated vs native prefix (CCL).
 """
+
 import json
 import os
 import random
@@ -21,10 +22,30 @@ from .scoring import pad_left
 from .tokenization import encode_item
 from .translators import KVTranslator, source_features, target_embeddings
 
-TRAIN_DEFAULTS = dict(kind="mot", steps=1500, batch=16, lr=2e-3, k_layers=2, hidden=256, n_experts=4,
-                      gating="softmax", top_k=2, latent=256, window=8, embed_dim=128, w_rec=1.0, w_ccl=1.0,
-                      w_hidden=1.0, w_kl=1.0, w_balance=0.01, ccl_start=0.5, injection_points=(0.25, 0.5, 0.75, 1.0),
-                      n_train=3000, phrase_mix=0.0, seed=0)
+TRAIN_DEFAULTS = dict(
+    kind="mot",
+    steps=1500,
+    batch=16,
+    lr=2e-3,
+    k_layers=2,
+    hidden=256,
+    n_experts=4,
+    gating="softmax",
+    top_k=2,
+    latent=256,
+    window=8,
+    embed_dim=128,
+    w_rec=1.0,
+    w_ccl=1.0,
+    w_hidden=1.0,
+    w_kl=1.0,
+    w_balance=0.01,
+    ccl_start=0.5,
+    injection_points=(0.25, 0.5, 0.75, 1.0),
+    n_train=3000,
+    phrase_mix=0.0,
+    seed=0,
+)
 
 
 def encode_pair_items(source_tok, target_tok, items):
@@ -36,17 +57,28 @@ def encode_pair_items(source_tok, target_tok, items):
         e = encode_item(target_tok, item)
         if e["context"] != tgt_ids:
             raise ValueError("context tokenisation with offsets differs from plain tokenisation")
-        out.append(dict(src=src_ids, tgt=tgt_ids, align=align_offsets(src_off, tgt_off), question=e["question"],
-                        answer=e["answer"], options=e["options"], label=item.label, gold=item.answer.strip(),
-                        needs_binding=has_same_type_distractor(item)))
+        out.append(
+            dict(
+                src=src_ids,
+                tgt=tgt_ids,
+                align=align_offsets(src_off, tgt_off),
+                question=e["question"],
+                answer=e["answer"],
+                options=e["options"],
+                label=item.label,
+                gold=item.answer.strip(),
+                needs_binding=has_same_type_distractor(item),
+            )
+        )
     return out
 
 
 def collate(examples, source_tok, target_tok, device=None):
     src_ids, src_mask = pad_left([e["src"] for e in examples], source_tok.pad_token_id, device)
     tgt_ids, tgt_mask = pad_left([e["tgt"] for e in examples], target_tok.pad_token_id, device)
-    index = padded_alignment([e["align"] for e in examples], [len(e["src"]) for e in examples],
-                             src_ids.shape[1], tgt_ids.shape[1]).to(device)
+    index = padded_alignment(
+        [e["align"] for e in examples], [len(e["src"]) for e in examples], src_ids.shape[1], tgt_ids.shape[1]
+    ).to(device)
     return dict(src_ids=src_ids, src_mask=src_mask, tgt_ids=tgt_ids, tgt_mask=tgt_mask, index=index)
 
 
@@ -81,8 +113,9 @@ def training_loss(translator, source, source_tok, target, target_tok, examples, 
         pred_prefix, cache_mask = prefix_kv(pred_kv, batch["tgt_mask"], lengths)
         native_prefix, _ = prefix_kv(native_kv, batch["tgt_mask"], lengths)
         tails = [e["tgt"][n:] + e["question"] + e["answer"] for e, n in zip(examples, lengths)]
-        ccl, ccl_parts = context_correction_loss(target, pred_prefix, native_prefix, cache_mask, tails,
-                                                 target_tok.pad_token_id, cfg["w_hidden"], cfg["w_kl"])
+        ccl, ccl_parts = context_correction_loss(
+            target, pred_prefix, native_prefix, cache_mask, tails, target_tok.pad_token_id, cfg["w_hidden"], cfg["w_kl"]
+        )
         loss = loss + cfg["w_ccl"] * ccl
         parts.update(ccl=ccl.item(), hidden=ccl_parts["hidden"].item(), kl=ccl_parts["kl"].item())
     return loss, parts
@@ -91,10 +124,20 @@ def training_loss(translator, source, source_tok, target, target_tok, examples, 
 def build_translator(source, target, cfg):
     """A translator for the pair, initialised on the CPU (same weights from the same seed on every device) and
     placed on the target's device."""
-    return KVTranslator(kv_geometry(source), kv_geometry(target), kv_geometry(target)["hidden"], kind=cfg["kind"],
-                        k_layers=cfg["k_layers"], hidden=cfg["hidden"], n_experts=cfg["n_experts"],
-                        gating=cfg["gating"], top_k=cfg["top_k"], latent=cfg["latent"],
-                        window=cfg["window"], embed_dim=cfg["embed_dim"]).to(target.device)
+    return KVTranslator(
+        kv_geometry(source),
+        kv_geometry(target),
+        kv_geometry(target)["hidden"],
+        kind=cfg["kind"],
+        k_layers=cfg["k_layers"],
+        hidden=cfg["hidden"],
+        n_experts=cfg["n_experts"],
+        gating=cfg["gating"],
+        top_k=cfg["top_k"],
+        latent=cfg["latent"],
+        window=cfg["window"],
+        embed_dim=cfg["embed_dim"],
+    ).to(target.device)
 
 
 def train_translator(source, source_tok, target, target_tok, log=print, **overrides):
@@ -115,7 +158,7 @@ def train_translator(source, source_tok, target, target_tok, log=print, **overri
     # output statistics from a few batches of native target KV
     stats_kv, stats_mask = [], []
     for i in range(0, min(256, len(data)), 64):
-        b = collate(data[i:i + 64], source_tok, target_tok, target.device)
+        b = collate(data[i : i + 64], source_tok, target_tok, target.device)
         with torch.no_grad():
             stats_kv.append(prefill_kv(target, b["tgt_ids"], b["tgt_mask"]))
         stats_mask.append(b["tgt_mask"])
@@ -138,10 +181,23 @@ def train_translator(source, source_tok, target, target_tok, log=print, **overri
         parts["loss"] = loss.item()
         bar.set_postfix({k: f"{v:.3f}" for k, v in parts.items()}, refresh=False)
         if step % 50 == 0 or step + 1 == cfg["steps"]:
-            history.append(dict(step=step, seconds=round(time.time() - start, 1), **{k: round(v, 5) for k, v in parts.items()}))
+            history.append(
+                dict(step=step, seconds=round(time.time() - start, 1), **{k: round(v, 5) for k, v in parts.items()})
+            )
     translator.eval()
-    log(json.dumps(dict(event="trained", kind=cfg["kind"], w_ccl=cfg["w_ccl"], steps=cfg["steps"],
-                        seconds=round(time.time() - start, 1), first=history[0], last=history[-1])))
+    log(
+        json.dumps(
+            dict(
+                event="trained",
+                kind=cfg["kind"],
+                w_ccl=cfg["w_ccl"],
+                steps=cfg["steps"],
+                seconds=round(time.time() - start, 1),
+                first=history[0],
+                last=history[-1],
+            )
+        )
+    )
     return translator, history, cfg
 
 

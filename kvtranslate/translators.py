@@ -16,6 +16,7 @@ Kinds:
   decodes its K/V from that latent (one encoder per source model, one decoder per target model).
 All target layers are computed in batched matrix products, which keeps the translator cheaper than a prefill.
 """
+
 import math
 
 import torch
@@ -52,7 +53,7 @@ def target_embeddings(model, ids, mask, window=1):
 
 def embedding_window(emb, window):
     """[B, T, E] -> [B, T, window * E]: each token's vector, then its predecessors' (zeros before the first)."""
-    return torch.cat([F.pad(emb[:, :emb.shape[1] - i], (0, 0, i, 0)) for i in range(window)], dim=-1)
+    return torch.cat([F.pad(emb[:, : emb.shape[1] - i], (0, 0, i, 0)) for i in range(window)], dim=-1)
 
 
 class KVTranslator(nn.Module):
@@ -63,8 +64,21 @@ class KVTranslator(nn.Module):
     being copied per layer (at GPT-2 -> Qwen2.5-0.5B shapes the copies dominated the translation time). Target
     embeddings wider than `embed_dim` are first projected down (one shared, bias-free map, so padding stays zero)."""
 
-    def __init__(self, source_geom, target_geom, target_embed_dim, kind="mot", k_layers=2, hidden=128,
-                 n_experts=4, gating="softmax", top_k=2, latent=256, window=1, embed_dim=128):
+    def __init__(
+        self,
+        source_geom,
+        target_geom,
+        target_embed_dim,
+        kind="mot",
+        k_layers=2,
+        hidden=128,
+        n_experts=4,
+        gating="softmax",
+        top_k=2,
+        latent=256,
+        window=1,
+        embed_dim=128,
+    ):
         super().__init__()
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -87,13 +101,15 @@ class KVTranslator(nn.Module):
         self.register_buffer("out_std", torch.ones(L_t, 1, out_dim))
         if kind == "shared-latent":
             enc_in = L_s * src_dim
-            self.encoder = nn.Sequential(nn.LayerNorm(enc_in), nn.Linear(enc_in, latent), nn.GELU(),
-                                         nn.Linear(latent, latent))
+            self.encoder = nn.Sequential(
+                nn.LayerNorm(enc_in), nn.Linear(enc_in, latent), nn.GELU(), nn.Linear(latent, latent)
+            )
             src_in = latent
         else:
             src_in = len(self.layer_map[0]) * src_dim
-        self.embed_proj = (nn.Linear(target_embed_dim, embed_dim, bias=False) if target_embed_dim > embed_dim
-                           else nn.Identity())
+        self.embed_proj = (
+            nn.Linear(target_embed_dim, embed_dim, bias=False) if target_embed_dim > embed_dim else nn.Identity()
+        )
         emb_in = window * min(target_embed_dim, embed_dim)
         M = self.n_experts
         self.router_out = M if kind == "mot" else 0  # router logits ride along with the input projection
@@ -125,25 +141,25 @@ class KVTranslator(nn.Module):
         B, T = tgt_embed.shape[:2]
         L, N, M, H = self.layers, B * T, self.n_experts, self.hidden
         if self.kind == "shared-latent":
-            z = self.encoder(src_feats.flatten(2)).reshape(1, N, -1)                 # [1, N, Z]
-            a = torch.matmul(self.src_norm(z), self.w_src)                           # [L, N, W]
+            z = self.encoder(src_feats.flatten(2)).reshape(1, N, -1)  # [1, N, Z]
+            a = torch.matmul(self.src_norm(z), self.w_src)  # [L, N, W]
         else:
             per_layer = torch.stack([src_feats[:, :, idx].reshape(N, -1) for idx in self.layer_map])
-            a = torch.bmm(self.src_norm(per_layer), self.w_src)                      # [L, N, W]
+            a = torch.bmm(self.src_norm(per_layer), self.w_src)  # [L, N, W]
         e = self.emb_norm(embedding_window(self.embed_proj(tgt_embed), self.window)).reshape(N, -1)
-        a = a + (e @ self.w_emb).view(N, L, -1).transpose(0, 1) + self.b_in         # [L, N, W]
-        h = F.gelu(a[..., :H])                                                       # [L, N, H]
+        a = a + (e @ self.w_emb).view(N, L, -1).transpose(0, 1) + self.b_in  # [L, N, W]
+        h = F.gelu(a[..., :H])  # [L, N, H]
         u = F.gelu(torch.baddbmm(self.expert_up_bias, h, self.expert_up)).view(L, N, M, H) + h[:, :, None]
         aux = {"balance": torch.zeros((), device=h.device)}
         if self.router_out:
-            gates, probs = self.route(a[..., H:])                                    # [L, N, M]
+            gates, probs = self.route(a[..., H:])  # [L, N, M]
             aux["gates"] = gates
             aux["balance"] = balance_loss(probs, mask)
             u = u * gates[..., None]
-            bias = torch.bmm(gates, self.expert_out_bias)                            # [L, N, O]
+            bias = torch.bmm(gates, self.expert_out_bias)  # [L, N, O]
         else:
             bias = self.expert_out_bias
-        y = torch.baddbmm(bias, u.reshape(L, N, M * H), self.expert_out)             # [L, N, O]
+        y = torch.baddbmm(bias, u.reshape(L, N, M * H), self.expert_out)  # [L, N, O]
         y = y * self.out_std + self.out_mean
         y = y.view(L, B, T, 2, self.kv_heads, self.head_dim).permute(0, 3, 1, 4, 2, 5)
         return [(y[j, 0], y[j, 1]) for j in range(L)], aux

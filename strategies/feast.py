@@ -18,16 +18,35 @@ from fl_app.slicing import slice_state, state_numel, subnet_shapes
 from fl_app.subnets import SubnetCache
 from fl_app.supernet import Subnet, SupernetConfig
 from strategies.rounds import LiveNodes, RoundLog, sample_partitions
-from strategies.screening import NON_NEGATIVE, MetricSpec, examples_spec, labels_spec, magnitude_bound, \
-    metrics_problem, record_problem
+from strategies.screening import (
+    NON_NEGATIVE,
+    MetricSpec,
+    examples_spec,
+    labels_spec,
+    magnitude_bound,
+    metrics_problem,
+    record_problem,
+)
 from strategies.sparse import sparse_average, update_problem
 
 
 class FeastStrategy(Strategy):
-    def __init__(self, cfg: SupernetConfig, cache: SubnetCache, budgets: dict[int, float],
-                 node_of_partition: dict[int, int], *, clients_per_round: int, seed: int, routing: bool = True,
-                 payload_dtype: str = "float32", weighting: str = "num-examples", min_reply_fraction: float = 1.0,
-                 lr_of_round=None, examples_of_partition: dict[int, int] | None = None):
+    def __init__(
+        self,
+        cfg: SupernetConfig,
+        cache: SubnetCache,
+        budgets: dict[int, float],
+        node_of_partition: dict[int, int],
+        *,
+        clients_per_round: int,
+        seed: int,
+        routing: bool = True,
+        payload_dtype: str = "float32",
+        weighting: str = "num-examples",
+        min_reply_fraction: float = 1.0,
+        lr_of_round=None,
+        examples_of_partition: dict[int, int] | None = None,
+    ):
         self.cfg, self.cache, self.budgets = cfg, cache, budgets
         self.node_of_partition = node_of_partition
         self.nodes = LiveNodes(node_of_partition, num_partitions=len(budgets))
@@ -81,8 +100,12 @@ class FeastStrategy(Strategy):
         """What a reply's metrics must be: num-examples is the partition's size when the server knows it (it weighs
         the reply), labels are distinct classes of the model, loss and time finite and non-negative."""
         size = None if self.examples_of_partition is None else self.examples_of_partition[partition_id]
-        return {"num-examples": examples_spec(size, exact=True), "labels": labels_spec(self.model_cfg.n_classes),
-                "train-loss": NON_NEGATIVE, "client-seconds": NON_NEGATIVE}
+        return {
+            "num-examples": examples_spec(size, exact=True),
+            "labels": labels_spec(self.model_cfg.n_classes),
+            "train-loss": NON_NEGATIVE,
+            "client-seconds": NON_NEGATIVE,
+        }
 
     # -- checkpoints ------------------------------------------------------------------------------------------
     def checkpoint_state(self) -> dict:
@@ -93,8 +116,9 @@ class FeastStrategy(Strategy):
         self.rounds = {int(r): RoundLog.from_dict(log_) for r, log_ in saved["rounds"].items()}
 
     # -- rounds -------------------------------------------------------------------------------------------------
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         if arrays is not self._returned:  # the loop hands back what we returned: no need to decode it again
             self.global_state = record_to_state(arrays)
         view = self.to_wire_view(self.global_state, server_round)
@@ -110,9 +134,14 @@ class FeastStrategy(Strategy):
             self._sent_bytes[pid] = record_bytes(payload)
             log_.bytes_down += self._sent_bytes[pid]
             train_config = {
-                **dict(config), **self.client_config(pid, bounds), "server-round": server_round,
-                "lr": float(self.lr_of_round(server_round)), "budget-macs": float(self.budgets[pid]),
-                "bounds-d": list(bounds.d), "bounds-e": list(bounds.e), "bounds-w": list(bounds.w),
+                **dict(config),
+                **self.client_config(pid, bounds),
+                "server-round": server_round,
+                "lr": float(self.lr_of_round(server_round)),
+                "budget-macs": float(self.budgets[pid]),
+                "bounds-d": list(bounds.d),
+                "bounds-e": list(bounds.e),
+                "bounds-w": list(bounds.w),
                 "payload-dtype": self.payload_dtype,
                 # every partition's budget (declared where declared): the client rebuilds its γ-allocated partition
                 "partition-budgets": [float(self.budgets[p]) for p in sorted(self.budgets)],
@@ -137,13 +166,15 @@ class FeastStrategy(Strategy):
         if arch is not None:  # a single trained subnet comes back: its slice of what was routed
             expected = {k: v for k, v in self.routed_shapes(arch).items() if k in expected}
         metrics = reply.content.metric_records.get("metrics", MetricRecord())
-        problem = metrics_problem(metrics, self.metric_specs(partition_id)) or \
-            record_problem(record, expected, self.payload_dtype)
+        problem = metrics_problem(metrics, self.metric_specs(partition_id)) or record_problem(
+            record, expected, self.payload_dtype
+        )
         if problem:
             return problem
         try:
-            return update_problem(view, RecordState(record, self.payload_dtype), 1.0, expected,
-                                  self._magnitude_bounds(server_round, view))
+            return update_problem(
+                view, RecordState(record, self.payload_dtype), 1.0, expected, self._magnitude_bounds(server_round, view)
+            )
         except ValueError as error:  # the data's own header disagrees with the screened metadata
             return str(error)
 
@@ -154,8 +185,11 @@ class FeastStrategy(Strategy):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         log_ = self.rounds.setdefault(server_round, RoundLog())
-        view = self._view[1] if self._view and self._view[0] == server_round else \
-            self.to_wire_view(self.global_state, server_round)
+        view = (
+            self._view[1]
+            if self._view and self._view[0] == server_round
+            else self.to_wire_view(self.global_state, server_round)
+        )
         accepted, losses = [], []
         for pid, reply in log_.screen(server_round, replies, self.node_of_partition, self._sent):
             record = reply.content.array_records.get("arrays")
@@ -174,22 +208,38 @@ class FeastStrategy(Strategy):
         weights = self.reply_weights(server_round, [(pid, metrics) for pid, _, metrics in accepted])
         updates = [(state, w) for (_, state, _), w in zip(accepted, weights)]
         masks = [self.reply_mask(pid, metrics) for pid, _, metrics in accepted]
-        self.global_state = self.from_wire_view(sparse_average(view, updates, masks, tensors_checked=True),
-                                                server_round)
+        self.global_state = self.from_wire_view(
+            sparse_average(view, updates, masks, tensors_checked=True), server_round
+        )
         log_.train_loss = float(np.nanmean(losses)) if np.isfinite(losses).any() else math.nan
-        metrics = MetricRecord({
-            "train-loss": log_.train_loss, "replies": len(accepted),
-            "failed": len(log_.failed), "rejected": len(log_.rejected),
-            "bytes-down": log_.bytes_down, "bytes-up": log_.bytes_up,
-        })
+        metrics = MetricRecord(
+            {
+                "train-loss": log_.train_loss,
+                "replies": len(accepted),
+                "failed": len(log_.failed),
+                "rejected": len(log_.rejected),
+                "bytes-down": log_.bytes_down,
+                "bytes-up": log_.bytes_up,
+            }
+        )
         self._view, self._sent, self._sent_bytes = None, {}, {}
         self._returned = state_to_record(self.global_state)
         return self._returned, metrics
 
     # -- the round loop ---------------------------------------------------------------------------------------
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
-              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
-              evaluate_fn=None, *, first_round: int = 1, round_done=None) -> Result:
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn=None,
+        *,
+        first_round: int = 1,
+        round_done=None,
+    ) -> Result:
         """Flower's round loop (train, central evaluation) that can continue from ``first_round`` with
         ``initial_arrays`` as the model after round ``first_round - 1``, and calls ``round_done(round)`` after
         each round (checkpoints). Client-side evaluation rounds are skipped: FEAST evaluates tiers centrally."""
@@ -203,8 +253,9 @@ class FeastStrategy(Strategy):
         for server_round in range(first_round, num_rounds + 1):
             log(INFO, "")
             log(INFO, "[ROUND %s/%s]", server_round, num_rounds)
-            replies = grid.send_and_receive(self.configure_train(server_round, arrays, train_config, grid),
-                                            timeout=timeout)
+            replies = grid.send_and_receive(
+                self.configure_train(server_round, arrays, train_config, grid), timeout=timeout
+            )
             arrays, metrics = self.aggregate_train(server_round, replies)
             result.arrays = arrays
             result.train_metrics_clientapp[server_round] = metrics
@@ -228,6 +279,14 @@ class FeastStrategy(Strategy):
 
     def summary(self) -> None:
         full = state_numel(subnet_shapes(self.model_cfg, self.model_cfg.max_subnet()))
-        log(INFO, "%s: %d clients, %d per round, routing=%s, payload=%s, weights=%s, global model %.2fM params",
-            type(self).__name__, len(self.node_of_partition), self.clients_per_round, self.routing, self.payload_dtype,
-            self.weighting, full / 1e6)
+        log(
+            INFO,
+            "%s: %d clients, %d per round, routing=%s, payload=%s, weights=%s, global model %.2fM params",
+            type(self).__name__,
+            len(self.node_of_partition),
+            self.clients_per_round,
+            self.routing,
+            self.payload_dtype,
+            self.weighting,
+            full / 1e6,
+        )

@@ -21,8 +21,16 @@ from flwr.serverapp.strategy import Result, Strategy
 from fl_app.config import TOPO_WEIGHTINGS
 from fl_app.payload import record_bytes, record_to_state, state_to_record
 from strategies.rounds import LiveNodes, RoundLog, sample_partitions
-from strategies.screening import (MAX_WEIGHT, NON_NEGATIVE, MetricSpec, examples_spec, magnitude_bound,
-                                  metrics_problem, record_problem, tensor_problem)
+from strategies.screening import (
+    MAX_WEIGHT,
+    NON_NEGATIVE,
+    MetricSpec,
+    examples_spec,
+    magnitude_bound,
+    metrics_problem,
+    record_problem,
+    tensor_problem,
+)
 
 
 # -- FedTopo merge -------------------------------------------------------------------------------------------------
@@ -33,8 +41,9 @@ def uniform_topology(num_classes: int) -> np.ndarray:
     return u
 
 
-def merge_relations(relations: np.ndarray, counts: np.ndarray, tau: float, weighting: str = "support",
-                    kappa: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def merge_relations(
+    relations: np.ndarray, counts: np.ndarray, tau: float, weighting: str = "support", kappa: float = 0.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Merge client relation scores [M, C, C] (cosines, see ``clients.fedtopo.relation_scores``) into the topology
     R̄ [C, C]; returns (R̄, merged scores S̃ [C, C], total support W [C, C]).
 
@@ -124,11 +133,22 @@ class HeteroStrategy(Strategy):
 
     name = "local"
 
-    def __init__(self, node_of_partition: dict[int, int], num_classes: int, *, clients_per_round: int, seed: int,
-                 num_rounds: int, eval_every: int = 1, payload_dtype: str = "float32",
-                 min_reply_fraction: float = 1.0, lr_of_round=None, feature_dim: int = 64,
-                 train_size_of_partition: dict[int, int] | None = None,
-                 test_size_of_partition: dict[int, int] | None = None):
+    def __init__(
+        self,
+        node_of_partition: dict[int, int],
+        num_classes: int,
+        *,
+        clients_per_round: int,
+        seed: int,
+        num_rounds: int,
+        eval_every: int = 1,
+        payload_dtype: str = "float32",
+        min_reply_fraction: float = 1.0,
+        lr_of_round=None,
+        feature_dim: int = 64,
+        train_size_of_partition: dict[int, int] | None = None,
+        test_size_of_partition: dict[int, int] | None = None,
+    ):
         self.node_of_partition, self.num_classes = node_of_partition, num_classes
         # in a deployment nodes leave, join and rejoin: sampling and evaluation follow the connected ones
         self.nodes = LiveNodes(node_of_partition, num_partitions=len(node_of_partition))
@@ -180,14 +200,22 @@ class HeteroStrategy(Strategy):
 
     # -- training rounds -----------------------------------------------------------------------------------------
     def _config(self, server_round: int) -> ConfigRecord:
-        return ConfigRecord({**self.client_config, "server-round": server_round,
-                             "lr": float(self.lr_of_round(server_round)), "payload-dtype": self.payload_dtype})
+        return ConfigRecord(
+            {
+                **self.client_config,
+                "server-round": server_round,
+                "lr": float(self.lr_of_round(server_round)),
+                "payload-dtype": self.payload_dtype,
+            }
+        )
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         log_ = self.rounds.setdefault(server_round, RoundLog())
-        log_.sampled = sample_partitions(self._live(grid, server_round), self.clients_per_round, self.seed,
-                                         server_round)
+        log_.sampled = sample_partitions(
+            self._live(grid, server_round), self.clients_per_round, self.seed, server_round
+        )
         payload = state_to_record(self.broadcast(server_round), self.payload_dtype)
         self._sent, self._sent_bytes = {}, {}
         for pid in log_.sampled:
@@ -212,9 +240,9 @@ class HeteroStrategy(Strategy):
         record = content.array_records.get(UPLOAD_RECORD)
         if record is None:
             return "no upload", {}
-        problem = metrics_problem(content.metric_records.get(METRICS_RECORD, MetricRecord()),
-                                  self.metric_specs(partition_id)) or \
-            record_problem(record, self.expected_upload(), self.payload_dtype)
+        problem = metrics_problem(
+            content.metric_records.get(METRICS_RECORD, MetricRecord()), self.metric_specs(partition_id)
+        ) or record_problem(record, self.expected_upload(), self.payload_dtype)
         if problem:
             return problem, {}
         try:
@@ -251,9 +279,16 @@ class HeteroStrategy(Strategy):
             self.global_arrays = before
         log_.train_loss = self.train_loss[server_round] = float(np.mean(losses)) if losses else math.nan
         self._sent, self._sent_bytes = {}, {}
-        return None, MetricRecord({"train-loss": self.train_loss[server_round], "replies": len(uploads),
-                                   "failed": len(log_.failed), "rejected": len(log_.rejected),
-                                   "bytes-down": log_.bytes_down, "bytes-up": log_.bytes_up})
+        return None, MetricRecord(
+            {
+                "train-loss": self.train_loss[server_round],
+                "replies": len(uploads),
+                "failed": len(log_.failed),
+                "rejected": len(log_.rejected),
+                "bytes-down": log_.bytes_down,
+                "bytes-up": log_.bytes_up,
+            }
+        )
 
     # -- evaluation: every client, on its own local test split ----------------------------------------------------
     def evaluates(self, server_round: int) -> bool:
@@ -264,16 +299,24 @@ class HeteroStrategy(Strategy):
             return []
         live = self._live(grid, server_round)
         self.eval_rounds[server_round] = RoundLog(sampled=live)
-        self._eval_sent = {pid: Message(RecordDict({"config": self._config(server_round)}),
-                                        message_type=MessageType.EVALUATE, dst_node_id=self.node_of_partition[pid])
-                           for pid in live}
+        self._eval_sent = {
+            pid: Message(
+                RecordDict({"config": self._config(server_round)}),
+                message_type=MessageType.EVALUATE,
+                dst_node_id=self.node_of_partition[pid],
+            )
+            for pid in live
+        }
         return list(self._eval_sent.values())
 
     def evaluation_problem(self, partition_id: int, reply: Message) -> str | None:
         size = None if self.test_size_of_partition is None else self.test_size_of_partition[partition_id]
-        specs = {"correct": MetricSpec("int", low=0, high=size if size is not None else MAX_WEIGHT),
-                 "num-test": MetricSpec("int", low=size if size is not None else 0,
-                                        high=size if size is not None else MAX_WEIGHT)}
+        specs = {
+            "correct": MetricSpec("int", low=0, high=size if size is not None else MAX_WEIGHT),
+            "num-test": MetricSpec(
+                "int", low=size if size is not None else 0, high=size if size is not None else MAX_WEIGHT
+            ),
+        }
         metrics = reply.content.metric_records.get(METRICS_RECORD, MetricRecord())
         problem = metrics_problem(metrics, specs)
         if problem is None and metrics["correct"] > metrics["num-test"]:
@@ -308,8 +351,11 @@ class HeteroStrategy(Strategy):
             "mean_client_accuracy": float(np.mean(scored)) if scored and complete else math.nan,
             "pooled_accuracy": sum(c for c, _ in per_client.values()) / total if total and complete else math.nan,
             "train_loss": self.train_loss.get(server_round, math.nan),
-            "bytes_up": train_log.bytes_up, "bytes_down": train_log.bytes_down,
-            "evaluated": len(per_client), "eval_failed": len(log_.failed), "eval_rejected": len(log_.rejected),
+            "bytes_up": train_log.bytes_up,
+            "bytes_down": train_log.bytes_down,
+            "evaluated": len(per_client),
+            "eval_failed": len(log_.failed),
+            "eval_rejected": len(log_.rejected),
         }
         self.history.append(row)
         if complete:
@@ -321,11 +367,14 @@ class HeteroStrategy(Strategy):
     def checkpoint_state(self) -> dict:
         """Everything a resumed run needs from the server (plain containers and tensors): the global arrays, the
         round and evaluation logs, the losses and accuracies so far."""
-        return {"global_arrays": {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in self.global_arrays.items()},
-                "rounds": {r: log_.to_dict() for r, log_ in self.rounds.items()},
-                "eval_rounds": {r: log_.to_dict() for r, log_ in self.eval_rounds.items()},
-                "train_loss": dict(self.train_loss), "history": [dict(row) for row in self.history],
-                "client_accuracy": dict(self.client_accuracy)}
+        return {
+            "global_arrays": {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in self.global_arrays.items()},
+            "rounds": {r: log_.to_dict() for r, log_ in self.rounds.items()},
+            "eval_rounds": {r: log_.to_dict() for r, log_ in self.eval_rounds.items()},
+            "train_loss": dict(self.train_loss),
+            "history": [dict(row) for row in self.history],
+            "client_accuracy": dict(self.client_accuracy),
+        }
 
     def restore_state(self, saved: dict) -> None:
         self.global_arrays = {k: v.numpy() for k, v in saved["global_arrays"].items()}
@@ -336,10 +385,19 @@ class HeteroStrategy(Strategy):
         self.client_accuracy = {int(p): v for p, v in saved["client_accuracy"].items()}
 
     # -- the round loop ---------------------------------------------------------------------------------------
-    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 3,
-              timeout: float = 3600, train_config: ConfigRecord | None = None,
-              evaluate_config: ConfigRecord | None = None, evaluate_fn=None, *, first_round: int = 1,
-              round_done=None) -> Result:
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord | None = None,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn=None,
+        *,
+        first_round: int = 1,
+        round_done=None,
+    ) -> Result:
         """Train and (every ``eval-every`` rounds) evaluate rounds ``first_round``..``num_rounds``; calls
         ``round_done(round)`` after each (results written as the run goes, checkpoints)."""
         log(INFO, "Starting %s at round %d of %d", type(self).__name__, first_round, num_rounds)
@@ -348,8 +406,9 @@ class HeteroStrategy(Strategy):
         for server_round in range(first_round, num_rounds + 1):
             log(INFO, "")
             log(INFO, "[ROUND %s/%s]", server_round, num_rounds)
-            replies = grid.send_and_receive(self.configure_train(server_round, initial_arrays, config, grid),
-                                            timeout=timeout)
+            replies = grid.send_and_receive(
+                self.configure_train(server_round, initial_arrays, config, grid), timeout=timeout
+            )
             _, metrics = self.aggregate_train(server_round, replies)
             result.train_metrics_clientapp[server_round] = metrics
             log(INFO, "\t└──> %s", metrics)
@@ -363,8 +422,14 @@ class HeteroStrategy(Strategy):
         return result
 
     def summary(self) -> None:
-        log(INFO, "%s: %d clients, %d per round, payload=%s", self.name, len(self.node_of_partition),
-            self.clients_per_round, self.payload_dtype)
+        log(
+            INFO,
+            "%s: %d clients, %d per round, payload=%s",
+            self.name,
+            len(self.node_of_partition),
+            self.clients_per_round,
+            self.payload_dtype,
+        )
 
 
 class LocalStrategy(HeteroStrategy):
@@ -391,8 +456,9 @@ class FedTopoStrategy(HeteroStrategy):
 
     def upload_problem(self, partition_id, upload):
         size = None if self.train_size_of_partition is None else self.train_size_of_partition[partition_id]
-        return counts_problem(upload["counts"], size, exact_total=True) or \
-            relations_problem(upload["relations"], upload["counts"])
+        return counts_problem(upload["counts"], size, exact_total=True) or relations_problem(
+            upload["relations"], upload["counts"]
+        )
 
     def aggregate_uploads(self, server_round, uploads):
         if not uploads:

@@ -36,8 +36,9 @@ class LgFedAvgStrategy(HeteroStrategy):
         total = sum(n for _, _, n in uploads)
         if not uploads or total <= 0:
             return
-        self.global_arrays = {k: (sum(n * u[k] for _, u, n in uploads) / total).astype(np.float32)
-                              for k in ("head.weight", "head.bias")}
+        self.global_arrays = {
+            k: (sum(n * u[k] for _, u, n in uploads) / total).astype(np.float32) for k in ("head.weight", "head.bias")
+        }
 
 
 class _ClassMeanStrategy(HeteroStrategy):
@@ -58,15 +59,17 @@ class _ClassMeanStrategy(HeteroStrategy):
 
     def upload_problem(self, partition_id, upload):
         size = None if self.train_size_of_partition is None else self.train_size_of_partition[partition_id]
-        return counts_problem(upload["counts"], size, self.exact_counts) or \
-            absent_rows_problem("means", upload["means"], upload["counts"])
+        return counts_problem(upload["counts"], size, self.exact_counts) or absent_rows_problem(
+            "means", upload["means"], upload["counts"]
+        )
 
     def merge_class_means(self, uploads) -> None:
         if not uploads:
             return
         counts = np.stack([u["counts"] for _, u, _ in uploads])
-        means, held = weighted_class_means(np.stack([u["means"] for _, u, _ in uploads]),
-                                           counts if self.count_weighted else (counts > 0) * 1.0)
+        means, held = weighted_class_means(
+            np.stack([u["means"] for _, u, _ in uploads]), counts if self.count_weighted else (counts > 0) * 1.0
+        )
         old = self.global_arrays.get(self.key)
         old_has = self.global_arrays.get("has", np.zeros(self.num_classes)) > 0
         merged = np.where(held[:, None], means, old if old is not None else 0.0)
@@ -132,16 +135,25 @@ def adaptive_margin(centers: torch.Tensor, held: torch.Tensor, cap: float, rule:
     return float(min(dist.min(dim=1).values.max().item(), cap))
 
 
-def margin_contrastive_loss(global_protos: torch.Tensor, client_protos: torch.Tensor, labels: torch.Tensor,
-                            margin: float) -> torch.Tensor:
+def margin_contrastive_loss(
+    global_protos: torch.Tensor, client_protos: torch.Tensor, labels: torch.Tensor, margin: float
+) -> torch.Tensor:
     """−log(e^{−(φ(p, P_y)+δ)} / (e^{−(φ(p, P_y)+δ)} + Σ_{k≠y} e^{−φ(p, P_k)})), φ = Euclidean distance."""
     dist = torch.cdist(client_protos, global_protos)
     logits = -dist - margin * nn.functional.one_hot(labels, global_protos.shape[0]).float()
     return nn.functional.cross_entropy(logits, labels)
 
 
-def train_generator(generator: PrototypeGenerator, client_protos: torch.Tensor, labels: torch.Tensor, margin: float,
-                    epochs: int, lr: float = 0.01, batch_size: int = 10, seed: int = 0) -> float:
+def train_generator(
+    generator: PrototypeGenerator,
+    client_protos: torch.Tensor,
+    labels: torch.Tensor,
+    margin: float,
+    epochs: int,
+    lr: float = 0.01,
+    batch_size: int = 10,
+    seed: int = 0,
+) -> float:
     """The authors' server step: SGD (lr = the clients' learning rate there, 0.01) over seeded, shuffled mini-batches
     of the uploaded client prototypes, ``epochs`` passes; the generator runs on every class for each batch.
     Returns the last batch's loss."""
@@ -152,7 +164,7 @@ def train_generator(generator: PrototypeGenerator, client_protos: torch.Tensor, 
     for _ in range(epochs):
         order = torch.randperm(len(labels), generator=order_rng)
         for start in range(0, len(labels), batch_size):
-            batch = order[start: start + batch_size]
+            batch = order[start : start + batch_size]
             loss = margin_contrastive_loss(generator(), client_protos[batch], labels[batch], margin)
             optimizer.zero_grad()
             loss.backward()
@@ -168,8 +180,16 @@ class FedTgpStrategy(_ClassMeanStrategy):
 
     key = "prototypes"
 
-    def __init__(self, *args, server_epochs: int = 100, margin_cap: float = 100.0,
-                 margin_rule: str = "class-gap", server_lr: float = 0.01, server_batch_size: int = 10, **kw):
+    def __init__(
+        self,
+        *args,
+        server_epochs: int = 100,
+        margin_cap: float = 100.0,
+        margin_rule: str = "class-gap",
+        server_lr: float = 0.01,
+        server_batch_size: int = 10,
+        **kw,
+    ):
         super().__init__(*args, **kw)
         if margin_rule not in TGP_MARGINS:
             raise ValueError(f"tgp-margin='{margin_rule}': allowed values are {list(TGP_MARGINS)}")
@@ -181,8 +201,11 @@ class FedTgpStrategy(_ClassMeanStrategy):
         self.margins: dict[int, float] = {}
 
     def checkpoint_state(self) -> dict:
-        return {**super().checkpoint_state(), "generator": {k: v.clone() for k, v in self.generator.state_dict().items()},
-                "margins": dict(self.margins)}
+        return {
+            **super().checkpoint_state(),
+            "generator": {k: v.clone() for k, v in self.generator.state_dict().items()},
+            "margins": dict(self.margins),
+        }
 
     def restore_state(self, saved: dict) -> None:
         super().restore_state(saved)
@@ -199,15 +222,26 @@ class FedTgpStrategy(_ClassMeanStrategy):
             return
         client_protos = torch.tensor(np.stack(protos), dtype=torch.float32)
         labels_t = torch.tensor(labels)
-        centers, held = weighted_class_means(np.stack([u["means"] for _, u, _ in uploads]),
-                                             (np.stack([u["counts"] for _, u, _ in uploads]) > 0).astype(float))
-        margin = adaptive_margin(torch.tensor(centers, dtype=torch.float32), torch.tensor(held), self.margin_cap,
-                                 self.margin_rule)
+        centers, held = weighted_class_means(
+            np.stack([u["means"] for _, u, _ in uploads]),
+            (np.stack([u["counts"] for _, u, _ in uploads]) > 0).astype(float),
+        )
+        margin = adaptive_margin(
+            torch.tensor(centers, dtype=torch.float32), torch.tensor(held), self.margin_cap, self.margin_rule
+        )
         self.margins[server_round] = margin
         order_seed = int(np.random.SeedSequence([self.seed, server_round]).generate_state(1)[0])
         previous = {k: v.clone() for k, v in self.generator.state_dict().items()}
-        train_generator(self.generator, client_protos, labels_t, margin, self.server_epochs, self.server_lr,
-                        self.server_batch_size, seed=order_seed)
+        train_generator(
+            self.generator,
+            client_protos,
+            labels_t,
+            margin,
+            self.server_epochs,
+            self.server_lr,
+            self.server_batch_size,
+            seed=order_seed,
+        )
         self.generator.eval()
         with torch.no_grad():
             global_protos = self.generator().numpy()
@@ -215,5 +249,7 @@ class FedTgpStrategy(_ClassMeanStrategy):
             log(WARNING, "round %d: the prototype generator diverged: its previous state is kept", server_round)
             self.generator.load_state_dict(previous)
             return
-        self.global_arrays = {"prototypes": global_protos.astype(np.float32),
-                              "has": np.ones(self.num_classes, dtype=np.float32)}
+        self.global_arrays = {
+            "prototypes": global_protos.astype(np.float32),
+            "has": np.ones(self.num_classes, dtype=np.float32),
+        }

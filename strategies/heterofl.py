@@ -17,14 +17,18 @@ CLASSIFIER = ("classifier.weight", "classifier.bias")
 
 def rate_tiers(cfg: SupernetConfig) -> list[CachedSubnet]:
     """The width tiers of a width-sliced config, cheapest first."""
-    return [CachedSubnet(width_tier(cfg, i), *count_costs(cfg, width_tier(cfg, i)))
-            for i in range(len(cfg.width_multiplier_choices))]
+    return [
+        CachedSubnet(width_tier(cfg, i), *count_costs(cfg, width_tier(cfg, i)))
+        for i in range(len(cfg.width_multiplier_choices))
+    ]
 
 
 def elastic_dims(cfg: SupernetConfig) -> dict[str, tuple[int, ...]]:
     """Per tensor, the dimensions whose size changes with the width rate (channel dimensions)."""
-    full, smallest = subnet_shapes(cfg, width_tier(cfg, len(cfg.width_multiplier_choices) - 1)), \
-        subnet_shapes(cfg, width_tier(cfg, 0))
+    full, smallest = (
+        subnet_shapes(cfg, width_tier(cfg, len(cfg.width_multiplier_choices) - 1)),
+        subnet_shapes(cfg, width_tier(cfg, 0)),
+    )
     return {name: tuple(i for i, (a, b) in enumerate(zip(full[name], smallest[name])) if a != b) for name in full}
 
 

@@ -52,14 +52,29 @@ class RoundLog:
 
     def row(self, server_round: int) -> dict:
         """This round's line of rounds.csv."""
-        return {"round": server_round, "sampled": len(self.sampled), "replies": len(self.accepted),
-                "failed": len(self.failed), "rejected": len(self.rejected), "train_loss": self.train_loss,
-                "bytes_down": self.bytes_down, "bytes_down_unanswered": self.bytes_down_unanswered,
-                "bytes_up": self.bytes_up, "seconds": self.seconds, "client_seconds": self.client_seconds,
-                "server_rss_mb": self.server_rss_mb, "server_peak_rss_mb": self.server_peak_rss_mb}
+        return {
+            "round": server_round,
+            "sampled": len(self.sampled),
+            "replies": len(self.accepted),
+            "failed": len(self.failed),
+            "rejected": len(self.rejected),
+            "train_loss": self.train_loss,
+            "bytes_down": self.bytes_down,
+            "bytes_down_unanswered": self.bytes_down_unanswered,
+            "bytes_up": self.bytes_up,
+            "seconds": self.seconds,
+            "client_seconds": self.client_seconds,
+            "server_rss_mb": self.server_rss_mb,
+            "server_peak_rss_mb": self.server_peak_rss_mb,
+        }
 
-    def screen(self, server_round: int, replies: Iterable[Message], node_of_partition: Mapping[int, int],
-               sent: Mapping[int, Message] | None = None) -> list[tuple[int, Message]]:
+    def screen(
+        self,
+        server_round: int,
+        replies: Iterable[Message],
+        node_of_partition: Mapping[int, int],
+        sent: Mapping[int, Message] | None = None,
+    ) -> list[tuple[int, Message]]:
         """(partition id, reply) of the replies without error, in partition order; errors are logged as failures.
 
         A reply belongs to the partition whose message it answers: ``metadata.reply_to_message_id`` against the ids
@@ -74,8 +89,12 @@ class RoundLog:
             meta = reply.metadata
             pid = partition_of_message.get(meta.reply_to_message_id, partition_of_node.get(meta.src_node_id))
             if pid is None:
-                log(WARNING, "round %d: a reply from node %d answers no message of this round: ignored",
-                    server_round, meta.src_node_id)
+                log(
+                    WARNING,
+                    "round %d: a reply from node %d answers no message of this round: ignored",
+                    server_round,
+                    meta.src_node_id,
+                )
                 continue
             if pid in self.answered:
                 log(WARNING, "round %d: a second reply for client %d: ignored", server_round, pid)
@@ -90,8 +109,9 @@ class RoundLog:
                 usable.append((pid, reply))
         return sorted(usable, key=lambda answer: answer[0])
 
-    def close(self, server_round: int, valid: int, min_reply_fraction: float,
-              sent_bytes: Mapping[int, int] | None = None) -> None:
+    def close(
+        self, server_round: int, valid: int, min_reply_fraction: float, sent_bytes: Mapping[int, int] | None = None
+    ) -> None:
         """Count sampled clients that never answered as failed; move the bytes sent to partitions whose node never
         answered (``sent_bytes``: partition id -> bytes) out of ``bytes_down``; fail the round below the minimum of
         valid replies."""
@@ -108,21 +128,25 @@ class RoundLog:
             raise RuntimeError(f"round {server_round}: no client to sample: no partition has a connected node")
         needed = math.ceil(min_reply_fraction * len(self.sampled))
         if valid < needed:
-            raise RuntimeError(f"round {server_round}: {valid} valid replies of {len(self.sampled)} sampled "
-                               f"(min-reply-fraction={min_reply_fraction} needs {needed}); "
-                               f"failed: {self.failed}, rejected: {self.rejected}")
+            raise RuntimeError(
+                f"round {server_round}: {valid} valid replies of {len(self.sampled)} sampled "
+                f"(min-reply-fraction={min_reply_fraction} needs {needed}); "
+                f"failed: {self.failed}, rejected: {self.rejected}"
+            )
 
 
 def round_totals(rounds: Mapping[int, RoundLog]) -> dict:
     """Run totals for summary.json: every failure and rejection counted once, bytes delivered and not."""
-    return {"bytes_down": sum(r.bytes_down for r in rounds.values()),
-            "bytes_down_unanswered": sum(r.bytes_down_unanswered for r in rounds.values()),
-            "bytes_up": sum(r.bytes_up for r in rounds.values()),
-            "accepted_replies": sum(len(r.accepted) for r in rounds.values()),
-            "failed_replies": sum(len(r.failed) for r in rounds.values()),
-            "rejected_replies": sum(len(r.rejected) for r in rounds.values()),
-            "failed_by_partition": _per_partition(r.failed for r in rounds.values()),
-            "rejected_by_partition": _per_partition(r.rejected for r in rounds.values())}
+    return {
+        "bytes_down": sum(r.bytes_down for r in rounds.values()),
+        "bytes_down_unanswered": sum(r.bytes_down_unanswered for r in rounds.values()),
+        "bytes_up": sum(r.bytes_up for r in rounds.values()),
+        "accepted_replies": sum(len(r.accepted) for r in rounds.values()),
+        "failed_replies": sum(len(r.failed) for r in rounds.values()),
+        "rejected_replies": sum(len(r.rejected) for r in rounds.values()),
+        "failed_by_partition": _per_partition(r.failed for r in rounds.values()),
+        "rejected_by_partition": _per_partition(r.rejected for r in rounds.values()),
+    }
 
 
 def _per_partition(lists: Iterable[list[int]]) -> dict[str, int]:
@@ -150,12 +174,16 @@ def partition_info(reply: Message, num_partitions: int | None = None) -> dict:
     info = dict(config) if config is not None else {}
     pid, num = info.get("partition-id"), info.get("num-partitions")
     if not (isinstance(pid, int) and isinstance(num, int) and 0 <= pid < num):
-        raise ValueError(f"SuperNode {node} answered partition-id={pid!r}, num-partitions={num!r}: its node-config "
-                         f"needs integers with 0 <= partition-id < num-partitions")
+        raise ValueError(
+            f"SuperNode {node} answered partition-id={pid!r}, num-partitions={num!r}: its node-config "
+            f"needs integers with 0 <= partition-id < num-partitions"
+        )
     if num_partitions is not None and num != num_partitions:
-        raise ValueError(f"SuperNode {node} (partition-id={pid}) has num-partitions={num} in its node-config, but "
-                         f"this federation has {num_partitions} partitions (0..{num_partitions - 1}): "
-                         f"start it with num-partitions={num_partitions}")
+        raise ValueError(
+            f"SuperNode {node} (partition-id={pid}) has num-partitions={num} in its node-config, but "
+            f"this federation has {num_partitions} partitions (0..{num_partitions - 1}): "
+            f"start it with num-partitions={num_partitions}"
+        )
     return {**info, "node_id": node}
 
 
@@ -182,8 +210,13 @@ class LiveNodes:
         self._ask(grid, server_round, sorted(connected - known - set(self.refused)), connected)
         live = {pid for pid, node in self.node_of_partition.items() if node in connected}
         for pid in sorted(self.live - live):
-            log(WARNING, "round %d: client %d (node %d) is gone: not sampled while it is away", server_round, pid,
-                self.node_of_partition[pid])
+            log(
+                WARNING,
+                "round %d: client %d (node %d) is gone: not sampled while it is away",
+                server_round,
+                pid,
+                self.node_of_partition[pid],
+            )
         for pid in sorted(live - self.live):
             log(INFO, "round %d: client %d (node %d) is back", server_round, pid, self.node_of_partition[pid])
         self.live = live
@@ -201,8 +234,13 @@ class LiveNodes:
             if pending:
                 time.sleep(0.2)
         if pending:
-            log(WARNING, "round %d: %d new node(s) did not answer the partition query within %.0fs; asked again "
-                "next round", server_round, len(pending), self.query_timeout)
+            log(
+                WARNING,
+                "round %d: %d new node(s) did not answer the partition query within %.0fs; asked again next round",
+                server_round,
+                len(pending),
+                self.query_timeout,
+            )
         for reply in replies:
             node = reply.metadata.src_node_id
             try:
@@ -215,8 +253,14 @@ class LiveNodes:
             if previous is not None and previous in connected and previous != node:
                 self._refuse(node, f"SuperNode {node} claims partition-id={pid}, held by live SuperNode {previous}")
                 continue
-            log(INFO, "round %d: client %d is on node %d%s", server_round, pid, node,
-                f" (was node {previous})" if previous is not None else " (joined)")
+            log(
+                INFO,
+                "round %d: client %d is on node %d%s",
+                server_round,
+                pid,
+                node,
+                f" (was node {previous})" if previous is not None else " (joined)",
+            )
             self.node_of_partition[pid] = node
 
     def _refuse(self, node: int, reason: str) -> None:

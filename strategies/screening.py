@@ -56,7 +56,7 @@ from fl_app.payload import npy_bytes
 
 RELATIVE_BOUND = 1e3  # a reply's max-abs may be this many times the global tensor's (or 1, if that is smaller)
 MAX_ABS = 1e6  # and never larger than this
-MAX_WEIGHT = 2 ** 31 - 1  # the largest aggregation weight (num-examples) a reply may claim
+MAX_WEIGHT = 2**31 - 1  # the largest aggregation weight (num-examples) a reply may claim
 NUMPY_STYPE = "numpy.ndarray"
 WIRE_DTYPES = {"float32": "float32", "bfloat16": "int16"}  # payload dtype -> dtype of the arrays on the wire
 
@@ -123,8 +123,9 @@ def tensor_problem(name: str, tensor: np.ndarray, max_abs: float) -> str | None:
     return None
 
 
-def state_problem(state: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray] | None = None,
-                  max_abs: float | None = None) -> str | None:
+def state_problem(
+    state: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray] | None = None, max_abs: float | None = None
+) -> str | None:
     """``tensor_problem`` for each tensor of ``state``, bounded by ``magnitude_bound(reference[name])`` or by a fixed
     ``max_abs``; each tensor is read once."""
     for name in state:
@@ -218,5 +219,4 @@ def examples_spec(partition_size: int | None = None, exact: bool = False) -> Met
 
 def labels_spec(num_classes: int, required: bool = False) -> MetricSpec:
     """labels: distinct class indices 0..C-1."""
-    return MetricSpec("int-list", low=0, high=num_classes - 1, required=required, max_length=num_classes,
-                      distinct=True)
+    return MetricSpec("int-list", low=0, high=num_classes - 1, required=required, max_length=num_classes, distinct=True)

@@ -15,9 +15,13 @@ from strategies.screening import MAX_WEIGHT, keys_problem, magnitude_bound, tens
 State = Mapping[str, np.ndarray]
 
 
-def update_problem(global_state: State, state: State, weight: float,
-                   expected_shapes: Mapping[str, tuple] | None = None,
-                   magnitude_bounds: Mapping[str, float] | None = None) -> str | None:
+def update_problem(
+    global_state: State,
+    state: State,
+    weight: float,
+    expected_shapes: Mapping[str, tuple] | None = None,
+    magnitude_bounds: Mapping[str, float] | None = None,
+) -> str | None:
     """Why ``state`` cannot be aggregated into ``global_state`` (None when it can).
 
     ``expected_shapes``, when given, are the exact slices the client was sent: an update must return those. Every
@@ -45,9 +49,12 @@ def update_problem(global_state: State, state: State, weight: float,
     return None
 
 
-def sparse_average(global_state: State, updates: Sequence[tuple[State, float]],
-                   masks: Sequence[Mapping[str, np.ndarray] | None] | None = None,
-                   tensors_checked: bool = False) -> dict[str, np.ndarray]:
+def sparse_average(
+    global_state: State,
+    updates: Sequence[tuple[State, float]],
+    masks: Sequence[Mapping[str, np.ndarray] | None] | None = None,
+    tensors_checked: bool = False,
+) -> dict[str, np.ndarray]:
     """Every element becomes the weighted average of the updates whose slice covers it; uncovered elements keep
     the global value. Updates that fail ``update_problem`` are logged and left out; with ``tensors_checked`` the
     caller has already run ``update_problem`` on every update's tensors and only the weights are checked here

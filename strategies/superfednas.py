@@ -14,8 +14,9 @@ from fl_app.supernet import Subnet, count_macs
 from strategies.feast import FeastStrategy
 
 
-def maxnet_beta(server_round: int, num_rounds: int, beta0: float = 0.9, final: float = 0.125,
-                decay_fraction: float = 0.8) -> float:
+def maxnet_beta(
+    server_round: int, num_rounds: int, beta0: float = 0.9, final: float = 0.125, decay_fraction: float = 0.8
+) -> float:
     """β_t = β₀·[(1-a)·½(1+cos(π·min(t,T)/T)) + a] with a = ``final`` and T = ``decay_fraction`` of the rounds."""
     horizon = max(1.0, decay_fraction * num_rounds)
     return beta0 * ((1 - final) * 0.5 * (1 + math.cos(math.pi * min(server_round, horizon) / horizon)) + final)
@@ -46,8 +47,17 @@ class SuperFedNASStrategy(FeastStrategy):
     """``subnet_source = "space"`` (SuperFedNAS) draws the random subnet from the search space; ``"cache"``
     (DeepFedNAS) draws max/min/random from the subnet cache."""
 
-    def __init__(self, *args, num_rounds: int, budget_constrained: bool = True, subnet_source: str = "space",
-                 beta0: float = 0.9, beta_final: float = 0.125, decay_fraction: float = 0.8, **kwargs):
+    def __init__(
+        self,
+        *args,
+        num_rounds: int,
+        budget_constrained: bool = True,
+        subnet_source: str = "space",
+        beta0: float = 0.9,
+        beta_final: float = 0.125,
+        decay_fraction: float = 0.8,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.num_rounds, self.budget_constrained, self.subnet_source = num_rounds, budget_constrained, subnet_source
         self.beta0, self.beta_final, self.decay_fraction = beta0, beta_final, decay_fraction
@@ -76,8 +86,7 @@ class SuperFedNASStrategy(FeastStrategy):
     def assign(self, partition_id: int, server_round: int):
         if self.roles_round != server_round:  # decide the whole round's roles once
             self.roles_round = server_round
-            self.roles = sandwich_roles(self.rounds[server_round].sampled, self.largest_counts,
-                                        self.smallest_counts)
+            self.roles = sandwich_roles(self.rounds[server_round].sampled, self.largest_counts, self.smallest_counts)
             for pid, role in self.roles.items():
                 counts = {"max": self.largest_counts, "min": self.smallest_counts}.get(role)
                 if counts is not None:
@@ -87,8 +96,11 @@ class SuperFedNASStrategy(FeastStrategy):
         return arch, arch  # the client receives exactly the subnet it trains and sends the same slice back
 
     def checkpoint_state(self) -> dict:
-        return {**super().checkpoint_state(), "largest_counts": dict(self.largest_counts),
-                "smallest_counts": dict(self.smallest_counts)}
+        return {
+            **super().checkpoint_state(),
+            "largest_counts": dict(self.largest_counts),
+            "smallest_counts": dict(self.smallest_counts),
+        }
 
     def restore_state(self, saved: dict) -> None:
         super().restore_state(saved)

@@ -3,7 +3,8 @@
 `python -m tests.deployment_churn [--rounds 6] [--out DIR]`: a TLS SuperLink with SuperNode authentication, three
 registered SuperNodes (partitions 0-2) and `flwr run` of FEAST with every client sampled each round. After round 1
 has finished the SuperNode of partition 1 is killed with SIGKILL (its whole process group); after round 3 it is
-started again with the same key (with SuperNode authentication it keeps its node id). Prints one JSON object: per round (from rounds.csv) sampled / replies / failed /
+started again with the same key (with SuperNode authentication it keeps its node id). Prints one JSON
+object: per round (from rounds.csv) sampled / replies / failed /
 bytes, and the summary's failure counts. What it shows: the miss is counted once, against partition 1; the node is
 not sampled while it is gone; it is used again after it rejoins. Every process started here is stopped by PID.
 """
@@ -62,31 +63,65 @@ def main(argv: list[str] | None = None) -> dict:
         # ("database is locked"), which fails the ServerApp's heartbeat and ends the run before any node dies
         command = deploy.superlink_command(tmp / "superlink", tmp / "certs", superlink_port)
         at = command.index("--database")
-        procs.append(deploy.start_process(command[:at] + command[at + 2:], tmp / "superlink" / "superlink.log",
-                                          env=env, cwd=tmp))
+        procs.append(
+            deploy.start_process(
+                command[:at] + command[at + 2 :], tmp / "superlink" / "superlink.log", env=env, cwd=tmp
+            )
+        )
         deploy.wait_for_port("127.0.0.1", superlink_port, timeout=90, proc=procs[0])
         deploy.write_connection(tmp / "flwr_home", CONNECTION, address, certs["ca"])
         for i, (_, public) in enumerate(keys):
             deploy.register_node(public, CONNECTION, env=env, name=f"partition-{i}")
 
         def start(i: int, port: int):
-            proc = deploy.start_supernode(tmp / f"supernode-{i}-{port}" / "supernode.log", address, i, NUM_NODES,
-                                          port, certs["ca"], keys[i][0], env=env)
+            proc = deploy.start_supernode(
+                tmp / f"supernode-{i}-{port}" / "supernode.log",
+                address,
+                i,
+                NUM_NODES,
+                port,
+                certs["ca"],
+                keys[i][0],
+                env=env,
+            )
             procs.append(proc)
             return proc
 
         nodes = [start(i, node_ports[i]) for i in range(NUM_NODES)]
-        wait_until(lambda: sum(n["status"] == "online" for n in deploy.list_nodes(CONNECTION, env=env)) == NUM_NODES,
-                   120, "three SuperNodes online")
+        wait_until(
+            lambda: sum(n["status"] == "online" for n in deploy.list_nodes(CONNECTION, env=env)) == NUM_NODES,
+            120,
+            "three SuperNodes online",
+        )
 
         out = tmp / "out"
-        run_config = {"num-server-rounds": args.rounds, "clients-per-round": NUM_NODES, "min-reply-fraction": 0.3,
-                      "eval-every": args.rounds, "max-local-steps": 2, "calib-size": 64, "val-size": 64,
-                      "round-timeout": 600.0, "output-dir": str(out)}
+        run_config = {
+            "num-server-rounds": args.rounds,
+            "clients-per-round": NUM_NODES,
+            "min-reply-fraction": 0.3,
+            "eval-every": args.rounds,
+            "max-local-steps": 2,
+            "calib-size": 64,
+            "val-size": 64,
+            "round-timeout": 600.0,
+            "output-dir": str(out),
+        }
         result = {}
-        runner = threading.Thread(target=lambda: result.update(zip(("run_id", "status"), flwr_run(
-            run_config, federation=None, env=env, timeout=1800, log_file=tmp / "flwr_run.log",
-            superlink=CONNECTION))))
+        runner = threading.Thread(
+            target=lambda: result.update(
+                zip(
+                    ("run_id", "status"),
+                    flwr_run(
+                        run_config,
+                        federation=None,
+                        env=env,
+                        timeout=1800,
+                        log_file=tmp / "flwr_run.log",
+                        superlink=CONNECTION,
+                    ),
+                )
+            )
+        )
         started = time.monotonic()
         runner.start()
         wait_until(lambda: finished_rounds(out) >= 1, 900, "round 1 finished")
@@ -97,17 +132,46 @@ def main(argv: list[str] | None = None) -> dict:
         restarted_at = time.monotonic() - started
         runner.join(timeout=1800)
         with open(out / "rounds.csv") as handle:
-            rounds = [{k: row[k] for k in ("round", "sampled", "replies", "failed", "rejected", "bytes_down",
-                                           "bytes_down_unanswered", "seconds")} for row in csv.DictReader(handle)]
+            rounds = [
+                {
+                    k: row[k]
+                    for k in (
+                        "round",
+                        "sampled",
+                        "replies",
+                        "failed",
+                        "rejected",
+                        "bytes_down",
+                        "bytes_down_unanswered",
+                        "seconds",
+                    )
+                }
+                for row in csv.DictReader(handle)
+            ]
         summary = json.loads((out / "summary.json").read_text())
         server_log = (tmp / "flwr_run.log").read_text(errors="replace")
-        report = {"status": result.get("status"), "killed_after_s": round(killed_at, 1),
-                  "restarted_after_s": round(restarted_at, 1), "rounds": rounds,
-                  **{k: summary.get(k) for k in ("failed_replies", "failed_by_partition", "rejected_replies",
-                                                 "accepted_replies", "bytes_down_unanswered", "completed")},
-                  "log_lines": [line.strip()[-160:] for line in server_log.splitlines()
-                                if any(event in line for event in ("failed:", "is gone", "is back", "is on node",
-                                                                   "no reply"))]}
+        report = {
+            "status": result.get("status"),
+            "killed_after_s": round(killed_at, 1),
+            "restarted_after_s": round(restarted_at, 1),
+            "rounds": rounds,
+            **{
+                k: summary.get(k)
+                for k in (
+                    "failed_replies",
+                    "failed_by_partition",
+                    "rejected_replies",
+                    "accepted_replies",
+                    "bytes_down_unanswered",
+                    "completed",
+                )
+            },
+            "log_lines": [
+                line.strip()[-160:]
+                for line in server_log.splitlines()
+                if any(event in line for event in ("failed:", "is gone", "is back", "is on node", "no reply"))
+            ],
+        }
         print(json.dumps(report))
         return report
     finally:

@@ -56,8 +56,14 @@ class HostileGrid:
     decides; ``silent`` partitions never answer. Gives each pushed message an id, as Flower's grids do, and replies
     carry it in ``reply_to_message_id``."""
 
-    def __init__(self, honest, partitions: Iterable[int], hostile: int | None = None,
-                 corruption: Corruption | None = None, silent: Iterable[int] = ()):
+    def __init__(
+        self,
+        honest,
+        partitions: Iterable[int],
+        hostile: int | None = None,
+        corruption: Corruption | None = None,
+        silent: Iterable[int] = (),
+    ):
         self.honest, self.partitions = honest_memo(honest), list(partitions)
         self.hostile, self.corruption, self.silent = hostile, corruption, set(silent)
         self.partition_of_node = {node_of(p): p for p in self.partitions}
@@ -88,6 +94,7 @@ def honest_memo(honest):
     """``honest`` remembered per (function, partition, message content): a run repeats the reference's messages
     whenever screening works, and their honest replies need not be computed again. The key covers every byte of
     the message's records, so a message that differs in anything gets its own reply."""
+
     def answer(msg: Message, pid: int) -> RecordDict:
         digest = hashlib.blake2b(digest_size=16)
         for name, record in sorted(msg.content.items()):
@@ -102,6 +109,7 @@ def honest_memo(honest):
         if key not in _MEMO:
             _MEMO[key] = honest(msg, pid)
         return _MEMO[key]
+
     return answer
 
 
@@ -115,24 +123,45 @@ def reply_to(msg: Message, content) -> Message:
     return reply
 
 
-def run_rounds(make_strategy, initial: ArrayRecord, honest, partitions, num_rounds: int, min_reply_fraction: float,
-               **grid_kwargs):
+def run_rounds(
+    make_strategy, initial: ArrayRecord, honest, partitions, num_rounds: int, min_reply_fraction: float, **grid_kwargs
+):
     strategy = make_strategy(min_reply_fraction)
-    strategy.start(HostileGrid(honest, partitions, **grid_kwargs), initial_arrays=initial, num_rounds=num_rounds,
-                   timeout=1.0)
+    strategy.start(
+        HostileGrid(honest, partitions, **grid_kwargs), initial_arrays=initial, num_rounds=num_rounds, timeout=1.0
+    )
     return strategy
 
 
-def check_hostile(make_strategy, initial: ArrayRecord, honest, global_state, corruption: Corruption, *,
-                  partitions=(0, 1, 2), hostile: int = 0, num_rounds: int = 2, min_reply_fraction: float = 0.6,
-                  reference=None):
+def check_hostile(
+    make_strategy,
+    initial: ArrayRecord,
+    honest,
+    global_state,
+    corruption: Corruption,
+    *,
+    partitions=(0, 1, 2),
+    hostile: int = 0,
+    num_rounds: int = 2,
+    min_reply_fraction: float = 0.6,
+    reference=None,
+):
     """Run with ``hostile`` corrupted by ``corruption`` and compare with ``reference`` (a strategy that ran with
     ``hostile`` silent; run here when not given). Returns (hostile strategy, reference strategy)."""
     if reference is None:
-        reference = run_rounds(make_strategy, initial, honest, partitions, num_rounds, min_reply_fraction,
-                               silent=[hostile])
-    strategy = run_rounds(make_strategy, initial, honest, partitions, num_rounds, min_reply_fraction,
-                          hostile=hostile, corruption=corruption)
+        reference = run_rounds(
+            make_strategy, initial, honest, partitions, num_rounds, min_reply_fraction, silent=[hostile]
+        )
+    strategy = run_rounds(
+        make_strategy,
+        initial,
+        honest,
+        partitions,
+        num_rounds,
+        min_reply_fraction,
+        hostile=hostile,
+        corruption=corruption,
+    )
     state, wanted = global_state(strategy), global_state(reference)
     assert state.keys() == wanted.keys() and state
     for name in wanted:
@@ -180,6 +209,7 @@ def _first_name(record: ArrayRecord) -> str:
 
 def _set_values(value: float):
     """Put ``value`` into the first array's first element (bfloat16 payloads: as a bfloat16 bit pattern)."""
+
     def change(record):
         name = _first_name(record)
         data = record[name].numpy().copy()
@@ -188,6 +218,7 @@ def _set_values(value: float):
         else:
             data.flat[0] = value
         record[name] = Array(data)
+
     return change
 
 
@@ -195,6 +226,7 @@ def _as_dtype(dtype):
     def change(record):
         name = _first_name(record)
         record[name] = Array(record[name].numpy().astype(dtype))
+
     return change
 
 
@@ -202,6 +234,7 @@ def _reshape(change_shape):
     def change(record):
         name = _first_name(record)
         record[name] = Array(change_shape(record[name].numpy()).copy())  # a copy is C-contiguous, 0-d stays 0-d
+
     return change
 
 
@@ -238,6 +271,7 @@ def _with_metric(key: str, value) -> Callable:
             changed[key] = value
         copy[name] = MetricRecord(changed)
         return copy
+
     return corrupt
 
 
@@ -248,43 +282,71 @@ def array_corruption(name: str, change) -> Corruption:
 METRIC_KEYS = ("num-examples", "labels", "train-loss", "client-seconds")
 
 
-def standard_corruptions(num_classes: int = 10, metric_keys: Iterable[str] = METRIC_KEYS,
-                         payload_dtype: str = "float32") -> list[Corruption]:
+def standard_corruptions(
+    num_classes: int = 10, metric_keys: Iterable[str] = METRIC_KEYS, payload_dtype: str = "float32"
+) -> list[Corruption]:
     """Every kind of bad reply for a method whose replies carry an ArrayRecord and a MetricRecord; metric
     corruptions only for the ``metric_keys`` the method's replies use. Wrong dtypes are every dtype but the
     payload's wire dtype (float32, or int16 for bfloat16)."""
     keys = set(metric_keys)
-    wrong_dtypes = [np.complex64, np.bool_, np.int8, np.float16, np.float64, np.int32,
-                    np.float32 if payload_dtype == "bfloat16" else np.int16]
+    wrong_dtypes = [
+        np.complex64,
+        np.bool_,
+        np.int8,
+        np.float16,
+        np.float64,
+        np.int32,
+        np.float32 if payload_dtype == "bfloat16" else np.int16,
+    ]
     corruptions = [
-        Corruption("client-error", lambda content, msg: Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, "raised"),
-                   counted="failed"),
-        Corruption("node-unavailable", lambda content, msg: (SUPERLINK_NODE_ID, Error(
-            ErrorCode.NODE_UNAVAILABLE, "Node Unavailable")), counted="failed"),
+        Corruption(
+            "client-error",
+            lambda content, msg: Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, "raised"),
+            counted="failed",
+        ),
+        Corruption(
+            "node-unavailable",
+            lambda content, msg: (SUPERLINK_NODE_ID, Error(ErrorCode.NODE_UNAVAILABLE, "Node Unavailable")),
+            counted="failed",
+        ),
         Corruption("never-answers", lambda content, msg: NEVER, counted="failed"),
         array_corruption("nan", _set_values(np.nan)),
         array_corruption("inf", _set_values(np.inf)),
         array_corruption("-inf", _set_values(-np.inf)),
         array_corruption("1e37", _set_values(1e37)),
         array_corruption("1e10", _set_values(1e10)),
-        *[array_corruption(f"dtype-{np.dtype(d).name}", _as_dtype(d))
-          for d in wrong_dtypes],
+        *[array_corruption(f"dtype-{np.dtype(d).name}", _as_dtype(d)) for d in wrong_dtypes],
         array_corruption("wrong-shape", _reshape(lambda a: a.reshape(-1)[:-1] if a.size > 1 else np.zeros(2, a.dtype))),
         array_corruption("scalar-array", _reshape(lambda a: np.asarray(a.reshape(-1)[0]))),
         array_corruption("missing-key", _drop_first),
         array_corruption("extra-huge-key", _extra_huge),
         array_corruption("huge-under-valid-key", _oversized_under_valid_key),
         array_corruption("header-disagrees-with-metadata", _lying_header),
-        Corruption("no-arrays", lambda content, msg: RecordDict(
-            {k: v for k, v in content.items() if not isinstance(v, ArrayRecord)})),
-        Corruption("no-metrics", lambda content, msg: RecordDict(
-            {k: v for k, v in content.items() if not isinstance(v, MetricRecord)})),
+        Corruption(
+            "no-arrays",
+            lambda content, msg: RecordDict({k: v for k, v in content.items() if not isinstance(v, ArrayRecord)}),
+        ),
+        Corruption(
+            "no-metrics",
+            lambda content, msg: RecordDict({k: v for k, v in content.items() if not isinstance(v, MetricRecord)}),
+        ),
     ]
     metric_cases = {
-        "num-examples": [("missing", None), ("1e12", 10 ** 12), ("negative", -5), ("zero", 0), ("float", 50.5),
-                         ("list", [50])],
-        "labels": [("scalar", 3), ("out-of-range", [0, num_classes]), ("negative", [-1]), ("floats", [0.5]),
-                   ("repeated", [1, 1])],
+        "num-examples": [
+            ("missing", None),
+            ("1e12", 10**12),
+            ("negative", -5),
+            ("zero", 0),
+            ("float", 50.5),
+            ("list", [50]),
+        ],
+        "labels": [
+            ("scalar", 3),
+            ("out-of-range", [0, num_classes]),
+            ("negative", [-1]),
+            ("floats", [0.5]),
+            ("repeated", [1, 1]),
+        ],
         "train-loss": [("list", [1.0, 2.0]), ("nan", float("nan")), ("negative", -1.0), ("inf", float("inf"))],
         "client-seconds": [("list", [1.0]), ("negative", -3.0), ("nan", float("nan"))],
     }

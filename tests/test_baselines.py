@@ -39,10 +39,12 @@ def test_tracking_sandwich_prefers_least_assigned():
 def test_superfednas_roles_rotate_and_respect_budgets(flower_ids, cpu_cfg, cpu_cache):
     budgets = {0: cpu_cache.min_macs, 1: 3e6, 2: 8e6, 3: cpu_cache.max_macs}
     nodes = {p: 10 + p for p in budgets}
-    strategy = SuperFedNASStrategy(cpu_cfg, cpu_cache, budgets, nodes, clients_per_round=4, seed=0,
-                                   num_rounds=4, subnet_source="space")
-    state = {k: v.numpy() for k, v in ElasticResNet(cpu_cfg).state_dict().items()
-             if not k.endswith("num_batches_tracked")}
+    strategy = SuperFedNASStrategy(
+        cpu_cfg, cpu_cache, budgets, nodes, clients_per_round=4, seed=0, num_rounds=4, subnet_source="space"
+    )
+    state = {
+        k: v.numpy() for k, v in ElasticResNet(cpu_cfg).state_dict().items() if not k.endswith("num_batches_tracked")
+    }
     max_owners = []
     for rnd in range(1, 5):
         messages = list(strategy.configure_train(rnd, state_to_record(state), ConfigRecord(), grid=None))
@@ -62,10 +64,12 @@ def test_superfednas_roles_rotate_and_respect_budgets(flower_ids, cpu_cfg, cpu_c
 def test_superfednas_client_returns_its_subnet_and_the_server_merges_it(flower_ids, cpu_cfg, cpu_cache):
     """The slice a client received is exactly what it may send back; MaxNet weights apply to the merge."""
     budgets = {0: cpu_cache.min_macs, 1: 3e6}
-    strategy = SuperFedNASStrategy(cpu_cfg, cpu_cache, budgets, {0: 10, 1: 11}, clients_per_round=2, seed=0,
-                                   num_rounds=10, subnet_source="cache")
-    state = {k: v.numpy() for k, v in ElasticResNet(cpu_cfg).state_dict().items()
-             if not k.endswith("num_batches_tracked")}
+    strategy = SuperFedNASStrategy(
+        cpu_cfg, cpu_cache, budgets, {0: 10, 1: 11}, clients_per_round=2, seed=0, num_rounds=10, subnet_source="cache"
+    )
+    state = {
+        k: v.numpy() for k, v in ElasticResNet(cpu_cfg).state_dict().items() if not k.endswith("num_batches_tracked")
+    }
     messages = list(strategy.configure_train(1, state_to_record(state), ConfigRecord(), grid=None))
     replies, subnet_bytes = [], 0
     for msg in messages:
@@ -95,17 +99,25 @@ def test_heterofl_counts_one_per_client_and_masks_classifier_rows(flower_ids, cp
     tiers = [count_macs(width_cfg, width_tier(width_cfg, i)) for i in range(5)]
     budgets = {0: float(tiers[2]), 1: float(tiers[4])}  # rate 1/4 and rate 1
     strategy = HeteroFLStrategy(cpu_cfg, cpu_cache, budgets, {0: 10, 1: 11}, clients_per_round=2, seed=0)
-    state = {k: v.numpy() for k, v in ElasticResNet(width_cfg).state_dict().items()
-             if not k.endswith(("num_batches_tracked", "running_mean", "running_var"))}
-    messages = sorted(strategy.configure_train(1, state_to_record(state), ConfigRecord(), grid=None),
-                      key=lambda m: m.metadata.dst_node_id)
+    state = {
+        k: v.numpy()
+        for k, v in ElasticResNet(width_cfg).state_dict().items()
+        if not k.endswith(("num_batches_tracked", "running_mean", "running_var"))
+    }
+    messages = sorted(
+        strategy.configure_train(1, state_to_record(state), ConfigRecord(), grid=None),
+        key=lambda m: m.metadata.dst_node_id,
+    )
     small = record_to_state(messages[0].content.array_records["arrays"])
     assert small["stem_conv.weight"].shape[0] == round(16 / 4)  # rate 1/4 of 16 stem channels
     assert not any(k.endswith("running_mean") for k in small)  # static BN: no running statistics
     replies = [
         _reply(messages[0], {k: np.full_like(v, 2.0) for k, v in small.items()}, 100),
-        _reply(messages[1], {k: np.full_like(v, 4.0) for k, v in
-                             record_to_state(messages[1].content.array_records["arrays"]).items()}, 1),
+        _reply(
+            messages[1],
+            {k: np.full_like(v, 4.0) for k, v in record_to_state(messages[1].content.array_records["arrays"]).items()},
+            1,
+        ),
     ]
     replies[0].content.metric_records["metrics"] = MetricRecord({"num-examples": 100, "labels": [0, 1]})
     replies[1].content.metric_records["metrics"] = MetricRecord({"num-examples": 1, "labels": [1, 2]})
@@ -141,16 +153,20 @@ def test_fedrolex_trains_different_channels_each_round(flower_ids, cpu_cfg, cpu_
     width_cfg = width_sliced_config(cpu_cfg)
     budgets = {0: float(count_macs(width_cfg, width_tier(width_cfg, 3)))}  # rate 1/2
     strategy = FedRolexStrategy(cpu_cfg, cpu_cache, budgets, {0: 10}, clients_per_round=1, seed=0)
-    state = {k: v.numpy() for k, v in ElasticResNet(width_cfg).state_dict().items()
-             if not k.endswith(("num_batches_tracked", "running_mean", "running_var"))}
+    state = {
+        k: v.numpy()
+        for k, v in ElasticResNet(width_cfg).state_dict().items()
+        if not k.endswith(("num_batches_tracked", "running_mean", "running_var"))
+    }
     touched = []
     for rnd in (1, 2):
         msg = list(strategy.configure_train(rnd, state_to_record(state), ConfigRecord(), grid=None))[0]
         sent = record_to_state(msg.content.array_records["arrays"])
         record, _ = strategy.aggregate_train(rnd, [_reply(msg, {k: v + 1 for k, v in sent.items()}, 5)])
         merged = record_to_state(record)
-        changed = np.flatnonzero(~np.isclose(merged["stem_conv.weight"][:, 0, 0, 0],
-                                             state["stem_conv.weight"][:, 0, 0, 0]))
+        changed = np.flatnonzero(
+            ~np.isclose(merged["stem_conv.weight"][:, 0, 0, 0], state["stem_conv.weight"][:, 0, 0, 0])
+        )
         touched.append(changed.tolist())
     assert touched[0] != touched[1]
     assert touched[0] == sorted(np.roll(np.arange(16), 1)[:8].tolist())

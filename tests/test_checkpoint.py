@@ -11,8 +11,13 @@ import pytest
 import torch
 
 import fl_app.checkpoint as checkpoint
-from fl_app.checkpoint import (load_round_checkpoint, load_verified, model_fingerprint, save_verified,
-                               write_round_checkpoint)
+from fl_app.checkpoint import (
+    load_round_checkpoint,
+    load_verified,
+    model_fingerprint,
+    save_verified,
+    write_round_checkpoint,
+)
 from fl_app.config import validate_run_config
 
 SUPERNET_JSON = Path(__file__).resolve().parents[1] / "fl_app" / "supernets" / "cpu.json"
@@ -20,8 +25,10 @@ SUPERNET_JSON = Path(__file__).resolve().parents[1] / "fl_app" / "supernets" / "
 
 def _state() -> dict[str, np.ndarray]:
     # small and recognisable: the test finds these bytes in the file
-    return {"stem_conv.weight": np.arange(64, dtype=np.float32).reshape(4, 16) + 1000.0,
-            "classifier.bias": np.zeros(10, dtype=np.float32)}
+    return {
+        "stem_conv.weight": np.arange(64, dtype=np.float32).reshape(4, 16) + 1000.0,
+        "classifier.bias": np.zeros(10, dtype=np.float32),
+    }
 
 
 def _run(**kw):
@@ -55,8 +62,11 @@ def test_a_checkpoint_of_another_supernet_with_the_same_run_config_is_refused(tm
     other = json.loads(net.read_text())
     other["original_stage_base_channels"] = [16, 32, 64, 256]
     net.write_text(json.dumps(other))  # same path, same run config, another supernet
-    with pytest.raises(ValueError, match=r"a checkpoint of another model \(model original_stage_base_channels: "
-                                         r"checkpoint \[16, 32, 64, 128\] vs now \[16, 32, 64, 256\]\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"a checkpoint of another model \(model original_stage_base_channels: "
+        r"checkpoint \[16, 32, 64, 128\] vs now \[16, 32, 64, 256\]\)",
+    ):
         load_round_checkpoint(tmp_path, run, 4)
 
 

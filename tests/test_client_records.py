@@ -16,13 +16,18 @@ from fl_app.supernet import count_macs, load_supernet_config
 
 
 def sent(node, server_round=1):
-    return SimpleNamespace(metadata=SimpleNamespace(message_type=MessageType.TRAIN, dst_node_id=node),
-                           content=SimpleNamespace(config_records={"config": {"server-round": server_round}}))
+    return SimpleNamespace(
+        metadata=SimpleNamespace(message_type=MessageType.TRAIN, dst_node_id=node),
+        content=SimpleNamespace(config_records={"config": {"server-round": server_round}}),
+    )
 
 
 def reply(node, error=False, **metrics):
-    return SimpleNamespace(metadata=SimpleNamespace(src_node_id=node), has_error=lambda: error,
-                           content=SimpleNamespace(metric_records={"metrics": metrics}))
+    return SimpleNamespace(
+        metadata=SimpleNamespace(src_node_id=node),
+        has_error=lambda: error,
+        content=SimpleNamespace(metric_records={"metrics": metrics}),
+    )
 
 
 class FakeGrid:
@@ -38,13 +43,28 @@ class FakeGrid:
 
 def test_client_records_sum_last_and_max_over_rounds():
     records = ClientRecords({0: 5e5, 1: 2e6, 2: 1e7}, {0: 100, 1: 200, 2: 300}, {0: 10, 1: 11, 2: 12})
-    grid = records.wrap(FakeGrid([reply(10, **{"train-loss": 2.0, "client-seconds": 1.5, "train-flops": 1e9,
-                                               "peak-rss-mb": 300.0}),
-                                  reply(11, error=True, **{"train-flops": 5e9})]))
+    grid = records.wrap(
+        FakeGrid(
+            [
+                reply(10, **{"train-loss": 2.0, "client-seconds": 1.5, "train-flops": 1e9, "peak-rss-mb": 300.0}),
+                reply(11, error=True, **{"train-flops": 5e9}),
+            ]
+        )
+    )
     grid.send_and_receive([sent(10), sent(11)])
-    grid._grid.answers = [reply(10, **{"train-loss": 1.0, "client-seconds": 0.5, "train-flops": 2e9,
-                                       "peak-rss-mb": 250.0, "cuda-peak-mb": -1.0}),
-                          reply(12, **{"train-loss": float("nan"), "train-flops": "many", "client-seconds": 1e3})]
+    grid._grid.answers = [
+        reply(
+            10,
+            **{
+                "train-loss": 1.0,
+                "client-seconds": 0.5,
+                "train-flops": 2e9,
+                "peak-rss-mb": 250.0,
+                "cuda-peak-mb": -1.0,
+            },
+        ),
+        reply(12, **{"train-loss": float("nan"), "train-flops": "many", "client-seconds": 1e3}),
+    ]
     grid.send_and_receive([sent(10, 2), sent(12, 2)])
     assert grid.get_node_ids() == [10, 11, 12]  # everything else is the wrapped grid's
     rows = {r["partition_id"]: r for r in records.rows()}
@@ -75,8 +95,11 @@ def test_training_flops_are_six_per_mac_per_sample():
     cfg = load_supernet_config("cpu", n_classes=10)
     largest, smallest = cfg.max_subnet(), cfg.min_subnet()
     costs = train_costs(cfg, largest, smallest, [largest, smallest], samples=32 * 3)
-    step = count_macs(cfg, largest) + count_macs(cfg, smallest) + (count_macs(cfg, largest)
-                                                                    + count_macs(cfg, smallest)) / 2
+    step = (
+        count_macs(cfg, largest)
+        + count_macs(cfg, smallest)
+        + (count_macs(cfg, largest) + count_macs(cfg, smallest)) / 2
+    )
     assert costs["train-flops"] == pytest.approx(6 * 96 * step)
     assert costs["trained-macs"] == count_macs(cfg, largest)
     assert costs["peak-rss-mb"] > 10 and costs["cuda-peak-mb"] >= 0

@@ -30,40 +30,53 @@ def test_readme_documents_every_key():
     assert not missing
 
 
-@pytest.mark.parametrize("override, fragment", [
-    ({"num-server-round": 3}, "unknown key 'num-server-round' (did you mean 'num-server-rounds'?)"),
-    ({"method": "fedx"}, "method='fedx': allowed values are ['feast'"),
-    ({"dataset": "mnist"}, "dataset='mnist': allowed values are ['cifar10', 'cifar100', 'cinic10', 'tinyimagenet']"),
-    ({"gamma": -0.5}, "gamma=-0.5: must be in [0, 10]"),
-    ({"lr": "fast"}, "lr='fast': expected a finite number in (0, 10]"),
-    ({"payload-dtype": "float16"}, "payload-dtype='float16': allowed values are ['float32', 'bfloat16']"),
-    ({"train-subnets": "min,random"}, "train-subnets='min,random'"),
-    ({"train-subnets": "max,max"}, "train-subnets='max,max': allowed: a comma list of ['max', 'min', 'random'] without "
-                                   "repeats"),
-    ({"train-subnets": "max,,min"}, "train-subnets='max,,min': an empty item"),
-    ({"tiers": "3e6,"}, "tiers='3e6,': an empty item; allowed: empty, or comma-separated MACs, each a number in "
-                        "[1, 1e12]"),
-    ({"tiers": "inf"}, "tiers='inf': inf is out of range"),
-    ({"tiers": "nan"}, "tiers='nan': nan is out of range"),
-    ({"tiers": "1e30"}, "tiers='1e30': 1e30 is out of range"),
-    ({"tiers": "0,3e6"}, "tiers='0,3e6': 0 is out of range"),
-    ({"tiers": "3e6;5e6"}, "tiers='3e6;5e6': '3e6;5e6' is not a number"),
-    ({"faulty-partitions": "1.5"}, "faulty-partitions='1.5': '1.5' is not a partition id; allowed: empty, or "
-                                   "comma-separated partition ids, each an integer in [0, 100000)"),
-    ({"faulty-partitions": "-1"}, "faulty-partitions='-1': '-1' is not a partition id"),
-    ({"faulty-partitions": "0,"}, "faulty-partitions='0,': an empty item"),
-    ({"budget-levels": 10**9}, "budget-levels=1000000000: must be in [0, 100000]"),
-    ({"topo-tau": 1e-45}, "topo-tau=1e-45: must be in [0.001, 100]"),
-    ({"lr": float("inf")}, "lr=inf: expected a finite number in (0, 10]"),
-    ({"seed": 2**40}, "seed=1099511627776: must be in [0, 4294967295]"),
-    ({"budget-levels": 1e9}, "budget-levels=1000000000.0: expected an integer in [0, 100000]"),
-    ({"method": 3}, "method=3: expected a string"),
-    ({"data-source": "local"}, "data-path: required when data-source='local'"),
-    ({"dataset": "cifar100"}, "data-source='sample' only bundles cifar10"),
-    ({"output-dir": "relative/dir"}, "output-dir='relative/dir': must be an absolute path"),
-    ({"kd-ratio": 1.5}, "kd-ratio=1.5: must be in [0, 1]"),
-    ({"routing": "yes"}, "routing='yes': expected a bool (true or false)"),
-])
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ({"num-server-round": 3}, "unknown key 'num-server-round' (did you mean 'num-server-rounds'?)"),
+        ({"method": "fedx"}, "method='fedx': allowed values are ['feast'"),
+        (
+            {"dataset": "mnist"},
+            "dataset='mnist': allowed values are ['cifar10', 'cifar100', 'cinic10', 'tinyimagenet']",
+        ),
+        ({"gamma": -0.5}, "gamma=-0.5: must be in [0, 10]"),
+        ({"lr": "fast"}, "lr='fast': expected a finite number in (0, 10]"),
+        ({"payload-dtype": "float16"}, "payload-dtype='float16': allowed values are ['float32', 'bfloat16']"),
+        ({"train-subnets": "min,random"}, "train-subnets='min,random'"),
+        (
+            {"train-subnets": "max,max"},
+            "train-subnets='max,max': allowed: a comma list of ['max', 'min', 'random'] without repeats",
+        ),
+        ({"train-subnets": "max,,min"}, "train-subnets='max,,min': an empty item"),
+        (
+            {"tiers": "3e6,"},
+            "tiers='3e6,': an empty item; allowed: empty, or comma-separated MACs, each a number in [1, 1e12]",
+        ),
+        ({"tiers": "inf"}, "tiers='inf': inf is out of range"),
+        ({"tiers": "nan"}, "tiers='nan': nan is out of range"),
+        ({"tiers": "1e30"}, "tiers='1e30': 1e30 is out of range"),
+        ({"tiers": "0,3e6"}, "tiers='0,3e6': 0 is out of range"),
+        ({"tiers": "3e6;5e6"}, "tiers='3e6;5e6': '3e6;5e6' is not a number"),
+        (
+            {"faulty-partitions": "1.5"},
+            "faulty-partitions='1.5': '1.5' is not a partition id; allowed: empty, or "
+            "comma-separated partition ids, each an integer in [0, 100000)",
+        ),
+        ({"faulty-partitions": "-1"}, "faulty-partitions='-1': '-1' is not a partition id"),
+        ({"faulty-partitions": "0,"}, "faulty-partitions='0,': an empty item"),
+        ({"budget-levels": 10**9}, "budget-levels=1000000000: must be in [0, 100000]"),
+        ({"topo-tau": 1e-45}, "topo-tau=1e-45: must be in [0.001, 100]"),
+        ({"lr": float("inf")}, "lr=inf: expected a finite number in (0, 10]"),
+        ({"seed": 2**40}, "seed=1099511627776: must be in [0, 4294967295]"),
+        ({"budget-levels": 1e9}, "budget-levels=1000000000.0: expected an integer in [0, 100000]"),
+        ({"method": 3}, "method=3: expected a string"),
+        ({"data-source": "local"}, "data-path: required when data-source='local'"),
+        ({"dataset": "cifar100"}, "data-source='sample' only bundles cifar10"),
+        ({"output-dir": "relative/dir"}, "output-dir='relative/dir': must be an absolute path"),
+        ({"kd-ratio": 1.5}, "kd-ratio=1.5: must be in [0, 1]"),
+        ({"routing": "yes"}, "routing='yes': expected a bool (true or false)"),
+    ],
+)
 def test_bad_values_are_named(override, fragment):
     with pytest.raises(ValueError) as err:
         validate_run_config(override)
@@ -129,8 +142,9 @@ def test_every_number_has_a_finite_range():
 
 
 def test_readme_states_every_range():
-    rows = {line.split("`")[1]: line for line in (ROOT / "README.md").read_text().splitlines()
-            if line.startswith("| `")}
+    rows = {
+        line.split("`")[1]: line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `")
+    }
     missing = [key for key, spec in KEYS.items() if spec.check and spec.rule not in rows.get(key, "")]
     assert not missing
 
@@ -138,8 +152,11 @@ def test_readme_states_every_range():
 def test_faulty_partitions_beyond_the_federation_are_refused():
     run = validate_run_config({"faulty-partitions": "1,7"})
     assert run.clients_per_round(8) == 4
-    with pytest.raises(ValueError, match=r"faulty-partitions='1,7': partition ids \[7\] do not exist; allowed: ids "
-                                         r"in \[0, 4\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"faulty-partitions='1,7': partition ids \[7\] do not exist; allowed: ids "
+        r"in \[0, 4\)",
+    ):
         run.clients_per_round(4)
     with pytest.raises(ValueError, match="faulty-partitions"):
         Federation.build(run, 4).client_budgets(run, {})

@@ -116,8 +116,11 @@ def test_fractional_labels_are_refused_not_truncated(tmp_path, monkeypatch):
     monkeypatch.setenv("FL_APP_CACHE", str(tmp_path / "cache"))
     root = _local_parquet(tmp_path / "data", train_labels=[1.5] + [1.0] * 19)
     load_dataset.cache_clear()
-    with pytest.raises(ValueError, match=r"train\.parquet, column 'label': labels must be integers in \[0, 9\]; "
-                                         "found dtype float64"):
+    with pytest.raises(
+        ValueError,
+        match=r"train\.parquet, column 'label': labels must be integers in \[0, 9\]; "
+        "found dtype float64",
+    ):
         load_dataset("cifar10", "local", str(root))
     load_dataset.cache_clear()
 
@@ -143,7 +146,10 @@ def test_a_decoded_cache_with_bad_labels_is_refused(tmp_path, monkeypatch):
     arrays["test_labels"][3] = 42
     np.savez(cache_file, **arrays)
     load_dataset.cache_clear()
-    with pytest.raises(ValueError, match=r"decoded test split; delete it to decode again\): labels must be "
-                                         r"integers in \[0, 9\] .*\(values 42; first at row 3\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"decoded test split; delete it to decode again\): labels must be "
+        r"integers in \[0, 9\] .*\(values 42; first at row 3\)",
+    ):
         load_dataset("cifar10", "local", str(root))
     load_dataset.cache_clear()

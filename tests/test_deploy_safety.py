@@ -42,7 +42,7 @@ def test_private_keys_are_created_0600_atomically(tmp_path, open_calls):
     old_umask = os.umask(0)  # a permissive umask must not widen what is asked for
     try:
         paths = deploy.make_certs(tmp_path / "certs")
-        (private, public), = deploy.make_node_keys(tmp_path / "keys", 1)
+        ((private, public),) = deploy.make_node_keys(tmp_path / "keys", 1)
     finally:
         os.umask(old_umask)
     for key in (paths["key"], tmp_path / "certs" / "ca.key", private):
@@ -93,8 +93,21 @@ def test_a_planted_symlink_at_a_key_path_is_never_followed(tmp_path):
     assert victim.read_text() == "precious"
 
 
-@pytest.mark.parametrize("host", ["", " ", "bad host", "a;rm -rf ~", "-lead.example", "x" * 64 + ".example",
-                                  "under_score.example", "a..b", "example.com.", "1.2.3.4:80"])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "",
+        " ",
+        "bad host",
+        "a;rm -rf ~",
+        "-lead.example",
+        "x" * 64 + ".example",
+        "under_score.example",
+        "a..b",
+        "example.com.",
+        "1.2.3.4:80",
+    ],
+)
 def test_bad_host_names_are_refused_before_anything_is_written(tmp_path, host):
     with pytest.raises(ValueError, match=r"--host .*: not a DNS name or an IP address"):
         deploy.make_certs(tmp_path / "certs", [host])
@@ -107,7 +120,8 @@ def test_good_host_names_end_up_in_the_certificate(tmp_path):
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "fl-1.example.org" in san.get_values_for_type(x509.DNSName)
     assert {ipaddress.ip_address("10.0.0.5"), ipaddress.ip_address("fe80::1")} <= set(
-        san.get_values_for_type(x509.IPAddress))
+        san.get_values_for_type(x509.IPAddress)
+    )
     lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
     assert 86400 < lifetime.total_seconds() <= 86400 + 600
 
@@ -123,8 +137,11 @@ def test_insecure_mode_stays_on_loopback_unless_told_loudly(tmp_path, capsys):
     for host in ("127.0.0.1", "::1", "localhost", "127.0.0.2"):
         assert "--insecure" in deploy.superlink_command(tmp_path, host=host, insecure=True)
     for host in ("0.0.0.0", "::", "10.0.0.5", "fl.example.org"):
-        with pytest.raises(ValueError, match=rf"--host '{host}': the insecure local-test mode .* loopback .* "
-                                             "--insecure-allow-remote"):
+        with pytest.raises(
+            ValueError,
+            match=rf"--host '{host}': the insecure local-test mode .* loopback .* "
+            "--insecure-allow-remote",
+        ):
             deploy.superlink_command(tmp_path, host=host, insecure=True)
     with pytest.raises(ValueError, match="--superlink '10.0.0.5'"):
         deploy.supernode_command("10.0.0.5:9093", 0, 1, 9094, insecure=True)
@@ -154,17 +171,31 @@ def test_recipe_quotes_every_path(tmp_path):
     node = next(tokens for tokens in parsed if tokens[0] == "flower-supernode")
     assert node[node.index("--auth-supernode-private-key") + 1] == str((folder / "keys" / "supernode-0").resolve())
     insecure = deploy.recipe(folder, 1, insecure_local_test=True).splitlines()
-    assert ["mkdir", "-p", str(folder / "insecure-superlink")] in [shlex.split(line) for line in insecure
-                                                                   if line.startswith("mkdir")]
+    assert ["mkdir", "-p", str(folder / "insecure-superlink")] in [
+        shlex.split(line) for line in insecure if line.startswith("mkdir")
+    ]
 
 
 def test_recipe_and_node_options_are_checked(capsys):
-    for argv, fragment in ((["recipe", "--budgets", "5e6,inf"], "--budgets '5e6,inf': inf is out of range"),
-                           (["recipe", "--nodes", "2", "--budgets", "5e6"], "1 values for --nodes 2"),
-                           (["recipe", "--host", "bad host"], "--host 'bad host': not a DNS name"),
-                           (["supernode", "--superlink", "127.0.0.1:9093", "--partition-id", "2",
-                             "--num-partitions", "2", "--insecure-local-test", "--print"],
-                            "--partition-id 2: must be in [0, --num-partitions 2)")):
+    for argv, fragment in (
+        (["recipe", "--budgets", "5e6,inf"], "--budgets '5e6,inf': inf is out of range"),
+        (["recipe", "--nodes", "2", "--budgets", "5e6"], "1 values for --nodes 2"),
+        (["recipe", "--host", "bad host"], "--host 'bad host': not a DNS name"),
+        (
+            [
+                "supernode",
+                "--superlink",
+                "127.0.0.1:9093",
+                "--partition-id",
+                "2",
+                "--num-partitions",
+                "2",
+                "--insecure-local-test",
+                "--print",
+            ],
+            "--partition-id 2: must be in [0, --num-partitions 2)",
+        ),
+    ):
         with pytest.raises(SystemExit) as exit_:
             deploy.main(argv)
         assert exit_.value.code == 2 and fragment in capsys.readouterr().err, argv

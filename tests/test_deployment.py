@@ -57,18 +57,35 @@ def tls_deployment(tmp_path, request):
     procs.append(superlink)
     deploy.wait_for_port("127.0.0.1", superlink_port, timeout=90, proc=superlink)
     deploy.write_connection(home, CONNECTION, address, certs["ca"])
-    node_ids = [deploy.register_node(public, CONNECTION, env=env, name=f"partition-{i}")
-                for i, (_, public) in enumerate(keys[:NUM_NODES])]
+    node_ids = [
+        deploy.register_node(public, CONNECTION, env=env, name=f"partition-{i}")
+        for i, (_, public) in enumerate(keys[:NUM_NODES])
+    ]
 
     def start_supernode(index: int, partition_id: int, num_partitions: int, **kwargs):
-        proc = deploy.start_supernode(tmp_path / f"supernode-{index}" / "supernode.log", address, partition_id,
-                                      num_partitions, node_ports[index], certs["ca"], keys[index][0], env=env,
-                                      **kwargs)
+        proc = deploy.start_supernode(
+            tmp_path / f"supernode-{index}" / "supernode.log",
+            address,
+            partition_id,
+            num_partitions,
+            node_ports[index],
+            certs["ca"],
+            keys[index][0],
+            env=env,
+            **kwargs,
+        )
         procs.append(proc)
         return proc
 
-    yield SimpleNamespace(tmp=tmp_path, env=env, address=address, node_ids=node_ids, superlink=superlink,
-                          start_supernode=start_supernode, started=started)
+    yield SimpleNamespace(
+        tmp=tmp_path,
+        env=env,
+        address=address,
+        node_ids=node_ids,
+        superlink=superlink,
+        start_supernode=start_supernode,
+        started=started,
+    )
 
 
 def test_tls_deployment_runs_and_refuses_unregistered_supernode(tls_deployment):
@@ -98,8 +115,14 @@ def test_tls_deployment_runs_and_refuses_unregistered_supernode(tls_deployment):
     _wait_for(all_online, timeout=90, what="both SuperNodes online")
 
     out = d.tmp / "out"
-    run_id, status = flwr_run({**RUN_CONFIG, "output-dir": str(out)}, federation=None, env=d.env, timeout=900,
-                              log_file=d.tmp / "flwr_run.log", superlink=CONNECTION)
+    run_id, status = flwr_run(
+        {**RUN_CONFIG, "output-dir": str(out)},
+        federation=None,
+        env=d.env,
+        timeout=900,
+        log_file=d.tmp / "flwr_run.log",
+        superlink=CONNECTION,
+    )
     server_log = (d.tmp / "flwr_run.log").read_text()
     assert status == "finished:completed", server_log[-3000:]
 
@@ -110,8 +133,10 @@ def test_tls_deployment_runs_and_refuses_unregistered_supernode(tls_deployment):
 
     # `flwr ls` on the deployment connection shows the run; the SuperLink never listed the refused SuperNode.
     listing = deploy.flwr_cli(["ls", CONNECTION, "--run-id", run_id, "--format", "json"], env=d.env)
-    assert json.loads(listing.stdout[listing.stdout.find("{"):])["runs"][0]["status"] == "finished:completed"
+    assert json.loads(listing.stdout[listing.stdout.find("{") :])["runs"][0]["status"] == "finished:completed"
     assert sorted(int(n["node-id"]) for n in deploy.list_nodes(CONNECTION, env=d.env)) == sorted(d.node_ids)
 
-    print(f"\n[test_deployment] run {run_id}: {status}, pwa={summary['population_weighted_accuracy']}, "
-          f"wall time {time.monotonic() - d.started:.1f} s")
+    print(
+        f"\n[test_deployment] run {run_id}: {status}, pwa={summary['population_weighted_accuracy']}, "
+        f"wall time {time.monotonic() - d.started:.1f} s"
+    )

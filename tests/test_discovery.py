@@ -13,8 +13,7 @@ class SlowGrid:
     """Nodes answer one reply per pull; a reply, once pulled, is gone (asking for it again is an error), as on
     Flower's grids. ``late`` nodes connect while the server prepares."""
 
-    def __init__(self, nodes: dict[int, int], late: dict[int, int] | None = None,
-                 latest: dict[int, int] | None = None):
+    def __init__(self, nodes: dict[int, int], late: dict[int, int] | None = None, latest: dict[int, int] | None = None):
         self.nodes, self.late, self.latest = dict(nodes), dict(late or {}), dict(latest or {})
         self.waiting: dict[str, Message] = {}
         self.delivered: set[str] = set()
@@ -33,8 +32,16 @@ class SlowGrid:
         for msg in messages:
             mid = f"q{msg.metadata.dst_node_id}"
             msg.metadata.__dict__["_message_id"] = mid
-            reply = Message(RecordDict({"config": ConfigRecord({"partition-id": self.nodes[msg.metadata.dst_node_id],
-                                                                "num-partitions": 4})}), reply_to=msg)
+            reply = Message(
+                RecordDict(
+                    {
+                        "config": ConfigRecord(
+                            {"partition-id": self.nodes[msg.metadata.dst_node_id], "num-partitions": 4}
+                        )
+                    }
+                ),
+                reply_to=msg,
+            )
             reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
             self.waiting[mid] = reply
             ids.append(mid)
@@ -55,8 +62,9 @@ class SlowGrid:
 def test_every_node_is_found_across_several_pulls_and_late_nodes_are_asked(flower_ids):
     grid = SlowGrid({10: 0, 11: 1}, late={12: 2}, latest={13: 3})
     prepared = []
-    nodes = discover_nodes(grid, timeout=10, settle=0.5,
-                           while_waiting=lambda: (prepared.append(True), grid.connect_late_nodes()))
+    nodes = discover_nodes(
+        grid, timeout=10, settle=0.5, while_waiting=lambda: (prepared.append(True), grid.connect_late_nodes())
+    )
     assert prepared == [True]
     assert {pid: info["node_id"] for pid, info in nodes.items()} == {0: 10, 1: 11, 2: 12, 3: 13}
 
@@ -68,8 +76,11 @@ def test_two_nodes_claiming_one_partition_are_refused(flower_ids):
 
 def test_a_supernode_of_another_federation_size_is_refused_by_name(flower_ids):
     nodes = discover_nodes(SlowGrid({10: 0, 11: 1}), timeout=10, settle=0.2)  # both say num-partitions=4
-    with pytest.raises(ValueError, match=r"SuperNode 10 \(partition-id=0\) has num-partitions=4 .* 2 SuperNodes "
-                                         r"answered .* every SuperNode needs num-partitions=2"):
+    with pytest.raises(
+        ValueError,
+        match=r"SuperNode 10 \(partition-id=0\) has num-partitions=4 .* 2 SuperNodes "
+        r"answered .* every SuperNode needs num-partitions=2",
+    ):
         check_federation(nodes)
     check_federation({0: {"node_id": 10, "num-partitions": 2}, 1: {"node_id": 11, "num-partitions": 2}})
 

@@ -35,8 +35,16 @@ def _initial(cfg):
 
 def _feast(cfg, cache, **kw):
     budgets = {0: cache.min_macs, 1: 3e6, 2: cache.max_macs}
-    return FeastStrategy(cfg, cache, budgets, {p: 100 + p for p in budgets}, clients_per_round=3, seed=0,
-                         examples_of_partition=EXAMPLES, **kw)
+    return FeastStrategy(
+        cfg,
+        cache,
+        budgets,
+        {p: 100 + p for p in budgets},
+        clients_per_round=3,
+        seed=0,
+        examples_of_partition=EXAMPLES,
+        **kw,
+    )
 
 
 def _reply(msg: Message, state: dict | None, metrics: dict) -> Message:
@@ -89,7 +97,7 @@ def _hostile(kind: str, msg: Message, cfg, full: dict) -> Message | None:
     elif kind == "no-arrays":
         state = None
     elif kind == "absurd-num-examples":
-        metrics["num-examples"] = 10 ** 12
+        metrics["num-examples"] = 10**12
     elif kind == "negative-num-examples":
         metrics["num-examples"] = -5
     elif kind == "wrong-labels":
@@ -97,13 +105,25 @@ def _hostile(kind: str, msg: Message, cfg, full: dict) -> Message | None:
     return _reply(msg, state, metrics)
 
 
-FAULTS = ["error", "no-answer", "wrong-shape", "beyond-bounds", "nan", "inf", "missing-key", "no-arrays",
-          "absurd-num-examples", "negative-num-examples", "wrong-labels"]
+FAULTS = [
+    "error",
+    "no-answer",
+    "wrong-shape",
+    "beyond-bounds",
+    "nan",
+    "inf",
+    "missing-key",
+    "no-arrays",
+    "absurd-num-examples",
+    "negative-num-examples",
+    "wrong-labels",
+]
 
 
 @pytest.mark.parametrize("kind", FAULTS)
-def test_a_faulty_client_is_left_out_and_the_aggregate_equals_that_of_the_valid_replies(flower_ids, cpu_cfg,
-                                                                                       cpu_cache, kind):
+def test_a_faulty_client_is_left_out_and_the_aggregate_equals_that_of_the_valid_replies(
+    flower_ids, cpu_cfg, cpu_cache, kind
+):
     full = _initial(cpu_cfg)
     strategy = _feast(cpu_cfg, cpu_cache, min_reply_fraction=0.5)
     messages = list(strategy.configure_train(1, state_to_record(full), ConfigRecord(), grid=None))
@@ -112,8 +132,11 @@ def test_a_faulty_client_is_left_out_and_the_aggregate_equals_that_of_the_valid_
     record, metrics = strategy.aggregate_train(1, [r for r in replies if r is not None])
 
     clean = _feast(cpu_cfg, cpu_cache)
-    clean_messages = [m for m in clean.configure_train(1, state_to_record(full), ConfigRecord(), grid=None)
-                      if m.metadata.dst_node_id != 100]
+    clean_messages = [
+        m
+        for m in clean.configure_train(1, state_to_record(full), ConfigRecord(), grid=None)
+        if m.metadata.dst_node_id != 100
+    ]
     clean.routed.pop(0)
     clean.rounds[1].sampled = [1, 2]
     expected, _ = clean.aggregate_train(1, [_valid(m) for m in clean_messages])
@@ -145,8 +168,17 @@ def test_a_strategy_restored_from_its_checkpoint_state_continues_exactly(flower_
         if kind == "feast":
             return _feast(cpu_cfg, cpu_cache)
         budgets = {0: cpu_cache.min_macs, 1: 3e6, 2: cpu_cache.max_macs}
-        return SuperFedNASStrategy(cpu_cfg, cpu_cache, budgets, {p: 100 + p for p in budgets}, clients_per_round=2,
-                                   seed=0, num_rounds=4, subnet_source="cache", examples_of_partition=EXAMPLES)
+        return SuperFedNASStrategy(
+            cpu_cfg,
+            cpu_cache,
+            budgets,
+            {p: 100 + p for p in budgets},
+            clients_per_round=2,
+            seed=0,
+            num_rounds=4,
+            subnet_source="cache",
+            examples_of_partition=EXAMPLES,
+        )
 
     initial = _initial(cpu_cfg)
     straight = make()
@@ -161,8 +193,9 @@ def test_a_strategy_restored_from_its_checkpoint_state_continues_exactly(flower_
 
     for k in final:
         np.testing.assert_array_equal(continued[k], final[k], err_msg=k)
-    assert {r: log_.to_dict() for r, log_ in resumed.rounds.items()} == \
-           {r: log_.to_dict() for r, log_ in straight.rounds.items()}
+    assert {r: log_.to_dict() for r, log_ in resumed.rounds.items()} == {
+        r: log_.to_dict() for r, log_ in straight.rounds.items()
+    }
     assert not np.array_equal(after_two["stem_conv.weight"], final["stem_conv.weight"])  # rounds 3-4 did work
 
 
@@ -172,14 +205,22 @@ def test_checkpoint_round_trip_restores_state_metrics_and_rng(tmp_path, cpu_cfg)
     torch.manual_seed(3), np.random.seed(3), random.seed(3)
     np.random.normal()  # numpy now holds a cached Gaussian, part of its state
     rng = capture_rng()
-    path = write_round_checkpoint(tmp_path, 2, run, 8, state, {"rounds": {1: {"x": [1, 2]}}},
-                                  {"rows": [{"round": 2, "test_accuracy": 0.5}], "last": {}})
+    path = write_round_checkpoint(
+        tmp_path,
+        2,
+        run,
+        8,
+        state,
+        {"rounds": {1: {"x": [1, 2]}}},
+        {"rows": [{"round": 2, "test_accuracy": 0.5}], "last": {}},
+    )
     expected_draws = (torch.rand(3), np.random.normal(size=3), random.random())
     torch.manual_seed(99), np.random.seed(99), random.seed(99)
 
     # resuming with another output folder and checkpoint cadence is allowed
-    resumed_run = validate_run_config({"num-server-rounds": 4, "output-dir": str(tmp_path / "b"),
-                                       "checkpoint-every": 1, "resume-from": str(tmp_path)})
+    resumed_run = validate_run_config(
+        {"num-server-rounds": 4, "output-dir": str(tmp_path / "b"), "checkpoint-every": 1, "resume-from": str(tmp_path)}
+    )
     blob = load_round_checkpoint(tmp_path, resumed_run, 8)
     assert blob["round"] == 2 and blob["metrics"]["rows"][0]["test_accuracy"] == 0.5
     assert blob["strategy"] == {"rounds": {1: {"x": [1, 2]}}}
@@ -232,8 +273,16 @@ class ChurnGrid:
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = mid = uuid.uuid4().hex
             node = msg.metadata.dst_node_id
-            self.queries[mid] = reply_to(msg, RecordDict({"config": ConfigRecord({
-                "partition-id": self.nodes[node], "num-partitions": self.num_partitions.get(node, 3)})}))
+            self.queries[mid] = reply_to(
+                msg,
+                RecordDict(
+                    {
+                        "config": ConfigRecord(
+                            {"partition-id": self.nodes[node], "num-partitions": self.num_partitions.get(node, 3)}
+                        )
+                    }
+                ),
+            )
             ids.append(mid)
         return ids
 
@@ -249,8 +298,9 @@ class ChurnGrid:
             node = msg.metadata.dst_node_id
             self.sent[(self.round, self.nodes[node])] = (node, record_bytes(msg.content.array_records["arrays"]))
             if node == dead:
-                replies.append(reply_to(msg, (SUPERLINK_NODE_ID, Error(ErrorCode.NODE_UNAVAILABLE,
-                                                                         "Node Unavailable"))))
+                replies.append(
+                    reply_to(msg, (SUPERLINK_NODE_ID, Error(ErrorCode.NODE_UNAVAILABLE, "Node Unavailable")))
+                )
             else:
                 replies.append(reply_to(msg, self.honest(msg, self.nodes[node])))
         if dead is not None:
@@ -281,9 +331,14 @@ def test_a_node_killed_mid_run_is_counted_once_skipped_while_gone_and_used_when_
     assert rounds[2].row(2)["replies"] == 2 and rounds[2].row(2)["failed"] == 1
     assert round_totals(rounds) == {
         "bytes_down": sum(size for (r, pid), (_, size) in grid.sent.items() if (r, pid) != (2, 1)),
-        "bytes_down_unanswered": grid.sent[(2, 1)][1], "bytes_up": sum(rounds[r].bytes_up for r in rounds),
-        "accepted_replies": 3 + 2 + 2 + 3, "failed_replies": 1, "rejected_replies": 0,
-        "failed_by_partition": {"1": 1}, "rejected_by_partition": {}}
+        "bytes_down_unanswered": grid.sent[(2, 1)][1],
+        "bytes_up": sum(rounds[r].bytes_up for r in rounds),
+        "accepted_replies": 3 + 2 + 2 + 3,
+        "failed_replies": 1,
+        "rejected_replies": 0,
+        "failed_by_partition": {"1": 1},
+        "rejected_by_partition": {},
+    }
     assert "num-partitions=5" in strategy.nodes.refused[300] and strategy.node_of_partition[2] == 102
 
 

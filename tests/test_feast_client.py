@@ -10,16 +10,30 @@ from fl_app.models.elastic_resnet import ElasticResNet
 
 
 def _settings(**kw):
-    base = dict(epochs=1, max_steps=3, batch_size=8, lr=0.05, momentum=0.9, weight_decay=5e-4, kd_ratio=0.5,
-                crop_flip=True, randaugment=False, mixup_alpha=0.2, cutmix_alpha=1.0, seed=0)
+    base = dict(
+        epochs=1,
+        max_steps=3,
+        batch_size=8,
+        lr=0.05,
+        momentum=0.9,
+        weight_decay=5e-4,
+        kd_ratio=0.5,
+        crop_flip=True,
+        randaugment=False,
+        mixup_alpha=0.2,
+        cutmix_alpha=1.0,
+        seed=0,
+    )
     base.update(kw)
     return LocalSettings(**base)
 
 
 def _data(n=24):
     gen = torch.Generator().manual_seed(1)
-    return ImageData(torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=gen),
-                     torch.randint(0, 10, (n,), generator=gen))
+    return ImageData(
+        torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=gen),
+        torch.randint(0, 10, (n,), generator=gen),
+    )
 
 
 def test_plan_local_max_min_and_between(cpu_cache):

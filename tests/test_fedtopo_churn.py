@@ -14,8 +14,15 @@ from fl_app.config import validate_run_config
 from fl_app.fedtopo_app import InProcessGrid, run_in_process
 from tests.hostile import reply_to
 
-TINY = {"num-server-rounds": 4, "clients-per-round": 3, "max-local-steps": 1, "batch-size": 16, "eval-every": 1,
-        "proto-max-samples": 32, "test-fraction": 0.05}
+TINY = {
+    "num-server-rounds": 4,
+    "clients-per-round": 3,
+    "max-local-steps": 1,
+    "batch-size": 16,
+    "eval-every": 1,
+    "proto-max-samples": 32,
+    "test-fraction": 0.05,
+}
 
 
 class ChurningGrid(InProcessGrid):
@@ -39,8 +46,9 @@ class ChurningGrid(InProcessGrid):
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = mid = uuid.uuid4().hex
             pid = self.partition_of_node[msg.metadata.dst_node_id]
-            self.queries[mid] = reply_to(msg, RecordDict({"config": ConfigRecord({
-                "partition-id": pid, "num-partitions": self.num_clients})}))
+            self.queries[mid] = reply_to(
+                msg, RecordDict({"config": ConfigRecord({"partition-id": pid, "num-partitions": self.num_clients})})
+            )
             ids.append(mid)
         return ids
 
@@ -67,10 +75,18 @@ def test_gone_nodes_are_skipped_and_rejoined_nodes_used(tmp_path, method):
     def nodes(server_round, kind):
         return sorted(node for r, k, node in grid.delivered if r == server_round and k == kind)
 
-    assert [nodes(r, MessageType.TRAIN) for r in (1, 2, 3, 4)] == [[100, 101, 102], [100, 102], [100, 102],
-                                                                   [100, 102, 201]]
-    assert [nodes(r, MessageType.EVALUATE) for r in (1, 2, 3, 4)] == [[100, 101, 102], [100, 102], [100, 102],
-                                                                      [100, 102, 201]]
+    assert [nodes(r, MessageType.TRAIN) for r in (1, 2, 3, 4)] == [
+        [100, 101, 102],
+        [100, 102],
+        [100, 102],
+        [100, 102, 201],
+    ]
+    assert [nodes(r, MessageType.EVALUATE) for r in (1, 2, 3, 4)] == [
+        [100, 101, 102],
+        [100, 102],
+        [100, 102],
+        [100, 102, 201],
+    ]
     # nobody was counted as failed for being away, and the run completed with every round evaluated
     assert summary["completed"] and summary["failed_replies"] == 0 and summary["failed_evaluations"] == 0
     assert [h["round"] for h in summary["history"]] == [1, 2, 3, 4]

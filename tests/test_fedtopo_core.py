@@ -11,11 +11,18 @@ import torch
 import torch.nn.functional as F
 
 from clients.fedtopo import capped_rows, class_prototypes, negative_weights, relation_scores, topology_loss
+from clients.fedtopo_baselines import FdLoss
 from fl_app.models.hetero import CPU_FAMILY, PAPER_FAMILY, architecture_of, build_model, family_names
 from strategies.fedtopo import merge_relations, uniform_topology
-from clients.fedtopo_baselines import FdLoss
-from strategies.fedtopo_baselines import (FdStrategy, FedProtoStrategy, PrototypeGenerator, adaptive_margin,
-                                          margin_contrastive_loss, train_generator, weighted_class_means)
+from strategies.fedtopo_baselines import (
+    FdStrategy,
+    FedProtoStrategy,
+    PrototypeGenerator,
+    adaptive_margin,
+    margin_contrastive_loss,
+    train_generator,
+    weighted_class_means,
+)
 
 
 # -- prototypes and topology ---------------------------------------------------------------------------------------
@@ -102,8 +109,9 @@ def test_opposite_prototypes_on_a_two_class_client_are_not_made_similar():
     a = relation_scores(torch.stack([e[0], -e[0], e[1], e[2]]), torch.tensor([100.0, 100.0, 0.0, 0.0]))
     b = relation_scores(torch.stack([e[0], e[1], 0.2 * e[0] + e[1], e[2]]), torch.tensor([100.0, 0.0, 100.0, 100.0]))
     assert a[0, 1] == -1
-    merged, _, _ = merge_relations(np.stack([a.numpy(), b.numpy()]), np.array([[100, 100, 0, 0], [100, 0, 100, 100]]),
-                                   tau=0.1, kappa=20.0)
+    merged, _, _ = merge_relations(
+        np.stack([a.numpy(), b.numpy()]), np.array([[100, 100, 0, 0], [100, 0, 100, 100]]), tau=0.1, kappa=20.0
+    )
     row = merged[0]
     assert row[1] == min(row[1:]) and row[1] < row[3] < row[2]
     np.testing.assert_allclose(merged.sum(1), 1.0)
@@ -149,8 +157,9 @@ def test_weakly_supported_pairs_are_pulled_toward_the_typical_score():
     assert weak[0, 1] > 0.5  # still a little above the other entry of row 0, which has no evidence of similarity
     # a huge κ makes every pair typical: the uniform topology; nobody reporting anything gives it too
     relations, counts = _two_clients()
-    np.testing.assert_allclose(merge_relations(relations, counts, 0.5, "support", 1e12)[0], uniform_topology(3),
-                               atol=1e-9)
+    np.testing.assert_allclose(
+        merge_relations(relations, counts, 0.5, "support", 1e12)[0], uniform_topology(3), atol=1e-9
+    )
     np.testing.assert_allclose(merge_relations(np.zeros((1, 3, 3)), np.zeros((1, 3)), 0.5)[0], uniform_topology(3))
 
 
@@ -297,8 +306,10 @@ def test_cpu_backbones_produce_the_common_feature_dim(name):
 
 
 def test_cpu_family_architectures_differ():
-    shapes = {name: tuple((k, tuple(v.shape)) for k, v in build_model("cpu", name, 10, 16).extractor.state_dict().items())
-              for name in CPU_FAMILY}
+    shapes = {
+        name: tuple((k, tuple(v.shape)) for k, v in build_model("cpu", name, 10, 16).extractor.state_dict().items())
+        for name in CPU_FAMILY
+    }
     assert len(set(shapes.values())) == len(CPU_FAMILY)
 
 

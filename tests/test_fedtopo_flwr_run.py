@@ -18,8 +18,16 @@ from fl_app.config import validate_run_config
 from fl_app.fedtopo_app import run_in_process
 
 NUM_SUPERNODES = 3
-TINY = {"method": "fedtopo", "num-server-rounds": 2, "clients-per-round": 2, "max-local-steps": 2, "batch-size": 16,
-        "eval-every": 1, "proto-max-samples": 64, "test-fraction": 0.05}
+TINY = {
+    "method": "fedtopo",
+    "num-server-rounds": 2,
+    "clients-per-round": 2,
+    "max-local-steps": 2,
+    "batch-size": 16,
+    "eval-every": 1,
+    "proto-max-samples": 64,
+    "test-fraction": 0.05,
+}
 FEDERATION = f"num-supernodes={NUM_SUPERNODES} client-resources-num-cpus=1"
 # depends on the machine, not on the run; every other key of the summary must agree
 RUN_SPECIFIC = ("wall_seconds", "run_config")
@@ -50,11 +58,13 @@ def test_in_process_run_equals_flwr_run(flwr_summary, tmp_path):
     out = tmp_path / "fedtopo"
     local = run_in_process(validate_run_config({**TINY, "output-dir": str(out)}), NUM_SUPERNODES)
     # pyproject's defaults (what `flwr run` starts from) and the registry's (validate_run_config) are the same config
-    assert {k: v for k, v in real["run_config"].items() if k != "output-dir"} == \
-        {k: v for k, v in local["run_config"].items() if k != "output-dir"}
+    assert {k: v for k, v in real["run_config"].items() if k != "output-dir"} == {
+        k: v for k, v in local["run_config"].items() if k != "output-dir"
+    }
     assert real["history"] == local["history"]
-    assert {k: v for k, v in real.items() if k not in RUN_SPECIFIC} == \
-        {k: v for k, v in local.items() if k not in RUN_SPECIFIC}
+    assert {k: v for k, v in real.items() if k not in RUN_SPECIFIC} == {
+        k: v for k, v in local.items() if k not in RUN_SPECIFIC
+    }
     assert (real_out / "metrics.csv").read_text() == (out / "metrics.csv").read_text()
 
     # the clients' own models (saved after each round they trained, checkpoint-every > 0), weight for weight

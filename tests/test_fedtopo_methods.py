@@ -11,13 +11,32 @@ import pytest
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fl_app.config import validate_run_config
-from fl_app.fedtopo_app import (HETERO_METHODS, MODEL_STATE, InProcessGrid, build_strategy, client_data, client_rows,
-                                evaluate_hetero, load_client_model, run_in_process, train_hetero)
+from fl_app.fedtopo_app import (
+    HETERO_METHODS,
+    MODEL_STATE,
+    InProcessGrid,
+    build_strategy,
+    client_data,
+    client_rows,
+    evaluate_hetero,
+    load_client_model,
+    run_in_process,
+    train_hetero,
+)
 from fl_app.payload import record_bytes, record_to_state, state_to_record
 from strategies.fedtopo import merge_relations, uniform_topology
 
-TINY = {"method": "fedtopo", "num-server-rounds": 2, "clients-per-round": 3, "max-local-steps": 2, "batch-size": 16, "eval-every": 1,
-        "proto-max-samples": 64, "tgp-server-epochs": 5, "test-fraction": 0.05}
+TINY = {
+    "method": "fedtopo",
+    "num-server-rounds": 2,
+    "clients-per-round": 3,
+    "max-local-steps": 2,
+    "batch-size": 16,
+    "eval-every": 1,
+    "proto-max-samples": 64,
+    "tgp-server-epochs": 5,
+    "test-fraction": 0.05,
+}
 NUM_CLIENTS = 4
 
 
@@ -26,9 +45,15 @@ def _run(tmp_path, **overrides):
 
 
 def _reply(msg: Message, upload: dict, num_examples: int) -> Message:
-    reply = Message(RecordDict({"upload": state_to_record(upload),
-                                "metrics": MetricRecord({"num-examples": num_examples, "train-loss": 1.0})}),
-                    reply_to=msg)
+    reply = Message(
+        RecordDict(
+            {
+                "upload": state_to_record(upload),
+                "metrics": MetricRecord({"num-examples": num_examples, "train-loss": 1.0}),
+            }
+        ),
+        reply_to=msg,
+    )
     reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
     return reply
 
@@ -66,11 +91,17 @@ def test_fedtopo_strategy_broadcasts_merges_and_scores(flower_ids, tmp_path):
     stray.metadata.__dict__["_src_node_id"] = 100 + unsampled
     _, metrics = strategy.aggregate_train(1, replies + [stray])
     assert strategy.rounds[1].rejected == [unsampled]
-    expected, _, _ = merge_relations(np.stack([u["relations"] for u in uploads]),
-                                     np.stack([u["counts"] for u in uploads]), run["topo-tau"], "support", 5.0)
+    expected, _, _ = merge_relations(
+        np.stack([u["relations"] for u in uploads]),
+        np.stack([u["counts"] for u in uploads]),
+        run["topo-tau"],
+        "support",
+        5.0,
+    )
     np.testing.assert_allclose(strategy.global_arrays["topology"], expected, rtol=1e-5)
-    assert metrics["bytes-up"] == sum(record_bytes(state_to_record(u)) for u in uploads) + \
-        record_bytes(state_to_record(uploads[0]))  # the stray reply's bytes arrived too
+    assert metrics["bytes-up"] == sum(record_bytes(state_to_record(u)) for u in uploads) + record_bytes(
+        state_to_record(uploads[0])
+    )  # the stray reply's bytes arrived too
     assert metrics["bytes-down"] == 2 * record_bytes(state_to_record({"topology": uniform_topology(10)}))
 
     assert list(strategy.configure_evaluate(1, None, ConfigRecord(), None)) == []  # eval-every = 2
@@ -95,8 +126,9 @@ def test_lg_fedavg_and_fd_strategies(flower_ids, tmp_path):
     lg.train_size_of_partition = {0: 10, 1: 30}  # what the clients' num-examples must equal
     msgs = list(lg.configure_train(1, state_to_record({}), ConfigRecord(), grid=None))
     assert record_to_state(msgs[0].content.array_records["arrays"]) == {}  # nothing to share yet
-    heads = [{"head.weight": np.full((10, 64), v, np.float32), "head.bias": np.full(10, v, np.float32)}
-             for v in (1.0, 4.0)]
+    heads = [
+        {"head.weight": np.full((10, 64), v, np.float32), "head.bias": np.full(10, v, np.float32)} for v in (1.0, 4.0)
+    ]
     lg.aggregate_train(1, [_reply(msgs[0], heads[0], 10), _reply(msgs[1], heads[1], 30)])
     np.testing.assert_allclose(lg.global_arrays["head.weight"], 3.25)  # (10·1 + 30·4) / 40
 
@@ -107,8 +139,13 @@ def test_lg_fedavg_and_fd_strategies(flower_ids, tmp_path):
     means[3] = 2.0
     counts = np.zeros(10, np.float32)
     counts[3] = 5
-    fd.aggregate_train(1, [_reply(msgs[0], {"means": means, "counts": counts}, 5),
-                           _reply(msgs[1], {"means": means * 0, "counts": counts * 0}, 5)])
+    fd.aggregate_train(
+        1,
+        [
+            _reply(msgs[0], {"means": means, "counts": counts}, 5),
+            _reply(msgs[1], {"means": means * 0, "counts": counts * 0}, 5),
+        ],
+    )
     assert fd.global_arrays["has"].tolist() == [0, 0, 0, 1, 0, 0, 0, 0, 0, 0]
     msgs = list(fd.configure_train(2, state_to_record({}), ConfigRecord(), grid=None))
     fd.aggregate_train(2, [_reply(m, {"means": means * 0, "counts": counts * 0}, 5) for m in msgs])
@@ -133,8 +170,11 @@ def test_client_partitions_are_seeded_disjoint_and_locally_distributed(tmp_path)
 
 def _message(pid: int, arrays: dict, server_round: int = 1, message_type: str = MessageType.TRAIN):
     config = ConfigRecord({"server-round": server_round, "lr": 0.05, "payload-dtype": "float32"})
-    return Message(RecordDict({"arrays": state_to_record(arrays), "config": config}), message_type=message_type,
-                   dst_node_id=100 + pid)
+    return Message(
+        RecordDict({"arrays": state_to_record(arrays), "config": config}),
+        message_type=message_type,
+        dst_node_id=100 + pid,
+    )
 
 
 def test_fedtopo_client_uploads_only_relations_and_true_counts_and_keeps_its_model(flower_ids, tmp_path):
@@ -165,8 +205,17 @@ def test_every_method_runs_a_two_round_simulation(flower_ids, tmp_path, method):
     summary = run_in_process(run, NUM_CLIENTS, grid)
     out = tmp_path / "out"
     saved = json.loads((out / "summary.json").read_text())
-    for key in ("method", "dataset", "rounds", "seed", "mean_client_accuracy", "pooled_accuracy", "bytes_up",
-                "bytes_down", "history"):
+    for key in (
+        "method",
+        "dataset",
+        "rounds",
+        "seed",
+        "mean_client_accuracy",
+        "pooled_accuracy",
+        "bytes_up",
+        "bytes_down",
+        "history",
+    ):
         assert key in saved
     assert saved["method"] == method and saved["rounds"] == 2
     assert [h["round"] for h in saved["history"]] == [1, 2]
@@ -174,8 +223,9 @@ def test_every_method_runs_a_two_round_simulation(flower_ids, tmp_path, method):
     assert len((out / "metrics.csv").read_text().strip().splitlines()) == 3
     assert (out / "accuracy_per_round.png").read_bytes()[:4] == b"\x89PNG"
     # every client that trained keeps its model in its node state; the others never built one
-    assert sorted(p for p, c in grid.contexts.items() if MODEL_STATE in c.state.array_records) == \
-        sorted({p for r in (1, 2) for p in _sampled(run, r)})
+    assert sorted(p for p, c in grid.contexts.items() if MODEL_STATE in c.state.array_records) == sorted(
+        {p for r in (1, 2) for p in _sampled(run, r)}
+    )
     if method == "local":
         assert summary["bytes_up"] == summary["bytes_down"] == 0
     else:
@@ -187,6 +237,7 @@ def test_every_method_runs_a_two_round_simulation(flower_ids, tmp_path, method):
 
 def _sampled(run, server_round):
     from strategies.rounds import sample_partitions
+
     return sample_partitions(range(NUM_CLIENTS), run["clients-per-round"], run["seed"], server_round)
 
 
@@ -196,14 +247,17 @@ def test_same_seed_same_results(flower_ids, tmp_path):
     assert first["history"] == second["history"]
 
 
-@pytest.mark.parametrize("override, fragment", [
-    ({"topo-weighting": "median"}, "topo-weighting='median': allowed values are ['support', 'mean']"),
-    ({"topo-source": "weights"}, "topo-source='weights': allowed values are ['prototypes', 'logits']"),
-    ({"model-family": "gpu"}, "model-family='gpu': allowed values are ['cpu', 'paper']"),
-    ({"topo-tau": 0.0}, "topo-tau=0.0: must be"),
-    ({"test-fraction": 1.0}, "test-fraction=1.0: must be in (0, 1)"),
-    ({"method": "fedx"}, "'fedtopo', 'local', 'lg-fedavg', 'fd', 'fedproto', 'fedtgp'"),
-])
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ({"topo-weighting": "median"}, "topo-weighting='median': allowed values are ['support', 'mean']"),
+        ({"topo-source": "weights"}, "topo-source='weights': allowed values are ['prototypes', 'logits']"),
+        ({"model-family": "gpu"}, "model-family='gpu': allowed values are ['cpu', 'paper']"),
+        ({"topo-tau": 0.0}, "topo-tau=0.0: must be"),
+        ({"test-fraction": 1.0}, "test-fraction=1.0: must be in (0, 1)"),
+        ({"method": "fedx"}, "'fedtopo', 'local', 'lg-fedavg', 'fd', 'fedproto', 'fedtgp'"),
+    ],
+)
 def test_bad_fedtopo_values_are_named(override, fragment):
     with pytest.raises(ValueError) as err:
         validate_run_config(override)

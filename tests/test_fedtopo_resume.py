@@ -16,8 +16,17 @@ from fl_app.config import validate_run_config
 from fl_app.fedtopo_app import MODEL_STATE, MODELS_DIR, InProcessGrid, run_in_process
 from fl_app.payload import record_to_state
 
-TINY = {"num-server-rounds": 3, "clients-per-round": 2, "max-local-steps": 1, "batch-size": 8, "eval-every": 2,
-        "proto-max-samples": 16, "tgp-server-epochs": 2, "test-fraction": 0.05, "checkpoint-every": 2}
+TINY = {
+    "num-server-rounds": 3,
+    "clients-per-round": 2,
+    "max-local-steps": 1,
+    "batch-size": 8,
+    "eval-every": 2,
+    "proto-max-samples": 16,
+    "tgp-server-epochs": 2,
+    "test-fraction": 0.05,
+    "checkpoint-every": 2,
+}
 
 
 class RecordingGrid(InProcessGrid):
@@ -31,8 +40,9 @@ class RecordingGrid(InProcessGrid):
         messages = list(messages)
         for m in messages:
             if m.metadata.message_type == MessageType.TRAIN:
-                self.broadcasts[m.content.config_records["config"]["server-round"]] = \
-                    record_to_state(m.content.array_records["arrays"])
+                self.broadcasts[m.content.config_records["config"]["server-round"]] = record_to_state(
+                    m.content.array_records["arrays"]
+                )
         return super().send_and_receive(messages, timeout)
 
 
@@ -45,8 +55,11 @@ class CrashingGrid(InProcessGrid):
 
     def send_and_receive(self, messages, timeout=None):
         messages = list(messages)
-        if any(m.metadata.message_type == MessageType.TRAIN and
-               m.content.config_records["config"]["server-round"] == self.crash_round for m in messages):
+        if any(
+            m.metadata.message_type == MessageType.TRAIN
+            and m.content.config_records["config"]["server-round"] == self.crash_round
+            for m in messages
+        ):
             raise RuntimeError("the server died")
         return super().send_and_receive(messages, timeout)
 
@@ -76,7 +89,10 @@ def test_a_resumed_run_ends_exactly_where_the_uninterrupted_one_ends(flower_ids,
     for pid, context in straight_grid.contexts.items():
         if MODEL_STATE not in context.state.array_records:
             continue
-        mine, theirs = resumed_grid.contexts[pid].state.array_records[MODEL_STATE], context.state.array_records[MODEL_STATE]
+        mine, theirs = (
+            resumed_grid.contexts[pid].state.array_records[MODEL_STATE],
+            context.state.array_records[MODEL_STATE],
+        )
         for key in theirs:
             np.testing.assert_array_equal(mine[key].numpy(), theirs[key].numpy(), err_msg=f"client {pid} {key}")
     # the restored server state is exactly the one the uninterrupted run broadcast in round 3
@@ -88,7 +104,9 @@ def test_a_resumed_run_ends_exactly_where_the_uninterrupted_one_ends(flower_ids,
 def test_damaged_or_foreign_checkpoints_and_model_files_are_refused(flower_ids, tmp_path):
     crashed = tmp_path / "crashed"
     with pytest.raises(RuntimeError, match="the server died"):
-        run_in_process(_run(tmp_path, "crashed", "fedtopo"), 3, CrashingGrid(_run(tmp_path, "crashed", "fedtopo"), 3, 3))
+        run_in_process(
+            _run(tmp_path, "crashed", "fedtopo"), 3, CrashingGrid(_run(tmp_path, "crashed", "fedtopo"), 3, 3)
+        )
 
     with pytest.raises(ValueError, match=r"run config differs from the checkpoint's \(topo-beta"):
         run_in_process(_run(tmp_path, "other", "fedtopo", **{"resume-from": str(crashed), "topo-beta": 0.9}), 3)

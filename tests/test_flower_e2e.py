@@ -22,8 +22,10 @@ from fl_app.config import validate_run_config
 from fl_app.models.elastic_resnet import ElasticResNet
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ("num-server-rounds=2 clients-per-round=2 max-local-steps=3 batch-size=16 eval-every=1 val-size=200 "
-        "calib-size=200 tiers='0.5e6,2e6,13.6e6' checkpoint-every=1")
+TINY = (
+    "num-server-rounds=2 clients-per-round=2 max-local-steps=3 batch-size=16 eval-every=1 val-size=200 "
+    "calib-size=200 tiers='0.5e6,2e6,13.6e6' checkpoint-every=1"
+)
 FEDERATION = "num-supernodes=4 client-resources-num-cpus=1"
 
 
@@ -43,8 +45,16 @@ def test_feast_run_succeeds_and_writes_results(feast_run):
     out, status = feast_run
     assert status == "finished:completed"
     summary = json.loads((out / "summary.json").read_text())
-    for key in ("method", "dataset", "rounds", "seed", "tiers", "population_weighted_accuracy", "bytes_down",
-                "bytes_up"):
+    for key in (
+        "method",
+        "dataset",
+        "rounds",
+        "seed",
+        "tiers",
+        "population_weighted_accuracy",
+        "bytes_down",
+        "bytes_up",
+    ):
         assert key in summary
     assert summary["method"] == "feast" and summary["rounds"] == 2
     assert len(summary["tiers"]) == 3
@@ -75,8 +85,9 @@ def test_same_seed_gives_identical_metrics(flwr_env, feast_run, tmp_path):
     second = json.loads((tmp_path / "again" / "summary.json").read_text())
     assert first["tiers"] == second["tiers"]
     assert first["bytes_down"] == second["bytes_down"]
-    assert (out / "metrics.csv").read_text().split("\n")[1:] == \
-        (tmp_path / "again" / "metrics.csv").read_text().split("\n")[1:]
+    assert (out / "metrics.csv").read_text().split("\n")[1:] == (tmp_path / "again" / "metrics.csv").read_text().split(
+        "\n"
+    )[1:]
 
 
 def test_extraction_cli_matches_the_tier_and_loads_standalone(feast_run, tmp_path):
@@ -84,9 +95,24 @@ def test_extraction_cli_matches_the_tier_and_loads_standalone(feast_run, tmp_pat
     summary = json.loads((out / "summary.json").read_text())
     tier = summary["tiers"][1]
     target = tmp_path / "subnet.pt"
-    proc = subprocess.run([sys.executable, "-m", "fl_app.extract", "--checkpoint", str(out / "supernet.pt"),
-                           "--macs", str(tier["macs"]), "--out", str(target), "--from-cache"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fl_app.extract",
+            "--checkpoint",
+            str(out / "supernet.pt"),
+            "--macs",
+            str(tier["macs"]),
+            "--out",
+            str(target),
+            "--from-cache",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["macs"] == tier["macs"] and result["params"] == tier["params"]
@@ -103,9 +129,21 @@ def test_a_killed_run_resumed_from_its_checkpoint_ends_like_an_uninterrupted_one
     killed, resumed = tmp_path / "killed", tmp_path / "resumed"
     log_path = tmp_path / "killed.log"
     with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(["flwr", "run", str(ROOT), "--stream", "--run-config", f"{TINY} output-dir='{killed}'",
-                                 "--federation-config", FEDERATION], env=flwr_env, stdout=log_file,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                "flwr",
+                "run",
+                str(ROOT),
+                "--stream",
+                "--run-config",
+                f"{TINY} output-dir='{killed}'",
+                "--federation-config",
+                FEDERATION,
+            ],
+            env=flwr_env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
         try:
             deadline = time.time() + 600
             while not (killed / "checkpoint.pt").exists() and time.time() < deadline and proc.poll() is None:

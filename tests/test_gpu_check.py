@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU path; on CUDA run the script itself")
 def test_gpu_check_runs_on_cpu_and_skips_cuda_parts(tmp_path):
-    proc = subprocess.run(["bash", str(ROOT / "experiments" / "gpu_check.sh")], cwd=ROOT, capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "experiments" / "gpu_check.sh")], cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     parts = {}
     for line in proc.stdout.splitlines():

@@ -21,11 +21,23 @@ from fl_app.subnets import SubnetCache
 from fl_app.supernet import Subnet, SupernetConfig, width_sliced_config
 from tests.hostile import check_hostile, node_of, run_rounds, standard_corruptions
 
-TINY = SupernetConfig.from_dict({
-    "num_stages": 1, "max_extra_blocks_per_stage": 1, "original_stem_out_channels": 8,
-    "original_stage_base_channels": [16], "initial_input_hw": 8, "initial_input_channels": 3, "stem_stride": 1,
-    "stage_downsample_factors": [2], "channel_divisible_by": 4, "n_classes": 10,
-    "width_multiplier_choices": [0.5, 1.0], "expansion_ratio_choices": [0.5, 1.0]}, name="tiny")
+TINY = SupernetConfig.from_dict(
+    {
+        "num_stages": 1,
+        "max_extra_blocks_per_stage": 1,
+        "original_stem_out_channels": 8,
+        "original_stage_base_channels": [16],
+        "initial_input_hw": 8,
+        "initial_input_channels": 3,
+        "stem_stride": 1,
+        "stage_downsample_factors": [2],
+        "channel_divisible_by": 4,
+        "n_classes": 10,
+        "width_multiplier_choices": [0.5, 1.0],
+        "expansion_ratio_choices": [0.5, 1.0],
+    },
+    name="tiny",
+)
 CACHE = SubnetCache(TINY, [TINY.min_subnet(), Subnet((1,), (0.5,), (1, 0)), TINY.max_subnet()])
 BUDGETS = {0: CACHE.min_macs, 1: CACHE.entries[1].macs, 2: CACHE.max_macs}  # client 0: the strictest slice
 EXAMPLES = {0: 50, 1: 70, 2: 90}
@@ -42,10 +54,19 @@ def supernet_setup(method: str):
     payload = PAYLOAD.get(method, "float32")
 
     def make_strategy(min_reply_fraction: float):
-        run = validate_run_config({"method": method, "seed": 0, "num-server-rounds": 2, "clients-per-round": 3,
-                                   "min-reply-fraction": min_reply_fraction, "payload-dtype": payload})
-        return make_supernet_strategy(run, SimpleNamespace(cfg=TINY, cache=CACHE), BUDGETS,
-                                      {p: node_of(p) for p in BUDGETS}, EXAMPLES)
+        run = validate_run_config(
+            {
+                "method": method,
+                "seed": 0,
+                "num-server-rounds": 2,
+                "clients-per-round": 3,
+                "min-reply-fraction": min_reply_fraction,
+                "payload-dtype": payload,
+            }
+        )
+        return make_supernet_strategy(
+            run, SimpleNamespace(cfg=TINY, cache=CACHE), BUDGETS, {p: node_of(p) for p in BUDGETS}, EXAMPLES
+        )
 
     def honest(msg: Message, pid: int) -> RecordDict:
         """Deterministic stand-in for train_feast: the received slice (cut to the assigned subnet) moved by a
@@ -58,8 +79,19 @@ def supernet_setup(method: str):
             received = slice_state(received, {k: v for k, v in subnet_shapes(cfg, arch).items() if k in received})
         shift = 0.1 * (pid + 1) + 0.01 * config["server-round"]
         trained = {k: 0.5 * v + shift for k, v in received.items()}
-        return RecordDict({"arrays": state_to_record(trained, payload), "metrics": MetricRecord({
-            "num-examples": EXAMPLES[pid], "labels": LABELS[pid], "train-loss": 1.0 + pid, "client-seconds": 0.5})})
+        return RecordDict(
+            {
+                "arrays": state_to_record(trained, payload),
+                "metrics": MetricRecord(
+                    {
+                        "num-examples": EXAMPLES[pid],
+                        "labels": LABELS[pid],
+                        "train-loss": 1.0 + pid,
+                        "client-seconds": 0.5,
+                    }
+                ),
+            }
+        )
 
     torch.manual_seed(0)
     model_cfg = make_strategy(1.0).model_cfg
@@ -76,8 +108,9 @@ def test_one_hostile_client_of_three_changes_nothing(flower_ids, method):
     assert any(not np.array_equal(reference.global_state[k], clean.global_state[k]) for k in clean.global_state)
     outcomes = {}
     for corruption in standard_corruptions(10, payload_dtype=payload):
-        strategy, _ = check_hostile(make_strategy, initial, honest, lambda s: s.global_state, corruption,
-                                    reference=reference)
+        strategy, _ = check_hostile(
+            make_strategy, initial, honest, lambda s: s.global_state, corruption, reference=reference
+        )
         outcomes[corruption.name] = corruption.counted
     assert len(outcomes) >= 40
 
@@ -99,17 +132,29 @@ def test_honest_training_stays_far_inside_the_magnitude_bound(cpu_cfg, cpu_cache
     from strategies.screening import RELATIVE_BOUND, magnitude_bound, state_problem
 
     gen = torch.Generator().manual_seed(1)
-    data = ImageData(torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8, generator=gen),
-                     torch.randint(0, 10, (64,), generator=gen))
+    data = ImageData(
+        torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8, generator=gen),
+        torch.randint(0, 10, (64,), generator=gen),
+    )
     torch.manual_seed(0)
     bounds = cpu_cache.route_bounds(cpu_cache.max_macs)
     model = ElasticResNet(cpu_cfg, bounds)
     before = {k: v.clone().numpy() for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
-    settings = LocalSettings(epochs=1, max_steps=4, batch_size=16, lr=0.5, momentum=0.9, weight_decay=5e-4,
-                             kd_ratio=0.5, crop_flip=True, randaugment=False, mixup_alpha=0.2, cutmix_alpha=1.0,
-                             seed=0)
-    train_subnets(model, plan_subnets(cpu_cache, cpu_cache.max_macs, bounds, ("max", "min", "random")), data,
-                  settings)
+    settings = LocalSettings(
+        epochs=1,
+        max_steps=4,
+        batch_size=16,
+        lr=0.5,
+        momentum=0.9,
+        weight_decay=5e-4,
+        kd_ratio=0.5,
+        crop_flip=True,
+        randaugment=False,
+        mixup_alpha=0.2,
+        cutmix_alpha=1.0,
+        seed=0,
+    )
+    train_subnets(model, plan_subnets(cpu_cache, cpu_cache.max_macs, bounds, ("max", "min", "random")), data, settings)
     after = {k: v.numpy() for k, v in model.state_dict().items() if k in before}
     assert any(not np.array_equal(after[k], before[k]) for k in before)
     assert state_problem(after, before) is None

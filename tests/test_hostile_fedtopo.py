@@ -32,9 +32,14 @@ C, D = 4, 3  # classes, feature dimension
 TRAIN = {0: 60, 1: 80, 2: 100}
 TEST = {0: 15, 1: 20, 2: 25}
 COUNTS = {0: [30, 30, 0, 0], 1: [20, 0, 40, 20], 2: [25, 25, 25, 25]}  # sum to TRAIN
-STRATEGIES = {"fedtopo": (FedTopoStrategy, {"tau": 0.5, "kappa": 5.0}), "local": (LocalStrategy, {}),
-              "lg-fedavg": (LgFedAvgStrategy, {}), "fd": (FdStrategy, {}), "fedproto": (FedProtoStrategy, {}),
-              "fedtgp": (FedTgpStrategy, {"server_epochs": 1, "server_batch_size": 4})}
+STRATEGIES = {
+    "fedtopo": (FedTopoStrategy, {"tau": 0.5, "kappa": 5.0}),
+    "local": (LocalStrategy, {}),
+    "lg-fedavg": (LgFedAvgStrategy, {}),
+    "fd": (FdStrategy, {}),
+    "fedproto": (FedProtoStrategy, {}),
+    "fedtgp": (FedTgpStrategy, {"server_epochs": 1, "server_batch_size": 4}),
+}
 
 
 def test_the_matrix_covers_the_six_hetero_methods():
@@ -45,9 +50,19 @@ def make_strategy_of(method: str):
     cls, kwargs = STRATEGIES[method]
 
     def make_strategy(min_reply_fraction: float):
-        return cls({p: node_of(p) for p in TRAIN}, C, clients_per_round=3, seed=0, num_rounds=2,
-                   min_reply_fraction=min_reply_fraction, feature_dim=D, train_size_of_partition=TRAIN,
-                   test_size_of_partition=TEST, **kwargs)
+        return cls(
+            {p: node_of(p) for p in TRAIN},
+            C,
+            clients_per_round=3,
+            seed=0,
+            num_rounds=2,
+            min_reply_fraction=min_reply_fraction,
+            feature_dim=D,
+            train_size_of_partition=TRAIN,
+            test_size_of_partition=TEST,
+            **kwargs,
+        )
+
     return make_strategy
 
 
@@ -63,8 +78,10 @@ def honest_upload(method: str, msg: Message, pid: int) -> dict[str, np.ndarray]:
     if method == "lg-fedavg":
         received = record_to_state(msg.content.array_records["arrays"])
         weight = received.get("head.weight", np.zeros((C, D), np.float32))
-        return {"head.weight": 0.5 * weight + rng.normal(size=(C, D)).astype(np.float32),
-                "head.bias": rng.normal(size=C).astype(np.float32)}
+        return {
+            "head.weight": 0.5 * weight + rng.normal(size=(C, D)).astype(np.float32),
+            "head.bias": rng.normal(size=C).astype(np.float32),
+        }
     if method == "fd":
         return {"means": (rng.normal(size=(C, C)) * held).astype(np.float32), "counts": counts}
     if method in ("fedproto", "fedtgp"):
@@ -76,9 +93,13 @@ def honest_of(method: str):
     def honest(msg: Message, pid: int) -> RecordDict:
         if msg.metadata.message_type == MessageType.EVALUATE:
             return RecordDict({"metrics": MetricRecord({"correct": TEST[pid] // 2 + pid, "num-test": TEST[pid]})})
-        return RecordDict({"upload": state_to_record(honest_upload(method, msg, pid)),
-                           "metrics": MetricRecord({"num-examples": TRAIN[pid], "train-loss": 1.0 + 0.1 * pid,
-                                                    "local-steps": 2})})
+        return RecordDict(
+            {
+                "upload": state_to_record(honest_upload(method, msg, pid)),
+                "metrics": MetricRecord({"num-examples": TRAIN[pid], "train-loss": 1.0 + 0.1 * pid, "local-steps": 2}),
+            }
+        )
+
     return honest
 
 
@@ -89,18 +110,21 @@ def global_state_of(method: str):
         if method == "fedtgp":
             state.update({f"generator.{k}": v.numpy() for k, v in strategy.generator.state_dict().items()})
         return state
+
     return global_state
 
 
 # -- the methods' own corruptions ----------------------------------------------------------------------------------
 def _upload_change(change):
     """A corruption that edits the decoded honest upload (kept a valid float32 record: only the content lies)."""
+
     def corrupt(content: RecordDict, msg: Message) -> RecordDict:
         upload = record_to_state(content.array_records["upload"])
         change(upload)
         copy = RecordDict(dict(content))
         copy["upload"] = state_to_record({k: np.asarray(v, np.float32) for k, v in upload.items()})
         return copy
+
     return corrupt
 
 
@@ -108,31 +132,55 @@ def _set(key: str, index, value):
     def change(upload):
         upload[key] = np.array(upload[key], np.float32)
         upload[key][index] = value
+
     return change
 
 
 def method_corruptions(method: str) -> list[Corruption]:
     cases = []
     if method in ("fedtopo", "fd", "fedproto", "fedtgp"):
-        cases += [("counts-nan", _set("counts", 0, np.nan)), ("counts-1e12", _set("counts", 0, 1e12)),
-                  ("counts-negative", _set("counts", 0, -30.0)), ("counts-fraction", _set("counts", 0, 29.5)),
-                  ("counts-over-partition", _set("counts", 0, 31.0))]
+        cases += [
+            ("counts-nan", _set("counts", 0, np.nan)),
+            ("counts-1e12", _set("counts", 0, 1e12)),
+            ("counts-negative", _set("counts", 0, -30.0)),
+            ("counts-fraction", _set("counts", 0, 29.5)),
+            ("counts-over-partition", _set("counts", 0, 31.0)),
+        ]
     if method == "fedtopo":
-        cases += [("relations-above-one", _set("relations", (0, 1), 1.5)),
-                  ("relations-mixed-sign-asymmetric", _set("relations", (0, 1), -0.9)),
-                  ("relations-diagonal", _set("relations", (0, 0), 0.5)),
-                  ("relations-absent-class", _set("relations", (0, 2), 0.3))]
+        cases += [
+            ("relations-above-one", _set("relations", (0, 1), 1.5)),
+            ("relations-mixed-sign-asymmetric", _set("relations", (0, 1), -0.9)),
+            ("relations-diagonal", _set("relations", (0, 0), 0.5)),
+            ("relations-absent-class", _set("relations", (0, 2), 0.3)),
+        ]
     if method in ("fd", "fedproto", "fedtgp"):
         cases += [("means-for-absent-class", _set("means", 2, 0.5))]
     cases = [Corruption(name, _upload_change(change)) for name, change in cases]
-    cases.append(Corruption("unknown-record", lambda content, msg: RecordDict(
-        {**dict(content), "extra": ArrayRecord({"x": Array(np.zeros(3, np.float32))})})))
+    cases.append(
+        Corruption(
+            "unknown-record",
+            lambda content, msg: RecordDict(
+                {**dict(content), "extra": ArrayRecord({"x": Array(np.zeros(3, np.float32))})}
+            ),
+        )
+    )
     return cases
 
 
 # corruptions of tests/hostile.py that edit the first array of the upload: the empty upload of ``local`` has none
-FIRST_ARRAY = ("nan", "inf", "-inf", "1e37", "1e10", "dtype-", "wrong-shape", "scalar-array", "missing-key",
-               "huge-under-valid-key", "header-disagrees-with-metadata")
+FIRST_ARRAY = (
+    "nan",
+    "inf",
+    "-inf",
+    "1e37",
+    "1e10",
+    "dtype-",
+    "wrong-shape",
+    "scalar-array",
+    "missing-key",
+    "huge-under-valid-key",
+    "header-disagrees-with-metadata",
+)
 
 
 def corruptions_of(method: str) -> list[Corruption]:
@@ -144,10 +192,13 @@ def corruptions_of(method: str) -> list[Corruption]:
 
 @pytest.mark.parametrize("method", sorted(HETERO_METHODS))
 def test_every_bad_training_reply_is_rejected_and_changes_nothing(flower_ids, method):
-    setup = dict(make_strategy=make_strategy_of(method), initial=state_to_record({}), honest=honest_of(method),
-                 global_state=global_state_of(method))
-    _, reference = check_hostile(corruption=Corruption("never-answers", lambda content, msg: NEVER, "failed"),
-                                 **setup)
+    setup = dict(
+        make_strategy=make_strategy_of(method),
+        initial=state_to_record({}),
+        honest=honest_of(method),
+        global_state=global_state_of(method),
+    )
+    _, reference = check_hostile(corruption=Corruption("never-answers", lambda content, msg: NEVER, "failed"), **setup)
     for corruption in corruptions_of(method):
         strategy, _ = check_hostile(corruption=corruption, reference=reference, **setup)
         assert sum(len(log_.rejected) + len(log_.failed) for log_ in strategy.rounds.values()) == 2  # counted once
@@ -174,8 +225,16 @@ def test_bad_evaluation_replies_are_rejected_and_do_not_end_the_run(flower_ids, 
         return bad if isinstance(bad, Error) or bad is NEVER else RecordDict({"metrics": MetricRecord(bad)})
 
     corruption = Corruption(name, corrupt, counted, message_types=(MessageType.EVALUATE,))
-    strategy = run_rounds(make_strategy_of("fedtopo"), state_to_record({}), honest_of("fedtopo"), TRAIN, 2, 0.6,
-                          hostile=0, corruption=corruption)
+    strategy = run_rounds(
+        make_strategy_of("fedtopo"),
+        state_to_record({}),
+        honest_of("fedtopo"),
+        TRAIN,
+        2,
+        0.6,
+        hostile=0,
+        corruption=corruption,
+    )
     honest = [(TEST[p] // 2 + p) / TEST[p] for p in (1, 2)]  # the accuracy of the clients that answered well
     for r in (1, 2):
         log_ = strategy.eval_rounds[r]
@@ -184,20 +243,40 @@ def test_bad_evaluation_replies_are_rejected_and_do_not_end_the_run(flower_ids, 
     assert row["mean_client_accuracy"] == pytest.approx(np.mean(honest))
     assert row["pooled_accuracy"] == pytest.approx((TEST[1] // 2 + 1 + TEST[2] // 2 + 2) / (TEST[1] + TEST[2]))
     # below min-reply-fraction the round is recorded without accuracy, and the run still goes on
-    strict = run_rounds(make_strategy_of("fedtopo"), state_to_record({}), honest_of("fedtopo"), TRAIN, 2, 1.0,
-                        hostile=0, corruption=corruption)
+    strict = run_rounds(
+        make_strategy_of("fedtopo"),
+        state_to_record({}),
+        honest_of("fedtopo"),
+        TRAIN,
+        2,
+        1.0,
+        hostile=0,
+        corruption=corruption,
+    )
     assert [math.isnan(h["mean_client_accuracy"]) for h in strict.history] == [True, True]
 
 
 # -- clients refuse a poisoned broadcast ---------------------------------------------------------------------------
-TINY = {"num-server-rounds": 2, "clients-per-round": 3, "max-local-steps": 1, "batch-size": 8, "eval-every": 2,
-        "proto-max-samples": 16, "tgp-server-epochs": 2, "test-fraction": 0.05, "min-reply-fraction": 0.6}
+TINY = {
+    "num-server-rounds": 2,
+    "clients-per-round": 3,
+    "max-local-steps": 1,
+    "batch-size": 8,
+    "eval-every": 2,
+    "proto-max-samples": 16,
+    "tgp-server-epochs": 2,
+    "test-fraction": 0.05,
+    "min-reply-fraction": 0.6,
+}
 
 
 def _train_message(pid: int, arrays: dict, server_round: int = 2) -> Message:
     config = ConfigRecord({"server-round": server_round, "lr": 0.05, "payload-dtype": "float32"})
-    return Message(RecordDict({"arrays": state_to_record(arrays), "config": config}), message_type=MessageType.TRAIN,
-                   dst_node_id=100 + pid)
+    return Message(
+        RecordDict({"arrays": state_to_record(arrays), "config": config}),
+        message_type=MessageType.TRAIN,
+        dst_node_id=100 + pid,
+    )
 
 
 def _poisoned_topology(kind: str) -> np.ndarray:
@@ -212,17 +291,21 @@ def _poisoned_topology(kind: str) -> np.ndarray:
     return t
 
 
-@pytest.mark.parametrize("method, arrays", [
-    ("fedtopo", {"topology": _poisoned_topology("nan")}),
-    ("fedtopo", {"topology": _poisoned_topology("negative")}),
-    ("fedtopo", {"topology": _poisoned_topology("not-stochastic")}),
-    ("fedtopo", {"topology": np.full((3, 3), 0.5, np.float32)}),
-    ("fedproto", {"prototypes": np.full((10, 64), np.inf, np.float32), "has": np.ones(10, np.float32)}),
-    ("fedtgp", {"prototypes": np.full((10, 64), 1e30, np.float32), "has": np.ones(10, np.float32)}),
-    ("fd", {"soft-labels": np.zeros((10, 10), np.float32), "has": np.full(10, 0.5, np.float32)}),
-    ("lg-fedavg", {"head.weight": np.full((10, 64), np.nan, np.float32), "head.bias": np.zeros(10, np.float32)}),
-    ("lg-fedavg", {"head.weight": np.zeros((10, 64), np.float32)}),
-], ids=lambda v: v if isinstance(v, str) else "-".join(v))
+@pytest.mark.parametrize(
+    "method, arrays",
+    [
+        ("fedtopo", {"topology": _poisoned_topology("nan")}),
+        ("fedtopo", {"topology": _poisoned_topology("negative")}),
+        ("fedtopo", {"topology": _poisoned_topology("not-stochastic")}),
+        ("fedtopo", {"topology": np.full((3, 3), 0.5, np.float32)}),
+        ("fedproto", {"prototypes": np.full((10, 64), np.inf, np.float32), "has": np.ones(10, np.float32)}),
+        ("fedtgp", {"prototypes": np.full((10, 64), 1e30, np.float32), "has": np.ones(10, np.float32)}),
+        ("fd", {"soft-labels": np.zeros((10, 10), np.float32), "has": np.full(10, 0.5, np.float32)}),
+        ("lg-fedavg", {"head.weight": np.full((10, 64), np.nan, np.float32), "head.bias": np.zeros(10, np.float32)}),
+        ("lg-fedavg", {"head.weight": np.zeros((10, 64), np.float32)}),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "-".join(v),
+)
 def test_a_client_refuses_a_poisoned_broadcast_and_keeps_its_model(flower_ids, tmp_path, method, arrays):
     run = validate_run_config({**TINY, "method": method, "output-dir": str(tmp_path / "out")})
     context = InProcessGrid(run, 3).contexts[1]
@@ -247,8 +330,10 @@ class PoisoningGrid(InProcessGrid):
         replies = super().send_and_receive(messages, timeout)
         out = []
         for reply in replies:
-            if self.partition_of_node[reply.metadata.src_node_id] != 1 or \
-                    reply.metadata.message_type != MessageType.TRAIN:
+            if (
+                self.partition_of_node[reply.metadata.src_node_id] != 1
+                or reply.metadata.message_type != MessageType.TRAIN
+            ):
                 out.append(reply)
             elif not self.silent:
                 upload = record_to_state(reply.content.array_records["upload"])
@@ -257,8 +342,7 @@ class PoisoningGrid(InProcessGrid):
                 elif upload:
                     upload["head.weight"] = np.full_like(upload["head.weight"], np.nan)
                 else:  # local uploads nothing: a 1e12 num-examples claim instead
-                    reply.content["metrics"] = MetricRecord({**dict(reply.content["metrics"]),
-                                                             "num-examples": 10 ** 12})
+                    reply.content["metrics"] = MetricRecord({**dict(reply.content["metrics"]), "num-examples": 10**12})
                 reply.content["upload"] = state_to_record(upload)
                 out.append(reply)
         return out

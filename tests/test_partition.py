@@ -112,8 +112,9 @@ def test_declared_budgets_shape_the_gamma_allocation_on_server_and_client(flower
     ordered = [budgets[p] for p in range(4)]
     assert ordered[smallest] == fed.cache.max_macs != fed.budgets[smallest]
     strategy = make_supernet_strategy(run, fed, budgets, {p: 10 + p for p in range(4)})
-    state = {k: v.numpy() for k, v in ElasticResNet(fed.cfg).state_dict().items()
-             if not k.endswith("num_batches_tracked")}
+    state = {
+        k: v.numpy() for k, v in ElasticResNet(fed.cfg).state_dict().items() if not k.endswith("num_batches_tracked")
+    }
     messages = strategy.configure_train(1, state_to_record(state), ConfigRecord(), grid=None)
     sent = [list(m.content.config_records["config"]["partition-budgets"]) for m in messages]
     assert sent == [ordered] * 4

@@ -30,8 +30,10 @@ import pytest
 from experiments.flower_env import free_port, isolated_env, process_groups, stop_local_superlink
 from experiments.flower_runs import flwr_run
 
-RUN_CONFIG = ("num-server-rounds=1 clients-per-round=2 max-local-steps=2 batch-size=16 eval-every=1 val-size=64 "
-              "calib-size=64 checkpoint-every=0")
+RUN_CONFIG = (
+    "num-server-rounds=1 clients-per-round=2 max-local-steps=2 batch-size=16 eval-every=1 val-size=64 "
+    "calib-size=64 checkpoint-every=0"
+)
 FEDERATION = "num-supernodes=2 client-resources-num-cpus=1"
 # Ray puts unix sockets under <temp-dir>/session_<date>_<pid>/sockets/; AF_UNIX paths are limited to 107 bytes
 MAX_RAY_TEMP_DIR_LEN = 45
@@ -43,7 +45,7 @@ def _live_members(groups: set[int]) -> list[int]:
     for pid_dir in Path("/proc").glob("[0-9]*"):
         try:
             stat = (pid_dir / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, ...
+            fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
             if int(fields[2]) in groups and fields[0] != "Z":
                 alive.append(int(pid_dir.name))
         except (OSError, ValueError, IndexError):
@@ -98,12 +100,32 @@ def ray_head(tmp_path_factory):
     if len(str(temp_dir)) > MAX_RAY_TEMP_DIR_LEN:  # e.g. a long --basetemp: keep the socket paths short
         own_dir = temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
     port = free_port()
-    command = [ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
-               "--num-gpus", "0", "--object-store-memory", "100000000", "--include-dashboard=false",
-               "--disable-usage-stats", "--temp-dir", str(temp_dir),
-               # the defaults (10001, 8265, 52365) are fixed ports: another Ray head on this machine would clash
-               "--ray-client-server-port", str(free_port()), "--dashboard-port", str(free_port()),
-               "--dashboard-agent-listen-port", str(free_port())]
+    command = [
+        ray,
+        "start",
+        "--head",
+        "--node-ip-address",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num-cpus",
+        "2",
+        "--num-gpus",
+        "0",
+        "--object-store-memory",
+        "100000000",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        "--temp-dir",
+        str(temp_dir),
+        # the defaults (10001, 8265, 52365) are fixed ports: another Ray head on this machine would clash
+        "--ray-client-server-port",
+        str(free_port()),
+        "--dashboard-port",
+        str(free_port()),
+        "--dashboard-agent-listen-port",
+        str(free_port()),
+    ]
     log = tmp_path_factory.getbasetemp() / f"{temp_dir.name}-start.log"
     started = time.monotonic()
     proc = None
@@ -156,8 +178,13 @@ def test_simulation_runs_on_an_existing_ray_cluster(ray_head, cluster_flwr_env, 
     assert not list(logs.glob("python-core-driver-*.log"))
 
     out = tmp_path / "out"
-    run_id, status = flwr_run(f"{RUN_CONFIG} output-dir='{out}'", FEDERATION, env=cluster_flwr_env, timeout=600,
-                              log_file=tmp_path / "flwr_run.log")
+    run_id, status = flwr_run(
+        f"{RUN_CONFIG} output-dir='{out}'",
+        FEDERATION,
+        env=cluster_flwr_env,
+        timeout=600,
+        log_file=tmp_path / "flwr_run.log",
+    )
     run_seconds = time.monotonic() - started
     assert status == "finished:completed", (tmp_path / "flwr_run.log").read_text()[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -171,8 +198,10 @@ def test_simulation_runs_on_an_existing_ray_cluster(ray_head, cluster_flwr_env, 
     drivers = list(logs.glob("python-core-driver-*.log"))
     assert drivers, f"no Ray driver connected to the head: {sorted(p.name for p in logs.iterdir())}"
     assert actors, f"no ClientAppActor ran on the head: {sorted(p.name for p in logs.iterdir())}"
-    print(f"run {run_id}: {status}; {len(actors)} ClientAppActor worker(s) and {len(drivers)} driver(s) on the "
-          f"cluster; flwr run took {run_seconds:.1f} s")
+    print(
+        f"run {run_id}: {status}; {len(actors)} ClientAppActor worker(s) and {len(drivers)} driver(s) on the "
+        f"cluster; flwr run took {run_seconds:.1f} s"
+    )
 
 
 # -- two Ray nodes on this machine ------------------------------------------------------------------------------------
@@ -185,18 +214,48 @@ def two_node_cluster(tmp_path_factory):
         pytest.skip("the `ray` command is not installed")
     temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: unix socket paths are limited
     port = free_port()
-    common = ["--num-gpus", "0", "--object-store-memory", "100000000", "--disable-usage-stats", "--temp-dir",
-              str(temp_dir), "--dashboard-agent-listen-port", str(free_port())]
+    common = [
+        "--num-gpus",
+        "0",
+        "--object-store-memory",
+        "100000000",
+        "--disable-usage-stats",
+        "--temp-dir",
+        str(temp_dir),
+        "--dashboard-agent-listen-port",
+        str(free_port()),
+    ]
     logs = tmp_path_factory.getbasetemp()
     procs = []
     try:
-        procs.append(_start_ray([ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
-                                 "--num-cpus", "1", "--include-dashboard=false", "--ray-client-server-port",
-                                 str(free_port()), "--dashboard-port", str(free_port()), *common],
-                                logs / "ray-head.log"))
+        procs.append(
+            _start_ray(
+                [
+                    ray,
+                    "start",
+                    "--head",
+                    "--node-ip-address",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--num-cpus",
+                    "1",
+                    "--include-dashboard=false",
+                    "--ray-client-server-port",
+                    str(free_port()),
+                    "--dashboard-port",
+                    str(free_port()),
+                    *common,
+                ],
+                logs / "ray-head.log",
+            )
+        )
         common[common.index("--dashboard-agent-listen-port") + 1] = str(free_port())
-        procs.append(_start_ray([ray, "start", "--address", f"127.0.0.1:{port}", "--num-cpus", "1", *common],
-                                logs / "ray-worker.log"))
+        procs.append(
+            _start_ray(
+                [ray, "start", "--address", f"127.0.0.1:{port}", "--num-cpus", "1", *common], logs / "ray-worker.log"
+            )
+        )
         yield f"127.0.0.1:{port}", procs[0].pid, procs[1].pid
     finally:
         _stop_groups({p.pid for p in procs} | process_groups((f"{temp_dir}/",)))
@@ -240,23 +299,31 @@ def test_clients_run_on_two_ray_nodes_and_survive_losing_one(two_node_cluster, t
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        run_config = (f"num-server-rounds={rounds} clients-per-round=2 max-local-steps=2 batch-size=16 "
-                      f"eval-every={rounds} val-size=64 calib-size=64 checkpoint-every=0 min-reply-fraction=0.5 "
-                      f"output-dir='{out}'")
-        _, status = flwr_run(run_config, "num-supernodes=4 client-resources-num-cpus=1", env=env, timeout=900,
-                             log_file=tmp_path / "flwr_run.log")
+        run_config = (
+            f"num-server-rounds={rounds} clients-per-round=2 max-local-steps=2 batch-size=16 "
+            f"eval-every={rounds} val-size=64 calib-size=64 checkpoint-every=0 min-reply-fraction=0.5 "
+            f"output-dir='{out}'"
+        )
+        _, status = flwr_run(
+            run_config,
+            "num-supernodes=4 client-resources-num-cpus=1",
+            env=env,
+            timeout=900,
+            log_file=tmp_path / "flwr_run.log",
+        )
     finally:
         stop.set()
         watcher.join()
         stop_local_superlink(env)
     groups = set(seen.values())
-    assert head_group in groups and worker_group in groups, f"actor groups {groups}, head {head_group}, " \
-                                                            f"worker {worker_group}"
+    assert head_group in groups and worker_group in groups, (
+        f"actor groups {groups}, head {head_group}, worker {worker_group}"
+    )
     assert killed_after, "the worker node was never killed (its actor was not seen by round 2)"
     assert status == "finished:completed", (tmp_path / "flwr_run.log").read_text()[-3000:]
     with open(out / "rounds.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == rounds
-    after = rows[killed_after[0]:]
+    after = rows[killed_after[0] :]
     assert sum(int(r["failed"]) for r in after) >= 1  # the dead node's actor cost at least one client
     assert all(int(r["replies"]) >= 1 for r in after)  # and every later round still trained on the head

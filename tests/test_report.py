@@ -14,12 +14,20 @@ from fl_app.report import MixedCommits, find_runs, main, regenerate_readme, repo
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_run(folder: Path, method="feast", seed=0, accuracy=0.3, commit=None, label=None, kind="supernet",
-             **config) -> Path:
+def make_run(
+    folder: Path, method="feast", seed=0, accuracy=0.3, commit=None, label=None, kind="supernet", **config
+) -> Path:
     folder.mkdir(parents=True)
     run_config = {"method": method, "seed": seed, "num-server-rounds": 4, **config}
-    summary = {"method": method, "dataset": "cifar10", "rounds": 4, "seed": seed, "bytes_down": 3e6, "bytes_up": 1e6,
-               "run_config": run_config}
+    summary = {
+        "method": method,
+        "dataset": "cifar10",
+        "rounds": 4,
+        "seed": seed,
+        "bytes_down": 3e6,
+        "bytes_up": 1e6,
+        "run_config": run_config,
+    }
     if kind == "supernet":
         summary.update(population_weighted_accuracy=accuracy, tiers=[{"macs": 4.9e5, "accuracy": accuracy}])
     else:
@@ -27,8 +35,17 @@ def make_run(folder: Path, method="feast", seed=0, accuracy=0.3, commit=None, la
     write_json(folder / "summary.json", summary)
     write_csv(folder / "metrics.csv", [{"round": 4, "population_weighted_accuracy": accuracy}])
     if commit:
-        write_json(folder / "run.json", {"commit": commit, "dirty": False, "label": label or method,
-                                         "run_config": run_config, "federation": {}, "seed": seed})
+        write_json(
+            folder / "run.json",
+            {
+                "commit": commit,
+                "dirty": False,
+                "label": label or method,
+                "run_config": run_config,
+                "federation": {},
+                "seed": seed,
+            },
+        )
     return folder
 
 
@@ -107,10 +124,10 @@ def test_readme_tables_match_the_committed_results():
 
 def test_equal_compute_reads_every_row_at_the_references_total_flops(tmp_path):
     def run_with_curve(name, method, rounds, flops_per_round, evaluated):
-        folder = make_run(tmp_path / name, method=method, commit="d" * 40, label=name,
-                          **{"num-server-rounds": rounds})
-        write_csv(folder / "rounds.csv", [{"round": r, "client_train_flops": flops_per_round}
-                                          for r in range(1, rounds + 1)])
+        folder = make_run(tmp_path / name, method=method, commit="d" * 40, label=name, **{"num-server-rounds": rounds})
+        write_csv(
+            folder / "rounds.csv", [{"round": r, "client_train_flops": flops_per_round} for r in range(1, rounds + 1)]
+        )
         write_csv(folder / "metrics.csv", [{"round": r, "population_weighted_accuracy": a} for r, a in evaluated])
 
     run_with_curve("feast", "feast", 4, 10.0, [(2, 0.2), (4, 0.4)])  # 40 FLOPs in all

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
+from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.payload import payload_bytes, record_bytes, record_to_state, state_to_record
 from fl_app.slicing import slice_subnet, state_numel, subnet_shapes
 from fl_app.subnets import draw_budgets
 from fl_app.supernet import Subnet
-from fl_app.models.elastic_resnet import ElasticResNet
 from strategies.feast import FeastStrategy
 from strategies.rounds import sample_partitions
 
@@ -55,8 +55,9 @@ def test_seeded_sampling_over_partition_ids():
     a = sample_partitions(range(10), 4, seed=0, server_round=3)
     assert a == sample_partitions(reversed(range(10)), 4, seed=0, server_round=3)
     assert len(set(a)) == 4
-    assert a != sample_partitions(range(10), 4, seed=0, server_round=4) or \
-        a != sample_partitions(range(10), 4, seed=0, server_round=5)
+    assert a != sample_partitions(range(10), 4, seed=0, server_round=4) or a != sample_partitions(
+        range(10), 4, seed=0, server_round=5
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -77,9 +78,15 @@ def _strategy(cpu_cfg, cpu_cache, budgets, **kw):
 
 
 def _reply(msg: Message, state: dict, num_examples: int, dtype="float32") -> Message:
-    reply = Message(RecordDict({"arrays": state_to_record(state, dtype),
-                                "metrics": MetricRecord({"num-examples": num_examples, "train-loss": 1.0})}),
-                    reply_to=msg)
+    reply = Message(
+        RecordDict(
+            {
+                "arrays": state_to_record(state, dtype),
+                "metrics": MetricRecord({"num-examples": num_examples, "train-loss": 1.0}),
+            }
+        ),
+        reply_to=msg,
+    )
     reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
     return reply
 
@@ -87,8 +94,9 @@ def _reply(msg: Message, state: dict, num_examples: int, dtype="float32") -> Mes
 def test_strategy_routes_each_client_its_own_slice_and_aggregates_sparsely(flower_ids, cpu_cfg, cpu_cache):
     budgets = {0: cpu_cache.min_macs, 1: 3e6, 2: cpu_cache.max_macs}
     strategy = _strategy(cpu_cfg, cpu_cache, budgets)
-    init = {k: v.numpy() for k, v in ElasticResNet(cpu_cfg).state_dict().items()
-            if not k.endswith("num_batches_tracked")}
+    init = {
+        k: v.numpy() for k, v in ElasticResNet(cpu_cfg).state_dict().items() if not k.endswith("num_batches_tracked")
+    }
     messages = list(strategy.configure_train(1, state_to_record(init), ConfigRecord(), grid=None))
     assert sorted(m.metadata.dst_node_id for m in messages) == [100, 101, 102]
     for msg in messages:
@@ -112,11 +120,16 @@ def test_strategy_routes_each_client_its_own_slice_and_aggregates_sparsely(flowe
     for name, full_shape in full_shapes.items():
         corner_values = []
         for index in [(0,) * len(full_shape), tuple(n - 1 for n in full_shape)]:
-            covering = [pid for pid, b in budgets.items()
-                        if name in subnet_shapes(cpu_cfg, cpu_cache.route_bounds(b))
-                        and all(i < n for i, n in zip(index, subnet_shapes(cpu_cfg, cpu_cache.route_bounds(b))[name]))]
+            covering = [
+                pid
+                for pid, b in budgets.items()
+                if name in subnet_shapes(cpu_cfg, cpu_cache.route_bounds(b))
+                and all(i < n for i, n in zip(index, subnet_shapes(cpu_cfg, cpu_cache.route_bounds(b))[name]))
+            ]
             # hand computation: value pid+1 with weight pid+1
-            expected = sum((p + 1) ** 2 for p in covering) / sum(p + 1 for p in covering) if covering else init[name][index]
+            expected = (
+                sum((p + 1) ** 2 for p in covering) / sum(p + 1 for p in covering) if covering else init[name][index]
+            )
             assert merged[name][index] == pytest.approx(expected, rel=1e-6), (name, index, covering)
             corner_values.append(len(covering))
         checked += corner_values[0] != corner_values[1]
@@ -127,8 +140,9 @@ def test_strategy_routes_each_client_its_own_slice_and_aggregates_sparsely(flowe
 def test_strategy_rejects_out_of_bounds_reply_and_fails_below_min_replies(flower_ids, cpu_cfg, cpu_cache):
     budgets = {0: cpu_cache.min_macs, 1: cpu_cache.min_macs}
     strategy = _strategy(cpu_cfg, cpu_cache, budgets, min_reply_fraction=0.5)
-    full = {k: v.numpy() for k, v in ElasticResNet(cpu_cfg).state_dict().items()
-            if not k.endswith("num_batches_tracked")}
+    full = {
+        k: v.numpy() for k, v in ElasticResNet(cpu_cfg).state_dict().items() if not k.endswith("num_batches_tracked")
+    }
     messages = list(strategy.configure_train(1, state_to_record(full), ConfigRecord(), grid=None))
     good = record_to_state(messages[0].content.array_records["arrays"])
     good = {k: v + 1 for k, v in good.items()}

@@ -50,14 +50,28 @@ class FakeLauncher:
             return "finished:failed"
         acc = OFFSET[run.label] + SEED_EFFECT[run.seed] + 0.01 * run.cell.get("gamma", 0)
         rounds = run.run_config["num-server-rounds"]
-        write_csv(run.folder / "metrics.csv", [{"round": r, "population_weighted_accuracy": acc * r / rounds}
-                                               for r in range(1, rounds + 1)])
-        write_csv(run.folder / "rounds.csv", [{"round": r, "client_seconds": 10.0 * (1 + (run.label == "feast"))}
-                                              for r in range(1, rounds + 1)])
-        write_json(run.folder / "summary.json", {
-            "method": run.run_config["method"], "dataset": "cifar10", "rounds": rounds, "seed": run.seed,
-            "population_weighted_accuracy": acc, "tiers": [{"macs": 5e5, "accuracy": acc}],
-            "bytes_down": 2e6, "bytes_up": 1e6, "run_config": {**run.run_config, "output-dir": str(run.folder)}})
+        write_csv(
+            run.folder / "metrics.csv",
+            [{"round": r, "population_weighted_accuracy": acc * r / rounds} for r in range(1, rounds + 1)],
+        )
+        write_csv(
+            run.folder / "rounds.csv",
+            [{"round": r, "client_seconds": 10.0 * (1 + (run.label == "feast"))} for r in range(1, rounds + 1)],
+        )
+        write_json(
+            run.folder / "summary.json",
+            {
+                "method": run.run_config["method"],
+                "dataset": "cifar10",
+                "rounds": rounds,
+                "seed": run.seed,
+                "population_weighted_accuracy": acc,
+                "tiers": [{"macs": 5e5, "accuracy": acc}],
+                "bytes_down": 2e6,
+                "bytes_up": 1e6,
+                "run_config": {**run.run_config, "output-dir": str(run.folder)},
+            },
+        )
         return COMPLETED
 
 
@@ -70,14 +84,24 @@ def write_suite(tmp_path: Path, text: str = SUITE, name: str = "suite.toml") -> 
 def run(tmp_path, suite_text=SUITE, launcher=None, plots=False, **kwargs):
     lines = []
     launcher = launcher or FakeLauncher()
-    result = run_suite(write_suite(tmp_path, suite_text), tmp_path / "out", launch=launcher,
-                       printer=lambda text, **_: lines.append(text), plots=plots, **kwargs)
+    result = run_suite(
+        write_suite(tmp_path, suite_text),
+        tmp_path / "out",
+        launch=launcher,
+        printer=lambda text, **_: lines.append(text),
+        plots=plots,
+        **kwargs,
+    )
     return result, launcher, "\n".join(lines)
 
 
 def test_suite_errors_name_the_section_and_key(tmp_path):
-    bad = SUITE.replace('reference = "fedavg-min"', 'reference = "fedprox"').replace(
-        "feast = {}", "feast = {}\nfeast-fast = { lr = 0.1 }") + "\n[extras]\nx = 1\n"
+    bad = (
+        SUITE.replace('reference = "fedavg-min"', 'reference = "fedprox"').replace(
+            "feast = {}", "feast = {}\nfeast-fast = { lr = 0.1 }"
+        )
+        + "\n[extras]\nx = 1\n"
+    )
     with pytest.raises(ValueError) as error:
         load_suite(write_suite(tmp_path, bad))
     text = str(error.value)
@@ -90,8 +114,11 @@ def test_first_run_trains_every_cell_and_records_provenance(tmp_path):
     result, launcher, text = run(tmp_path)
     assert len(launcher.launched) == 9 and not result["failed"]
     # seed by seed, methods in file order
-    assert [(label, seed) for label, seed, _ in launcher.launched[:3]] == [("feast", 0), ("fedavg-min", 0),
-                                                                             ("feast-kd0", 0)]
+    assert [(label, seed) for label, seed, _ in launcher.launched[:3]] == [
+        ("feast", 0),
+        ("fedavg-min", 0),
+        ("feast-kd0", 0),
+    ]
     assert text.count(" start ") == 9 and text.count(" done in ") == 9 and "ETA" in text
     record = json.loads((tmp_path / "out/runs/feast-kd0/seed2" / RUN_RECORD).read_text())
     assert record["status"] == COMPLETED and record["seed"] == 2
@@ -157,7 +184,13 @@ def test_interrupted_suite_resumes_and_keeps_the_partial_run(tmp_path):
     assert json.loads((partial / RUN_RECORD).read_text())["status"] == "running"
     _, launcher, text = run(tmp_path)
     assert [(label, seed) for label, seed, _ in launcher.launched] == [
-        ("feast", 1), ("fedavg-min", 1), ("feast-kd0", 1), ("feast", 2), ("fedavg-min", 2), ("feast-kd0", 2)]
+        ("feast", 1),
+        ("fedavg-min", 1),
+        ("feast-kd0", 1),
+        ("feast", 2),
+        ("fedavg-min", 2),
+        ("feast-kd0", 2),
+    ]
     assert (tmp_path / "out/runs/feast/seed1.interrupted-1" / RUN_RECORD).exists()
     assert "seed1.interrupted-1" in text and text.count(" reuse ") == 3
 
@@ -225,8 +258,9 @@ def test_smoke_suite_again_trains_nothing_and_a_changed_key_is_refused(smoke, tm
     text = "\n".join(lines)
     assert text.count(" reuse ") == 4 and " start " not in text and not result["failed"]
     changed = tmp_path / "smoke.toml"
-    changed.write_text((ROOT / "experiments/suites/smoke.toml").read_text().replace("max-local-steps = 3",
-                                                                                   "max-local-steps = 4"))
+    changed.write_text(
+        (ROOT / "experiments/suites/smoke.toml").read_text().replace("max-local-steps = 3", "max-local-steps = 4")
+    )
     with pytest.raises(SuiteMismatch, match=r"max-local-steps: 3 -> 4"):
         run_suite(changed, out, printer=lambda *a, **k: None)
 
@@ -250,16 +284,33 @@ def test_wrappers_run_their_suites_through_the_runner(monkeypatch):
     gamma.main(["--out", "y"])
     fedtopo_compare.main(["--out", "z", "--set", "num-server-rounds=4"])
     assert [(c[0], Path(c[1]).name, c[2:]) for c in calls] == [
-        ("run", "ablations.toml", ["--out", "x", "--seeds", "0"]), ("run", "gamma.toml", ["--out", "y"]),
-        ("run", "fedtopo.toml", ["--out", "z", "--set", "num-server-rounds=4"])]
+        ("run", "ablations.toml", ["--out", "x", "--seeds", "0"]),
+        ("run", "gamma.toml", ["--out", "y"]),
+        ("run", "fedtopo.toml", ["--out", "z", "--set", "num-server-rounds=4"]),
+    ]
 
 
 def test_command_line_changes_seeds_methods_and_values(tmp_path, capsys):
     from experiments.runner import main
 
     suite = str(ROOT / "experiments/suites/ablations.toml")
-    assert main(["plan", suite, "--out", str(tmp_path), "--seeds", "3", "--methods", "feast,feast-kd0",
-                 "--set", "num-server-rounds=40"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                suite,
+                "--out",
+                str(tmp_path),
+                "--seeds",
+                "3",
+                "--methods",
+                "feast,feast-kd0",
+                "--set",
+                "num-server-rounds=40",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out.splitlines()
     assert [line.split()[:3] for line in printed] == [["train", "feast", "seed=3"], ["train", "feast-kd0", "seed=3"]]
     assert main(["plan", suite, "--out", str(tmp_path), "--set", "num-server-round=40"]) == 2

@@ -7,8 +7,17 @@ import pytest
 from flwr.app import Array, ArrayRecord, MetricRecord
 
 from fl_app.payload import state_to_record
-from strategies.screening import (MAX_WEIGHT, NON_NEGATIVE, MetricSpec, examples_spec, labels_spec, magnitude_bound,
-                                  metrics_problem, record_problem, wire_dtype)
+from strategies.screening import (
+    MAX_WEIGHT,
+    NON_NEGATIVE,
+    MetricSpec,
+    examples_spec,
+    labels_spec,
+    magnitude_bound,
+    metrics_problem,
+    record_problem,
+    wire_dtype,
+)
 from strategies.sparse import sparse_average, update_problem
 
 SHAPES = {"w": (2, 3), "b": (3,)}
@@ -34,10 +43,13 @@ def test_metric_specs_kinds_ranges_and_bools():
     assert metrics_problem(MetricRecord({"n": 101}), specs) == "metric 'n'=101 outside 1..100"
     assert metrics_problem(MetricRecord({"n": 60, "labels": [0, 4]}), specs) == "metric 'labels'=[0, 4] outside 0..3"
     assert metrics_problem(MetricRecord({"n": 60, "labels": [0, 1, 2, 3, 3]}), specs).endswith(
-        "has 5 elements, allowed at most 4")
+        "has 5 elements, allowed at most 4"
+    )
     assert metrics_problem(MetricRecord({"n": MAX_WEIGHT}), {"n": examples_spec()}) is None
-    assert metrics_problem(MetricRecord({"n": 60}), {"n": examples_spec(100, exact=True)}) == \
-        "metric 'n'=60 outside 100..100"
+    assert (
+        metrics_problem(MetricRecord({"n": 60}), {"n": examples_spec(100, exact=True)})
+        == "metric 'n'=60 outside 100..100"
+    )
     assert MetricSpec("int").problem("flag", True) == "metric 'flag'=True is not an int"  # a bool is not a count
     assert MetricSpec("float-list", low=0).problem("xs", [0.5, -1.0]) == "metric 'xs'=[0.5, -1.0] outside 0..inf"
     assert "not a MetricRecord" in metrics_problem({"n": 1}, specs)

@@ -119,8 +119,9 @@ def test_tier_evaluator_chooses_best_tier_on_validation_never_test(monkeypatch, 
     budgets = [tiers[-1].macs] * 2
     results = {}
     for choice in ("largest", "best-validation"):
-        evaluator = evaluation.TierEvaluator(cpu_cfg, tiers, budgets, data, data, data, 1, 1, lambda a: {},
-                                             population_tier=choice)
+        evaluator = evaluation.TierEvaluator(
+            cpu_cfg, tiers, budgets, data, data, data, 1, 1, lambda a: {}, population_tier=choice
+        )
         evaluator(1, None)
         results[choice] = evaluator.last["population_weighted_accuracy"]
     assert results == {"largest": 0.9, "best-validation": 0.3}  # the test-best tier (0.9) is never chosen by test
@@ -133,8 +134,9 @@ def _images(n, seed):
     from fl_app.data import ImageData
 
     g = torch.Generator().manual_seed(seed)
-    return ImageData(torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=g),
-                     torch.randint(0, 10, (n,), generator=g))
+    return ImageData(
+        torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=g), torch.randint(0, 10, (n,), generator=g)
+    )
 
 
 def test_search_respects_the_budget_and_explores_beyond_the_cache(cpu_cfg, cpu_cache):
@@ -146,8 +148,9 @@ def test_search_respects_the_budget_and_explores_beyond_the_cache(cpu_cfg, cpu_c
         return count_costs(cpu_cfg, arch)[1] / 1e6
 
     for budget in (count_costs(cpu_cfg, cpu_cfg.min_subnet())[0], 1.2e6, 3e6, 7e6):
-        ranked = evolutionary_search(cpu_cfg, score, budget, population=6, generations=3,
-                                     start=[c.arch for c in cpu_cache.under(budget)])
+        ranked = evolutionary_search(
+            cpu_cfg, score, budget, population=6, generations=3, start=[c.arch for c in cpu_cache.under(budget)]
+        )
         assert all(s.macs <= budget for s in ranked)
         assert ranked[0].val_accuracy == max(s.val_accuracy for s in ranked)
         assert [s.val_accuracy for s in ranked] == sorted((s.val_accuracy for s in ranked), reverse=True)
@@ -198,15 +201,17 @@ def _trained_checkpoint(tmp_path, cpu_cfg, monkeypatch):
 
 
 def test_extract_searches_without_reading_test_data_and_the_standalone_model_reproduces_it(
-        tmp_path, cpu_cfg, monkeypatch):
+    tmp_path, cpu_cfg, monkeypatch
+):
     import fl_app.extract as extract
     from fl_app.evaluation import accuracy
     from fl_app.federation import server_splits
 
     checkpoint, train, test, log = _trained_checkpoint(tmp_path, cpu_cfg, monkeypatch)
     out = tmp_path / "subnet.pt"
-    result = extract.main(["--checkpoint", str(checkpoint), "--macs", "2e6", "--out", str(out),
-                           "--population", "4", "--generations", "2"])
+    result = extract.main(
+        ["--checkpoint", str(checkpoint), "--macs", "2e6", "--out", str(out), "--population", "4", "--generations", "2"]
+    )
     assert result["macs"] <= 2e6 and result["candidates"] >= 4
     assert log["test_reads_while_choosing"] == 0 and log["test_reads"] > 0  # test data read only after the choice
     model = ElasticResNet.load_standalone(out)
@@ -230,8 +235,9 @@ def test_extract_from_cache_and_never_overwrites(tmp_path, cpu_cfg, cpu_cache, m
     with pytest.raises(SystemExit):
         extract.main(["--checkpoint", str(checkpoint), "--macs", "2e6", "--out", str(existing), "--from-cache"])
     assert checkpoint.read_bytes() == before and existing.read_bytes() == b"keep me"
-    result = extract.main(["--checkpoint", str(checkpoint), "--macs", "2e6", "--out", str(tmp_path / "c.pt"),
-                           "--from-cache"])
+    result = extract.main(
+        ["--checkpoint", str(checkpoint), "--macs", "2e6", "--out", str(tmp_path / "c.pt"), "--from-cache"]
+    )
     assert result["source"] == "cache" and result["macs"] == cpu_cache.local_max(2e6).macs
 
 
@@ -243,8 +249,11 @@ def test_extract_refuses_a_damaged_verified_supernet(tmp_path, cpu_cfg):
     from fl_app.extract import load_trained
 
     state = {k: v for k, v in ElasticResNet(cpu_cfg).state_dict().items() if not k.endswith("num_batches_tracked")}
-    path = save_verified(tmp_path / "supernet.pt", {"supernet": cpu_cfg.to_dict(), "state_dict": state,
-                                                    "run_config": validate_run_config({}).to_dict()}, {"model": 1})
+    path = save_verified(
+        tmp_path / "supernet.pt",
+        {"supernet": cpu_cfg.to_dict(), "state_dict": state, "run_config": validate_run_config({}).to_dict()},
+        {"model": 1},
+    )
     assert load_trained(path)[2] == cpu_cfg
     blob = torch.load(path, weights_only=True)
     blob["state_dict"]["stem_conv.weight"][0, 0, 0, 0] += 1.0  # altered after it was written

@@ -13,12 +13,14 @@ def test_overlapping_slices_hand_computation():
     b = {"w": np.full((2, 3), 4.0), "b": np.array([4.0, 4.0])}
     c = {"w": np.full((3, 1), 10.0)}
     result = sparse_average(global_state, [(a, 1.0), (b, 2.0), (c, 1.0)])
-    expected_w = np.array([
-        # (0,0): a,b,c -> (1 + 8 + 10) / 4; (0,1): a,b -> (1 + 8) / 3; (0,2): b; (0,3): nobody
-        [19 / 4, 9 / 3, 4, 0],
-        [(8 + 10) / 3, 4, 4, 0],
-        [10, 0, 0, 0],
-    ])
+    expected_w = np.array(
+        [
+            # (0,0): a,b,c -> (1 + 8 + 10) / 4; (0,1): a,b -> (1 + 8) / 3; (0,2): b; (0,3): nobody
+            [19 / 4, 9 / 3, 4, 0],
+            [(8 + 10) / 3, 4, 4, 0],
+            [10, 0, 0, 0],
+        ]
+    )
     np.testing.assert_allclose(result["w"], expected_w, rtol=1e-6)
     np.testing.assert_allclose(result["b"], [(1 + 8) / 3, 4, 7])  # last element uncovered keeps 7
 
@@ -65,9 +67,11 @@ def test_checked_updates_are_read_once_and_their_weights_still_checked():
             return dict.__getitem__(self, name)
 
     g = {"w": np.zeros(3, dtype=np.float32), "b": np.zeros(2, dtype=np.float32)}
-    updates = [(Counting(w=np.ones(2, dtype=np.float32), b=np.ones(1, dtype=np.float32)), 1.0),
-               (Counting(w=np.full(3, 4.0, dtype=np.float32)), 3.0),
-               (Counting(w=np.full(3, 9.0, dtype=np.float32)), 0.0)]  # weight 0: rejected either way
+    updates = [
+        (Counting(w=np.ones(2, dtype=np.float32), b=np.ones(1, dtype=np.float32)), 1.0),
+        (Counting(w=np.full(3, 4.0, dtype=np.float32)), 3.0),
+        (Counting(w=np.full(3, 9.0, dtype=np.float32)), 0.0),
+    ]  # weight 0: rejected either way
     checked = sparse_average(g, updates, tensors_checked=True)
     assert Counting.reads == 3  # one read per tensor of the two valid updates, none for validation
     unchecked = sparse_average(g, updates)

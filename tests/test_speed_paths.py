@@ -43,11 +43,24 @@ def test_channels_last_matches_contiguous_layout(cpu_cfg, cpu_cache):
 
 def test_foreach_optimizer_and_clipping_are_bit_identical(cpu_cfg, cpu_cache, monkeypatch):
     gen = torch.Generator().manual_seed(2)
-    data = ImageData(torch.randint(0, 256, (24, 3, 32, 32), dtype=torch.uint8, generator=gen),
-                     torch.randint(0, 10, (24,), generator=gen))
-    settings = LocalSettings(epochs=1, max_steps=3, batch_size=8, lr=0.05, momentum=0.9, weight_decay=5e-4,
-                             kd_ratio=0.5, crop_flip=True, randaugment=False, mixup_alpha=0.0, cutmix_alpha=0.0,
-                             seed=0)
+    data = ImageData(
+        torch.randint(0, 256, (24, 3, 32, 32), dtype=torch.uint8, generator=gen),
+        torch.randint(0, 10, (24,), generator=gen),
+    )
+    settings = LocalSettings(
+        epochs=1,
+        max_steps=3,
+        batch_size=8,
+        lr=0.05,
+        momentum=0.9,
+        weight_decay=5e-4,
+        kd_ratio=0.5,
+        crop_flip=True,
+        randaugment=False,
+        mixup_alpha=0.0,
+        cutmix_alpha=0.0,
+        seed=0,
+    )
     bounds = cpu_cache.route_bounds(5e6)
     plan = plan_subnets(cpu_cache, 5e6, bounds, ("max", "min", "random"))
 

@@ -9,8 +9,9 @@ import pytest
 from fl_app.stats import format_estimate, mean_ci, paired_difference, t_quantile, value_at_budget
 
 
-@pytest.mark.parametrize("df, expected", [(1, 12.7062), (2, 4.3027), (3, 3.1824), (4, 2.7764), (9, 2.2622),
-                                          (30, 2.0423)])
+@pytest.mark.parametrize(
+    "df, expected", [(1, 12.7062), (2, 4.3027), (3, 3.1824), (4, 2.7764), (9, 2.2622), (30, 2.0423)]
+)
 def test_t_quantile_matches_the_printed_table(df, expected):
     assert t_quantile(0.95, df) == pytest.approx(expected, abs=1e-4)
 

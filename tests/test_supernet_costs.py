@@ -22,7 +22,8 @@ def test_bundled_paper_files_equal_the_shared_reference():
         pytest.skip("../shared is not beside this checkout")
     bundled = Path(__file__).resolve().parents[1] / "fl_app" / "supernets"
     assert json.loads((bundled / "paper.json").read_text()) == json.loads(
-        (SHARED / "supernet-cifar100.json").read_text())
+        (SHARED / "supernet-cifar100.json").read_text()
+    )
     assert (bundled / "paper-cache.csv").read_text() == (SHARED / "subnet-cache-25M-600M.csv").read_text()
 
 

@@ -129,8 +129,9 @@ class ElasticResNet(nn.Module):
     # -- standalone subnets -------------------------------------------------------------------------------------
     def save_standalone(self, path: str | Path) -> None:
         """Save this model so that ``ElasticResNet.load_standalone`` (or plain ``torch.load``) restores it."""
-        torch.save({"supernet": self.cfg.to_dict(), "arch": self.bounds.to_dict(), "state_dict": self.state_dict()},
-                   path)
+        torch.save(
+            {"supernet": self.cfg.to_dict(), "arch": self.bounds.to_dict(), "state_dict": self.state_dict()}, path
+        )
 
     @staticmethod
     def load_standalone(path: str | Path) -> "ElasticResNet":

@@ -34,8 +34,9 @@ class HeteroNet(nn.Module):
 
 
 def _conv_bn(cin, cout, k=3, stride=1, groups=1):
-    return nn.Sequential(nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout),
-                         nn.ReLU(inplace=True))
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)
+    )
 
 
 def cnn4(width: int = 32) -> tuple[nn.Module, int]:
@@ -52,10 +53,14 @@ def cnn4(width: int = 32) -> tuple[nn.Module, int]:
 class _Basic(nn.Module):
     def __init__(self, cin, cout, stride):
         super().__init__()
-        self.body = nn.Sequential(_conv_bn(cin, cout, stride=stride), nn.Conv2d(cout, cout, 3, 1, 1, bias=False),
-                                  nn.BatchNorm2d(cout))
-        self.skip = (nn.Identity() if stride == 1 and cin == cout else
-                     nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
+        self.body = nn.Sequential(
+            _conv_bn(cin, cout, stride=stride), nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
+        )
+        self.skip = (
+            nn.Identity()
+            if stride == 1 and cin == cout
+            else nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+        )
 
     def forward(self, x):
         return torch.relu(self.body(x) + self.skip(x))
@@ -71,34 +76,53 @@ class _Residual(nn.Module):
 
 
 def _lenet():
-    return nn.Sequential(nn.Conv2d(3, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 5), nn.ReLU(),
-                         nn.MaxPool2d(2)), 32 * 5 * 5
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 5), nn.ReLU(), nn.MaxPool2d(2)
+    ), 32 * 5 * 5
 
 
 def _vgg_mini():
-    return nn.Sequential(_conv_bn(3, 16), _conv_bn(16, 16), nn.MaxPool2d(2), _conv_bn(16, 32), _conv_bn(32, 32),
-                         nn.MaxPool2d(2), _conv_bn(32, 64), nn.AdaptiveAvgPool2d(1)), 64
+    return nn.Sequential(
+        _conv_bn(3, 16),
+        _conv_bn(16, 16),
+        nn.MaxPool2d(2),
+        _conv_bn(16, 32),
+        _conv_bn(32, 32),
+        nn.MaxPool2d(2),
+        _conv_bn(32, 64),
+        nn.AdaptiveAvgPool2d(1),
+    ), 64
 
 
 def _resnet_mini():
-    return nn.Sequential(_conv_bn(3, 16, stride=2), _Basic(16, 16, 1), _Basic(16, 32, 2), _Basic(32, 64, 2),
-                         nn.AdaptiveAvgPool2d(1)), 64
+    return nn.Sequential(
+        _conv_bn(3, 16, stride=2), _Basic(16, 16, 1), _Basic(16, 32, 2), _Basic(32, 64, 2), nn.AdaptiveAvgPool2d(1)
+    ), 64
 
 
 def _mobile_mini():
     def dw(cin, cout, stride):  # depthwise-separable block (MobileNet-v1 style)
         return nn.Sequential(_conv_bn(cin, cin, stride=stride, groups=cin), _conv_bn(cin, cout, k=1))
-    return nn.Sequential(_conv_bn(3, 16, stride=1), dw(16, 32, 2), dw(32, 64, 2), dw(64, 96, 2),
-                         nn.AdaptiveAvgPool2d(1)), 96
+
+    return nn.Sequential(
+        _conv_bn(3, 16, stride=1), dw(16, 32, 2), dw(32, 64, 2), dw(64, 96, 2), nn.AdaptiveAvgPool2d(1)
+    ), 96
 
 
 def _convmixer_mini(dim: int = 48, depth: int = 3):
     """ConvMixer: 4x4 patch embedding, then depthwise (spatial) and pointwise (channel) mixing."""
-    blocks = [nn.Sequential(_Residual(nn.Sequential(nn.Conv2d(dim, dim, 5, padding=2, groups=dim), nn.GELU(),
-                                                    nn.BatchNorm2d(dim))),
-                            nn.Conv2d(dim, dim, 1), nn.GELU(), nn.BatchNorm2d(dim)) for _ in range(depth)]
-    return nn.Sequential(nn.Conv2d(3, dim, 4, stride=4), nn.GELU(), nn.BatchNorm2d(dim), *blocks,
-                         nn.AdaptiveAvgPool2d(1)), dim
+    blocks = [
+        nn.Sequential(
+            _Residual(nn.Sequential(nn.Conv2d(dim, dim, 5, padding=2, groups=dim), nn.GELU(), nn.BatchNorm2d(dim))),
+            nn.Conv2d(dim, dim, 1),
+            nn.GELU(),
+            nn.BatchNorm2d(dim),
+        )
+        for _ in range(depth)
+    ]
+    return nn.Sequential(
+        nn.Conv2d(3, dim, 4, stride=4), nn.GELU(), nn.BatchNorm2d(dim), *blocks, nn.AdaptiveAvgPool2d(1)
+    ), dim
 
 
 def _mlp():
@@ -140,8 +164,10 @@ def _torchvision(name: str, num_classes: int) -> tuple[nn.Module, int]:
 
 PAPER_FAMILY = {
     "cnn4": lambda c: cnn4(32),
-    **{name: (lambda c, n=name: _torchvision(n, c)) for name in
-       ("googlenet", "mobilenet_v2", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152")},
+    **{
+        name: (lambda c, n=name: _torchvision(n, c))
+        for name in ("googlenet", "mobilenet_v2", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+    },
 }
 
 

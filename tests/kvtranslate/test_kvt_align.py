@@ -19,8 +19,8 @@ WORDS = ["Napel", "is", "54", "5", "4", "."]
 
 
 def test_alignment_hand_example_two_tokenizers():
-    whole = word_tokenizer(WORDS, split_digits=False)   # Napel | is | 54 | .
-    digits = word_tokenizer(WORDS, split_digits=True)   # Napel | is | 5 | 4 | .
+    whole = word_tokenizer(WORDS, split_digits=False)  # Napel | is | 54 | .
+    digits = word_tokenizer(WORDS, split_digits=True)  # Napel | is | 5 | 4 | .
     text = " Napel is 54."
     # target splits "54": both digits read the source token "54" (it covers their last characters)
     src, tgt, index = align_tokens(whole, digits, text)

@@ -1,10 +1,9 @@
 import pytest
 import torch
+from kvt_helpers import small_model
 
 from kvtranslate.cache import apply_rope, extract_kv, inject_kv, prefill_kv, strip_rope
 from kvtranslate.models import forward, positions_from_mask
-
-from kvt_helpers import small_model
 
 FAMILIES = ["gpt2", "opt", "qwen2"]
 
@@ -42,7 +41,7 @@ def test_left_padding_matches_unpadded_forward(family):
         padded = forward(model, ids, mask).logits
         for b in range(ids.shape[0]):
             real = mask[b].bool()
-            alone = forward(model, ids[b:b + 1, real], torch.ones(1, int(real.sum()), dtype=torch.long)).logits
+            alone = forward(model, ids[b : b + 1, real], torch.ones(1, int(real.sum()), dtype=torch.long)).logits
             assert torch.allclose(padded[b, real], alone[0], atol=1e-5)
 
 

@@ -1,22 +1,25 @@
 """Command-line safety: the committed checkpoints are only replaced when asked to, devices and threads are checked
 before anything loads, unsupported model families are named, saved translators load back (tensors only)."""
+
 import argparse
 import os
 
 import pytest
 import torch
+from kvt_helpers import small_model
 from transformers import LlamaConfig
 
 from kvtranslate.__main__ import main, pretrain_log_path
 from kvtranslate.models import CHECKPOINT_DIR, RESULTS_DIR, family_of, load_model, pick_device
 from kvtranslate.train import TRAIN_DEFAULTS, build_translator, load_translator, save_translator
 
-from kvt_helpers import small_model
-
 
 def snapshot(folder):
-    return {os.path.join(root, f): (os.path.getsize(os.path.join(root, f)), os.path.getmtime(os.path.join(root, f)))
-            for root, _, files in os.walk(folder) for f in files}
+    return {
+        os.path.join(root, f): (os.path.getsize(os.path.join(root, f)), os.path.getmtime(os.path.join(root, f)))
+        for root, _, files in os.walk(folder)
+        for f in files
+    }
 
 
 def test_pretrain_refuses_the_committed_checkpoints_unless_told(capsys):
@@ -46,15 +49,17 @@ def test_device_and_threads_are_checked_before_anything_loads(capsys, tmp_path):
         pick_device("tpu")
     for flag, value in (("--device", "cuda"), ("--threads", "0")):
         with pytest.raises(SystemExit) as stop:
-            main(["train", "--source", "tiny-gpt2", "--target", "tiny-qwen2", "--out", str(tmp_path / "t"),
-                  flag, value])
+            main(
+                ["train", "--source", "tiny-gpt2", "--target", "tiny-qwen2", "--out", str(tmp_path / "t"), flag, value]
+            )
         assert stop.value.code == 2 and flag in capsys.readouterr().err
     assert not (tmp_path / "t").exists()
 
 
 def test_unsupported_family_is_named(tmp_path):
-    LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                num_attention_heads=2).save_pretrained(tmp_path)
+    LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+    ).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="unsupported model family 'llama'.*gpt2, opt, qwen2"):
         load_model(str(tmp_path))
     with pytest.raises(ValueError, match="'llama'"):

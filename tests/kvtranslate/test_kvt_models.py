@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from kvtranslate.corpus import make_dataset, split_names, split_templates, TEMPLATES
+from kvtranslate.corpus import TEMPLATES, make_dataset, split_names, split_templates
 from kvtranslate.evaluate import closed_set_accuracy, prefix_and_tails
 from kvtranslate.models import CHECKPOINT_DIR, TINY_SPECS, load_model, resolve
 from kvtranslate.scoring import option_logprobs
@@ -19,13 +19,12 @@ needs_checkpoints = pytest.mark.skipif(not HAVE_CHECKPOINTS, reason="run `python
 
 def test_eval_split_is_held_out():
     assert not set(split_names("train")) & set(split_names("eval"))
-    for facts, questions in TEMPLATES.values():
+    for facts, _questions in TEMPLATES.values():
         assert not set(split_templates(facts, "train")) & set(split_templates(facts, "eval"))
     a, b = make_dataset(5, seed=1, split="eval"), make_dataset(5, seed=1, split="eval")
     assert [x.passage for x in a] == [x.passage for x in b]  # deterministic from the seed
     for item in a:
         assert item.options[item.label] == item.answer and item.answer.strip() in item.passage
-
 
 
 def test_template_split_changes_only_the_phrasing():
@@ -37,9 +36,12 @@ def test_template_split_changes_only_the_phrasing():
     for a, b in zip(held_out, rephrased):
         assert (a.facts, a.person, a.options, a.label) == (b.facts, b.person, b.options, b.label)
         assert not {f[0] for f in b.facts} & train_names
-        expected = " " + " ".join(next(t for t in split_templates(TEMPLATES[attr][0], "train")
-                                       if t.format(n=person, v=value) in b.passage).format(n=person, v=value)
-                                  for person, attr, value in b.facts)
+        expected = " " + " ".join(
+            next(
+                t for t in split_templates(TEMPLATES[attr][0], "train") if t.format(n=person, v=value) in b.passage
+            ).format(n=person, v=value)
+            for person, attr, value in b.facts
+        )
         assert b.passage == expected
         asked = [q.format(n=b.person) for q in TEMPLATES[b.attribute][1]]
         assert b.question.split("\nQ: ")[1].split("\nA:")[0] in asked[:-1]  # a training question template
@@ -73,16 +75,22 @@ def test_native_cache_with_replay_scores_like_direct_reading():
     model, tok = load_model("tiny-qwen2")
     data = encode_pair_items(tok, tok, make_dataset(6, seed=2, split="eval"))
     opts = [e["options"] for e in data]
-    direct = option_logprobs(model, *prefix_and_tails("direct", data, model, tok, model, tok)[:2],
-                             prefix_and_tails("direct", data, model, tok, model, tok)[2], opts, tok.pad_token_id)
+    direct = option_logprobs(
+        model,
+        *prefix_and_tails("direct", data, model, tok, model, tok)[:2],
+        prefix_and_tails("direct", data, model, tok, model, tok)[2],
+        opts,
+        tok.pad_token_id,
+    )
     kv, mask, tails = prefix_and_tails("native", data, model, tok, model, tok, None, 0.5)
     replay = option_logprobs(model, kv, mask, tails, opts, tok.pad_token_id)
     assert torch.allclose(direct, replay, atol=1e-3)
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "kvtranslate", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "kvtranslate", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cli_help_and_bad_arguments():
@@ -98,6 +106,7 @@ def test_phrase_mix_reads_no_held_out_template():
     """Varied phrasings use only words of the training templates (a word only the held-out templates have, such as
     "home", never appears) and keep every fact's name and value."""
     from kvtranslate.corpus import template_words
+
     held_out_only = set(template_words("eval")) - set(template_words("train"))
     assert "home" in held_out_only
     mixed = make_dataset(60, seed=4, split="train", phrase_mix=1.0)

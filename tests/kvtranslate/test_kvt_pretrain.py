@@ -1,4 +1,5 @@
 """The pretraining data and loss: recall passages, follow-up questions, answer masks, weighted loss."""
+
 import random
 
 import torch
@@ -51,8 +52,9 @@ def test_every_answer_follows_the_asked_name_directly():
     """Each turn reads "\nQ: <question about X>\nA: X" and its answer starts right after X, X's tokens being the
     same as in the passage (the binding models learn needs the name as the last token before the answer)."""
     ids, _, answer_mask = training_batch(TOKENIZER, random.Random(2), 8, 4, 0.0, 24, questions=3)
-    prefixes = [row[:i].tolist() for row, a in zip(ids, answer_mask) for i in range(1, len(a))
-                if a[i] == 1 and a[i - 1] == 0]
+    prefixes = [
+        row[:i].tolist() for row, a in zip(ids, answer_mask) for i in range(1, len(a)) if a[i] == 1 and a[i - 1] == 0
+    ]
     assert len(prefixes) >= 8
     for prefix in prefixes:
         text = TOKENIZER.decode(prefix)
@@ -60,7 +62,7 @@ def test_every_answer_follows_the_asked_name_directly():
         name = cue.strip()
         assert cue == " " + name and name in question and (" " + name) in text.split("\nQ: ")[0]
         name_tokens = TOKENIZER(" " + name, add_special_tokens=False)["input_ids"]
-        assert prefix[-len(name_tokens):] == name_tokens
+        assert prefix[-len(name_tokens) :] == name_tokens
 
 
 def test_answer_weighted_loss_matches_hand_computation():
@@ -73,8 +75,9 @@ def test_answer_weighted_loss_matches_hand_computation():
     weight = mask[:, 1:] * (1 + 2.0 * answer[:, 1:])
     expected = (per * weight).sum() / weight.sum()
     assert torch.allclose(lm_loss(logits, ids, mask, answer, 2.0), expected)
-    plain = F.cross_entropy(logits[:, :-1].reshape(-1, 7), ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100).reshape(-1),
-                            ignore_index=-100)
+    plain = F.cross_entropy(
+        logits[:, :-1].reshape(-1, 7), ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100).reshape(-1), ignore_index=-100
+    )
     assert torch.allclose(lm_loss(logits, ids, mask, answer, 0.0), plain)
     # context_weight 0: the mean loss of the answer tokens alone; 0.5: passage and question tokens count half
     answers_only = (per * answer[:, 1:]).sum() / answer[:, 1:].sum()
@@ -85,6 +88,7 @@ def test_answer_weighted_loss_matches_hand_computation():
 
 def test_binding_accuracy_counts_only_items_with_a_same_type_distractor():
     from kvtranslate.scoring import binding_accuracy
+
     needs_binding = [True, False, True, True, False]
     assert binding_accuracy(needs_binding, [True, True, False, False, False]) == 1 / 3
     assert binding_accuracy(needs_binding[1:2], [False]) is None
@@ -92,10 +96,17 @@ def test_binding_accuracy_counts_only_items_with_a_same_type_distractor():
 
 def test_bad_pretraining_settings_fail_before_anything_is_written(tmp_path):
     import pytest
+
     from kvtranslate.pretrain import pretrain
-    for bad, field in ((dict(recall_prob=1.5), "recall_prob"), (dict(questions=0), "questions"),
-                       (dict(answer_weight=-1.0), "answer_weight"), (dict(batch=2), "batch"),
-                       (dict(context_weight=1.5), "context_weight"), (dict(curriculum=-0.1), "curriculum")):
+
+    for bad, field in (
+        (dict(recall_prob=1.5), "recall_prob"),
+        (dict(questions=0), "questions"),
+        (dict(answer_weight=-1.0), "answer_weight"),
+        (dict(batch=2), "batch"),
+        (dict(context_weight=1.5), "context_weight"),
+        (dict(curriculum=-0.1), "curriculum"),
+    ):
         with pytest.raises(ValueError, match=field):
             pretrain("tiny-qwen2", out_dir=str(tmp_path / "out"), log=lambda line: None, **bad)
     with pytest.raises(ValueError, match="allowed"):
@@ -105,7 +116,9 @@ def test_bad_pretraining_settings_fail_before_anything_is_written(tmp_path):
 
 def test_init_choice_sets_scales_and_tying():
     import pytest
+
     from kvtranslate.models import build_tiny
+
     for name in ("tiny-gpt2", "tiny-opt", "tiny-qwen2"):
         hf, _ = build_tiny(name, tokenizer=TOKENIZER if name == "tiny-gpt2" else None, init="hf")
         torch_init, _ = build_tiny(name, tokenizer=TOKENIZER if name == "tiny-gpt2" else None, init="torch")
@@ -125,18 +138,20 @@ def test_recall_probe_targets_the_value_stated_after_the_queried_key():
     the same key in the context, predicted at the query's last position (its conclusions rest on this)."""
     import os
     import sys
+
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments"))
     from probe_recall import MARK, SEP, recall_batch
+
     pairs, gap, query_gap, key_tokens = 3, 2, 3, 2
     ids, targets = recall_batch(random.Random(1), 4, pairs, 5, gap, query_gap, key_tokens)
     fact_len = key_tokens + gap + 2
     for row, tgt in zip(ids.tolist(), targets.tolist()):
-        facts = [row[i * fact_len:(i + 1) * fact_len] for i in range(pairs)]
+        facts = [row[i * fact_len : (i + 1) * fact_len] for i in range(pairs)]
         assert all(f[-1] == SEP for f in facts)
         stated = {tuple(f[:key_tokens]): f[key_tokens + gap] for f in facts}
         assert len(stated) == pairs  # distinct keys: every query has one right answer
         predicting = [i for i, t in enumerate(tgt) if t != -100]
         assert len(predicting) == 5
         for i in predicting:
-            key = tuple(row[i - query_gap - key_tokens + 1:i - query_gap + 1])
+            key = tuple(row[i - query_gap - key_tokens + 1 : i - query_gap + 1])
             assert row[i - query_gap - key_tokens] == MARK and tgt[i] == stated[key] == row[i + 1]

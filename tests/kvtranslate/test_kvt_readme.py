@@ -1,5 +1,6 @@
 """The number tables of kvtranslate's READMEs are the ones experiments/kvtranslate_report.py writes from the
 committed result files: a hand edit or a result committed without regenerating them fails here."""
+
 import os
 import sys
 
@@ -20,4 +21,6 @@ def test_readme_tables_match_the_committed_results():
 def test_a_hand_edited_table_is_replaced():
     blocks = {"demo": "| a | b |"}
     edited = "x\n<!-- generated:demo -->\n| a | 0.999 |\n<!-- /generated:demo -->\ny"
-    assert kvtranslate_report.apply(edited, blocks) == "x\n<!-- generated:demo -->\n| a | b |\n<!-- /generated:demo -->\ny"
+    assert (
+        kvtranslate_report.apply(edited, blocks) == "x\n<!-- generated:demo -->\n| a | b |\n<!-- /generated:demo -->\ny"
+    )

@@ -2,8 +2,10 @@
 widths, GQA down to one KV head, vocabularies, learned vs rotary positions, same or different tokenizers) go
 through a few translator training steps and an evaluation; the translated cache has the target's cache shape and
 the target's forward and generate accept it."""
+
 import pytest
 import torch
+from kvt_helpers import small_model
 
 from kvtranslate.corpus import make_dataset
 from kvtranslate.evaluate import prefix_and_tails, qa_scores
@@ -12,16 +14,14 @@ from kvtranslate.scoring import run_tail
 from kvtranslate.tokenization import train_tokenizer
 from kvtranslate.train import encode_pair_items, train_translator
 
-from kvt_helpers import small_model
-
 TOKENIZER_SIZES = (300, 420, 520)
 # (source, target): family, layers, hidden, query heads, KV heads (Qwen2 only), tokenizer index; translator kind
 MATRIX = [
-    (("gpt2", 3, 48, 4, 4, 0), ("qwen2", 2, 64, 4, 1, 1), "mot"),           # learned -> RoPE, MHA -> 1 KV head
-    (("opt", 1, 32, 2, 2, 1), ("gpt2", 3, 24, 3, 3, 2), "single"),          # one source layer, head width 16 -> 8
+    (("gpt2", 3, 48, 4, 4, 0), ("qwen2", 2, 64, 4, 1, 1), "mot"),  # learned -> RoPE, MHA -> 1 KV head
+    (("opt", 1, 32, 2, 2, 1), ("gpt2", 3, 24, 3, 3, 2), "single"),  # one source layer, head width 16 -> 8
     (("qwen2", 3, 48, 6, 2, 2), ("opt", 2, 40, 5, 5, 0), "shared-latent"),  # RoPE -> learned, GQA -> MHA
-    (("qwen2", 1, 32, 2, 1, 0), ("qwen2", 4, 64, 8, 2, 0), "mot"),          # same tokenizer, 1 -> 4 layers
-    (("opt", 2, 64, 4, 4, 2), ("opt", 3, 48, 2, 2, 1), "mot"),              # OPT -> OPT, 4 -> 2 heads
+    (("qwen2", 1, 32, 2, 1, 0), ("qwen2", 4, 64, 8, 2, 0), "mot"),  # same tokenizer, 1 -> 4 layers
+    (("opt", 2, 64, 4, 4, 2), ("opt", 3, 48, 2, 2, 1), "mot"),  # OPT -> OPT, 4 -> 2 heads
 ]
 
 
@@ -33,8 +33,18 @@ def tokenizers():
 def build(spec, tokenizers, seed):
     family, layers, hidden, heads, kv_heads, tok = spec
     tokenizer = tokenizers[tok]
-    model = small_model(family, layers, hidden, heads, kv_heads, vocab=len(tokenizer), positions=256, seed=seed,
-                        eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    model = small_model(
+        family,
+        layers,
+        hidden,
+        heads,
+        kv_heads,
+        vocab=len(tokenizer),
+        positions=256,
+        seed=seed,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+    )
     return model, tokenizer
 
 
@@ -46,9 +56,20 @@ def last_logits(out, mask):
 def test_any_geometry_trains_evaluates_and_injects(tokenizers, source_spec, target_spec, kind):
     source, source_tok = build(source_spec, tokenizers, seed=0)
     target, target_tok = build(target_spec, tokenizers, seed=1)
-    translator, history, _ = train_translator(source, source_tok, target, target_tok, log=lambda line: None,
-                                              kind=kind, steps=3, batch=4, n_train=8, hidden=16, window=3,
-                                              ccl_start=0.3)
+    translator, history, _ = train_translator(
+        source,
+        source_tok,
+        target,
+        target_tok,
+        log=lambda line: None,
+        kind=kind,
+        steps=3,
+        batch=4,
+        n_train=8,
+        hidden=16,
+        window=3,
+        ccl_start=0.3,
+    )
     assert all(torch.isfinite(torch.tensor(h["loss"])) for h in history)
     models = (source, source_tok, target, target_tok)
     data = encode_pair_items(source_tok, target_tok, make_dataset(4, seed=5, split="eval"))
@@ -74,12 +95,19 @@ def test_any_geometry_trains_evaluates_and_injects(tokenizers, source_spec, targ
         assert out.logits.shape[:2] == tail_mask.shape and torch.isfinite(out.logits).all()
         # ... and by its generate (one unpadded row: the cache holds the context, the prompt adds the question)
         from kvtranslate.cache import inject_kv
+
         n = len(data[0]["tgt"])
         row_kv = [(k[:1, :, -n:], v[:1, :, -n:]) for k, v in kv]
         prompt = torch.tensor([data[0]["tgt"] + data[0]["question"]])
-        generated = target.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt),
-                                    cache=inject_kv(target, row_kv, torch.ones(1, n, dtype=torch.long)),
-                                    max_new_tokens=2, min_new_tokens=2, do_sample=False, pad_token_id=pad)
+        generated = target.generate(
+            input_ids=prompt,
+            attention_mask=torch.ones_like(prompt),
+            cache=inject_kv(target, row_kv, torch.ones(1, n, dtype=torch.long)),
+            max_new_tokens=2,
+            min_new_tokens=2,
+            do_sample=False,
+            pad_token_id=pad,
+        )
     assert generated.shape == (1, prompt.shape[1] + 2)
 
     scores, predictions = qa_scores(data, "translated", *models, translator)
@@ -89,6 +117,7 @@ def test_any_geometry_trains_evaluates_and_injects(tokenizers, source_spec, targ
 @pytest.mark.parametrize("family", ["gpt2", "opt"])
 def test_reading_past_a_learned_position_table_is_a_clear_error(family):
     from kvtranslate.models import forward
+
     model = small_model(family, positions=16)
     ids = torch.randint(2, 60, (2, 12))
     forward(model, ids, torch.ones_like(ids))  # fits

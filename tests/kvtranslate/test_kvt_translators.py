@@ -1,6 +1,6 @@
-
 import pytest
 import torch
+from kvt_helpers import small_model
 
 from kvtranslate.cache import prefill_kv, prefix_kv
 from kvtranslate.corpus import make_dataset
@@ -10,8 +10,6 @@ from kvtranslate.tokenization import train_tokenizer
 from kvtranslate.train import TRAIN_DEFAULTS, build_translator, encode_pair_items, training_loss
 from kvtranslate.translators import KVTranslator, balance_loss, target_embeddings
 
-from kvt_helpers import small_model
-
 SRC = dict(layers=3, kv_heads=4, head_dim=8)
 TGT = dict(layers=2, kv_heads=2, head_dim=8)
 
@@ -19,8 +17,9 @@ TGT = dict(layers=2, kv_heads=2, head_dim=8)
 @pytest.mark.parametrize("gating", ["softmax", "topk"])
 def test_router_weights_sum_to_one(gating):
     torch.manual_seed(0)
-    tr = KVTranslator(SRC, TGT, target_embed_dim=16, kind="mot", k_layers=2, hidden=16, n_experts=4,
-                      gating=gating, top_k=2)
+    tr = KVTranslator(
+        SRC, TGT, target_embed_dim=16, kind="mot", k_layers=2, hidden=16, n_experts=4, gating=gating, top_k=2
+    )
     feats, emb = torch.randn(2, 5, 3, 2 * 4 * 8), torch.randn(2, 5, 16)
     kv, aux = tr(feats, emb)
     gates = aux["gates"]
