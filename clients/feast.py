@@ -7,12 +7,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fl_app.augment import crop_flip, mix_batch, normalize, rand_augment, soft_cross_entropy
-from fl_app.data import ImageData
-from fl_app.device import preferred_device
+from fl_app.data.augment import crop_flip, mix_batch, normalize, rand_augment, soft_cross_entropy
+from fl_app.data.images import ImageData
 from fl_app.models.elastic_resnet import ElasticResNet
-from fl_app.subnets import SubnetCache
-from fl_app.supernet import Subnet
+from fl_app.run.device import preferred_device
+from fl_app.supernet.space import Subnet
+from fl_app.supernet.subnets import SubnetCache
 
 GRAD_CLIP_NORM = 10.0
 

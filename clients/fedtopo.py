@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from clients.feast import GRAD_CLIP_NORM, LocalSettings
-from fl_app.augment import crop_flip, normalize
-from fl_app.data import ImageData
+from fl_app.data.augment import crop_flip, normalize
+from fl_app.data.images import ImageData
 
 
 # -- prototypes and topology ---------------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
     python -m experiments.bench_aggregate                      # paper supernet (55.6M parameters), 10 clients
 
-Each client's budget comes from the Zipf draw (``fl_app.subnets.draw_budgets``), its reply is the sub-supernet routed
-to that budget (``route_bounds`` -> ``subnet_shapes``), as an ``ArrayRecord`` like the ones a round receives.
+Each client's budget comes from the Zipf draw (``fl_app.supernet.subnets.draw_budgets``), its reply is the
+sub-supernet routed to that budget (``route_bounds`` -> ``subnet_shapes``), as an ``ArrayRecord`` like the ones a
+round receives.
 Sparse: decode the replies and ``strategies.sparse.sparse_average`` them into the global model, encode the result
 (what ``FeastStrategy.aggregate_train`` does). Dense: Flower's own FedAvg aggregation
 (``aggregate_arrayrecords``) of 10 full copies. Each side runs in its own process, inputs built first; the timer and
@@ -24,7 +25,7 @@ import time
 import numpy as np
 
 from experiments.traffic import supernet_parser
-from fl_app.outputs import memory_mb
+from fl_app.run.outputs import memory_mb
 
 
 def _reset_peak() -> None:
@@ -33,10 +34,10 @@ def _reset_peak() -> None:
 
 
 def _inputs(supernet: str, cache_name: str, clients: int, seed: int, max_macs: float, dense: bool):
-    from fl_app.payload import state_to_record
-    from fl_app.slicing import slice_state, subnet_shapes
-    from fl_app.subnets import SubnetCache, draw_budgets
-    from fl_app.supernet import load_supernet_config
+    from fl_app.run.payload import state_to_record
+    from fl_app.supernet.slicing import slice_state, subnet_shapes
+    from fl_app.supernet.space import load_supernet_config
+    from fl_app.supernet.subnets import SubnetCache, draw_budgets
 
     cfg = load_supernet_config(supernet)
     cache = SubnetCache.load(cfg, cache_name)
@@ -61,7 +62,7 @@ def measure(side: str, supernet: str, cache: str, clients: int, seed: int, max_m
     from flwr.app import MetricRecord, RecordDict
     from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-    from fl_app.payload import RecordState, state_to_record
+    from fl_app.run.payload import RecordState, state_to_record
     from strategies.sparse import sparse_average
 
     global_state, replies = _inputs(supernet, cache, clients, seed, max_macs, dense=side == "dense")

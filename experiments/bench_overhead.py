@@ -42,12 +42,12 @@ def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = Non
     global model to ``state_out``)."""
     from clients.feast import LocalSettings, plan_subnets, train_subnets
     from fl_app.client_app import local_seed
-    from fl_app.config import validate_run_config
-    from fl_app.evaluation import TierEvaluator
-    from fl_app.federation import Federation, client_data, dataset_for, server_splits
     from fl_app.models.elastic_resnet import ElasticResNet
+    from fl_app.run.config import validate_run_config
     from fl_app.server_app import cosine_lr
-    from fl_app.slicing import slice_state, subnet_shapes
+    from fl_app.supernet.evaluation import TierEvaluator
+    from fl_app.supernet.federation import Federation, client_data, dataset_for, server_splits
+    from fl_app.supernet.slicing import slice_state, subnet_shapes
     from strategies.rounds import sample_partitions
     from strategies.sparse import sparse_average
 

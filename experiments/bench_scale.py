@@ -64,8 +64,8 @@ def server_round_costs(num_clients: int, per_round: int, rounds: int = 20) -> di
 
 
 def smallest_partition(values: dict, num_clients: int) -> int:
-    from fl_app.config import validate_run_config
-    from fl_app.federation import partition_rows
+    from fl_app.run.config import validate_run_config
+    from fl_app.supernet.federation import partition_rows
 
     return min(len(rows) for rows in partition_rows(validate_run_config(values), num_clients))
 

@@ -15,8 +15,8 @@ import json
 import numpy as np
 
 from experiments.traffic import routed_traffic, supernet_parser
-from fl_app.subnets import SubnetCache, draw_budgets
-from fl_app.supernet import load_supernet_config
+from fl_app.supernet.space import load_supernet_config
+from fl_app.supernet.subnets import SubnetCache, draw_budgets
 from strategies.rounds import sample_partitions
 
 

@@ -74,8 +74,8 @@ def machine_peaks(device, repeats: int = 3, size: int = 1024, dtype=None) -> dic
 
 def default_levels(supernet: str, clients: int) -> list[float]:
     """The distinct client budgets (MACs) of the default run config with ``clients`` clients, cheapest first."""
-    from fl_app.config import validate_run_config
-    from fl_app.federation import Federation
+    from fl_app.run.config import validate_run_config
+    from fl_app.supernet.federation import Federation
 
     run = validate_run_config({"supernet": supernet})
     return sorted({float(b) for b in Federation.build(run, clients).budgets})
@@ -84,7 +84,7 @@ def default_levels(supernet: str, clients: int) -> list[float]:
 def _data(n: int, num_classes: int, hw: int, seed: int = 0):
     import torch
 
-    from fl_app.data import ImageData
+    from fl_app.data.images import ImageData
 
     gen = torch.Generator().manual_seed(seed)
     return ImageData(
@@ -296,8 +296,8 @@ def profile_step(step, steps: int) -> dict:
 def worker(args) -> dict:
     import torch
 
-    from fl_app.config import validate_run_config
-    from fl_app.federation import Federation
+    from fl_app.run.config import validate_run_config
+    from fl_app.supernet.federation import Federation
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)

@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 
 from experiments.runner import COMPLETED, RUN_RECORD, git_state
-from fl_app.config import validate_run_config
 from fl_app.fedtopo_app import run_in_process
-from fl_app.outputs import write_json
 from fl_app.report import write_suite_tables
+from fl_app.run.config import validate_run_config
+from fl_app.run.outputs import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "experiments" / "suites" / "fedtopo.toml"

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_app.evaluation import evaluate_subnet
 from fl_app.extract import choose, load_trained
-from fl_app.federation import dataset_for, server_splits
-from fl_app.outputs import write_csv, write_json
-from fl_app.search import ValidationScorer
-from fl_app.subnets import SubnetCache
-from fl_app.supernet import count_costs
+from fl_app.run.outputs import write_csv, write_json
+from fl_app.supernet.evaluation import evaluate_subnet
+from fl_app.supernet.federation import dataset_for, server_splits
+from fl_app.supernet.search import ValidationScorer
+from fl_app.supernet.space import count_costs
+from fl_app.supernet.subnets import SubnetCache
 
 
 def between(tier_macs: list[int], per_gap: int) -> list[float]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from fl_app.data import SAMPLE_DIR
+from fl_app.data.images import SAMPLE_DIR
 
 
 def stratified_rows(labels: np.ndarray, per_class: int, rng: np.random.Generator) -> np.ndarray:

@@ -3,7 +3,7 @@
     python -m experiments.method_traffic --out experiments/results/traffic
 
 Uses each method's own strategy to decide what every sampled client receives and returns (the same ``assign`` and
-``routed_shapes`` the Flower runs use) and ``fl_app.payload.payload_bytes`` for the bytes a message carries.
+``routed_shapes`` the Flower runs use) and ``fl_app.run.payload.payload_bytes`` for the bytes a message carries.
 Paper scale: paper supernet and cache, 100 clients, 10 per round, budgets Zipf(1.2) from the cache minimum to
 1.5 GMAC. CPU scale: the default run (8 clients, 4 per round). Writes ``traffic.csv``, the same numbers as the
 Markdown table ``traffic.md`` (pasted as is into experiments/README.md), and prints one JSON line.
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_app.config import SUPERNET_METHODS, validate_run_config
-from fl_app.federation import Federation
-from fl_app.outputs import write_csv
-from fl_app.payload import payload_bytes
+from fl_app.run.config import SUPERNET_METHODS, validate_run_config
+from fl_app.run.outputs import write_csv
+from fl_app.run.payload import payload_bytes
+from fl_app.supernet.federation import Federation
 from strategies.rounds import RoundLog, sample_partitions
 
 SCALES = {

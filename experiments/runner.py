@@ -10,7 +10,7 @@ A suite file (``experiments/suites/*.toml``)::
     reference = "feast"          # label the paired differences are taken against
     run-timeout = 3600           # seconds per run
     base-file = "experiments/conf/fedtopo-cifar10.toml"   # optional run config under [base] (its seed is ignored)
-    [base]                       # run config of every run (fl_app.config keys); a relative data-path is read
+    [base]                       # run config of every run (fl_app.run.config keys); a relative data-path is read
     num-server-rounds = 2        #   from the repository root
     [federation]                 # simulation settings (--federation-config)
     num-supernodes = 4
@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from fl_app.config import METHODS, validate_run_config
-from fl_app.outputs import write_json
 from fl_app.report import settings, write_suite_tables
+from fl_app.run.config import METHODS, validate_run_config
+from fl_app.run.outputs import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_RECORD = "run.json"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_app.subnets import CachedSubnet, random_subnet, write_cache
-from fl_app.supernet import Subnet, SupernetConfig, count_costs, load_supernet_config
+from fl_app.supernet.space import Subnet, SupernetConfig, count_costs, load_supernet_config
+from fl_app.supernet.subnets import CachedSubnet, random_subnet, write_cache
 
 
 def mutate(cfg: SupernetConfig, arch: Subnet, rng: np.random.Generator) -> Subnet:

@@ -5,7 +5,7 @@
 
 For each seed: client budgets Zipf(a) over ranks from the cache minimum to --max-macs (±half-step jitter),
 each client routed the sub-supernet spanned by the cached subnets under its budget. Bytes are what the arrays
-occupy in a message (``fl_app.payload.payload_bytes``, equal to ``ArrayRecord.count_bytes``). Prints one JSON line:
+occupy in a message (``fl_app.run.payload.payload_bytes``, equal to ``ArrayRecord.count_bytes``). Prints one JSON line:
 ``ratio_mean`` / ``ratio_per_seed`` = full-supernet float32 bytes / routed float32 bytes over all clients, and
 ``ratio_mean_bf16`` / ``ratio_per_seed_bf16`` = full-supernet float32 bytes / routed bfloat16 bytes.
 """
@@ -17,10 +17,10 @@ import json
 
 import numpy as np
 
-from fl_app.payload import payload_bytes
-from fl_app.slicing import subnet_shapes
-from fl_app.subnets import SubnetCache, draw_budgets
-from fl_app.supernet import load_supernet_config
+from fl_app.run.payload import payload_bytes
+from fl_app.supernet.slicing import subnet_shapes
+from fl_app.supernet.space import load_supernet_config
+from fl_app.supernet.subnets import SubnetCache, draw_budgets
 
 
 def routed_traffic(cfg, cache: SubnetCache, budgets) -> dict:

@@ -12,13 +12,13 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients.feast import LocalSettings, SubnetPlan, plan_subnets, train_subnets
-from fl_app.compute import train_costs
-from fl_app.config import SUPERNET_METHODS, RunConfig, validate_run_config
-from fl_app.federation import Federation, client_data
 from fl_app.models.elastic_resnet import ElasticResNet
-from fl_app.payload import record_to_state, state_to_record
-from fl_app.slicing import slice_state, subnet_shapes
-from fl_app.supernet import Subnet, width_sliced_config
+from fl_app.run.config import SUPERNET_METHODS, RunConfig, validate_run_config
+from fl_app.run.payload import record_to_state, state_to_record
+from fl_app.supernet.federation import Federation, client_data
+from fl_app.supernet.slicing import slice_state, subnet_shapes
+from fl_app.supernet.space import Subnet, width_sliced_config
+from fl_app.supernet.training_costs import train_costs
 
 app = ClientApp()
 
@@ -127,7 +127,7 @@ def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Conte
     return Message(reply, reply_to=msg)
 
 
-# method -> client training; every method in fl_app.config.METHODS has an entry
+# method -> client training; every method in fl_app.run.config.METHODS has an entry
 from fl_app.fedtopo_app import HETERO_METHODS, evaluate_hetero, train_hetero  # noqa: E402  (model-heterogeneous)
 
 CLIENT_TRAINING = {**dict.fromkeys(SUPERNET_METHODS, train_feast), **dict.fromkeys(HETERO_METHODS, train_hetero)}

@@ -43,8 +43,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from fl_app.config import MACS_RANGE, parse_macs_list
-from fl_app.files import write_new_file
+from fl_app.run.config import MACS_RANGE, parse_macs_list
+from fl_app.run.files import write_new_file
 
 CA_CERT, CA_KEY, SERVER_CERT, SERVER_KEY = "ca.crt", "ca.key", "server.pem", "server.key"
 DEFAULT_SUPERLINK_PORT = 9093

@@ -3,8 +3,8 @@
     python -m fl_app.extract --checkpoint RUN/supernet.pt --macs 5e6 --out subnet.pt             # search
     python -m fl_app.extract --checkpoint RUN/supernet.pt --macs 5e6 --out subnet.pt --from-cache
 
-By default an evolutionary search over the whole search space (``fl_app.search``) picks the subnet with the best
-validation accuracy under the budget; ``--from-cache`` takes the largest cached subnet under it instead. Either way
+By default an evolutionary search over the whole search space (``fl_app.supernet.search``) picks the subnet with the
+best validation accuracy under the budget; ``--from-cache`` takes the largest cached subnet under it instead. Either way
 the chosen subnet's BatchNorm is recalibrated on the run's calibration split, and only then is the test split read,
 once, for the report. Saves a standalone model (``ElasticResNet.load_standalone(path)``, or plain ``torch.load``)
 and prints JSON ``{macs, params, val_accuracy, accuracy, arch, source, candidates, out}``. ``--out`` must be a new
@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 
-from fl_app.checkpoint import INTEGRITY, load_verified
-from fl_app.config import validate_run_config
-from fl_app.evaluation import accuracy, extract_subnet, recalibrate_bn
-from fl_app.federation import dataset_for, server_splits
-from fl_app.search import ValidationScorer, evolutionary_search
-from fl_app.subnets import SubnetCache
-from fl_app.supernet import SupernetConfig, count_costs
+from fl_app.run.checkpoint import INTEGRITY, load_verified
+from fl_app.run.config import validate_run_config
+from fl_app.supernet.evaluation import accuracy, extract_subnet, recalibrate_bn
+from fl_app.supernet.federation import dataset_for, server_splits
+from fl_app.supernet.search import ValidationScorer, evolutionary_search
+from fl_app.supernet.space import SupernetConfig, count_costs
+from fl_app.supernet.subnets import SubnetCache
 
 
 def load_trained(checkpoint: Path) -> tuple[dict, object, SupernetConfig]:

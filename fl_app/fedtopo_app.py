@@ -31,7 +31,10 @@ from clients.fedtopo import (
     model_is_finite,
 )
 from clients.fedtopo_baselines import FdLoss, class_means_upload, head_upload, load_head, plain_ce, proto_loss
-from fl_app.checkpoint import (
+from fl_app.data.images import DATASETS, ImageData, load_dataset, split_train, stratified_holdout
+from fl_app.data.partition import make_partitioner, partition_indices
+from fl_app.models.hetero import architecture_of, client_model
+from fl_app.run.checkpoint import (
     CHECKPOINT_FILE,
     capture_rng,
     load_run_checkpoint,
@@ -41,13 +44,10 @@ from fl_app.checkpoint import (
     same_run_earlier_round,
     save_verified,
 )
-from fl_app.config import RunConfig
-from fl_app.data import DATASETS, ImageData, load_dataset, split_train, stratified_holdout
-from fl_app.device import preferred_device
-from fl_app.models.hetero import architecture_of, client_model
-from fl_app.outputs import prepare_output_dir, write_csv, write_json
-from fl_app.partition import make_partitioner, partition_indices
-from fl_app.payload import record_to_state, state_to_record
+from fl_app.run.config import RunConfig
+from fl_app.run.device import preferred_device
+from fl_app.run.outputs import prepare_output_dir, write_csv, write_json
+from fl_app.run.payload import record_to_state, state_to_record
 from strategies.fedtopo import FedTopoStrategy, LocalStrategy
 from strategies.fedtopo_baselines import FdStrategy, FedProtoStrategy, FedTgpStrategy, LgFedAvgStrategy
 

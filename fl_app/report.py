@@ -24,9 +24,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fl_app.config import KEYS
-from fl_app.outputs import write_csv
-from fl_app.stats import Estimate, format_estimate, mean_ci, paired_difference, value_at_budget
+from fl_app.run.config import KEYS
+from fl_app.run.outputs import write_csv
+from fl_app.run.stats import Estimate, format_estimate, mean_ci, paired_difference, value_at_budget
 
 # summary key of the headline accuracy, in order of preference
 ACCURACY_KEYS = ("population_weighted_accuracy", "mean_client_accuracy")

@@ -11,19 +11,17 @@ from flwr.app import Context, Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from fl_app.checkpoint import (
+from fl_app.data.images import DATASETS
+from fl_app.models.elastic_resnet import ElasticResNet
+from fl_app.run.checkpoint import (
     load_round_checkpoint,
     restore_rng,
     save_verified,
     supernet_fingerprint,
     write_round_checkpoint,
 )
-from fl_app.config import SUPERNET_METHODS, RunConfig, validate_run_config
-from fl_app.data import DATASETS
-from fl_app.evaluation import TierEvaluator
-from fl_app.federation import Federation, dataset_for, partition_rows, server_splits
-from fl_app.models.elastic_resnet import ElasticResNet
-from fl_app.outputs import (
+from fl_app.run.config import SUPERNET_METHODS, RunConfig, validate_run_config
+from fl_app.run.outputs import (
     ClientRecords,
     memory_mb,
     plot_accuracy_vs_macs,
@@ -31,9 +29,11 @@ from fl_app.outputs import (
     write_json,
     write_round_files,
 )
-from fl_app.payload import record_to_state, state_to_record
-from fl_app.slicing import subnet_shapes
-from fl_app.supernet import load_supernet_config
+from fl_app.run.payload import record_to_state, state_to_record
+from fl_app.supernet.evaluation import TierEvaluator
+from fl_app.supernet.federation import Federation, dataset_for, partition_rows, server_splits
+from fl_app.supernet.slicing import subnet_shapes
+from fl_app.supernet.space import load_supernet_config
 from strategies.feast import FeastStrategy
 from strategies.fedavg_min import FedAvgMinStrategy
 from strategies.heterofl import FedRolexStrategy, HeteroFLStrategy
@@ -336,7 +336,7 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
     log(INFO, "Results written to %s", out_dir)
 
 
-# method -> server run; every method in fl_app.config.METHODS has an entry
+# method -> server run; every method in fl_app.run.config.METHODS has an entry
 from fl_app.fedtopo_app import HETERO_METHODS, run_hetero  # noqa: E402  (model-heterogeneous methods)
 
 SERVER_RUNS = {**dict.fromkeys(SUPERNET_METHODS, run_feast), **dict.fromkeys(HETERO_METHODS, run_hetero)}

@@ -13,10 +13,10 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from fl_app.payload import RecordState, record_bytes, record_to_state, state_to_record
-from fl_app.slicing import slice_state, state_numel, subnet_shapes
-from fl_app.subnets import SubnetCache
-from fl_app.supernet import Subnet, SupernetConfig
+from fl_app.run.payload import RecordState, record_bytes, record_to_state, state_to_record
+from fl_app.supernet.slicing import slice_state, state_numel, subnet_shapes
+from fl_app.supernet.space import Subnet, SupernetConfig
+from fl_app.supernet.subnets import SubnetCache
 from strategies.rounds import LiveNodes, RoundLog, sample_partitions
 from strategies.screening import (
     NON_NEGATIVE,

@@ -18,8 +18,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from fl_app.config import TOPO_WEIGHTINGS
-from fl_app.payload import record_bytes, record_to_state, state_to_record
+from fl_app.run.config import TOPO_WEIGHTINGS
+from fl_app.run.payload import record_bytes, record_to_state, state_to_record
 from strategies.rounds import LiveNodes, RoundLog, sample_partitions
 from strategies.screening import (
     MAX_WEIGHT,

@@ -14,7 +14,7 @@ Arrays, in two stages:
    - the shape is exactly the expected one;
    - the serialized size is exactly what an .npy blob of that shape and dtype occupies (``payload.npy_bytes``), so an
      oversized blob (e.g. 256 MiB under a valid key) is refused without being read.
-   Decoding (``fl_app.payload``) then checks that the decoded header agrees with that metadata.
+   Decoding (``fl_app.run.payload``) then checks that the decoded header agrees with that metadata.
 2. ``tensor_problem(name, tensor, max_abs)`` on each decoded tensor: every element finite and
    ``max|x| <= max_abs``. ``magnitude_bound(reference)`` is the bound for a tensor that updates a global tensor
    ``reference``:
@@ -52,7 +52,7 @@ from typing import Any, Mapping
 import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord
 
-from fl_app.payload import npy_bytes
+from fl_app.run.payload import npy_bytes
 
 RELATIVE_BOUND = 1e3  # a reply's max-abs may be this many times the global tensor's (or 1, if that is smaller)
 MAX_ABS = 1e6  # and never larger than this

@@ -9,7 +9,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from flwr.common.logger import log
 
-from fl_app.slicing import is_prefix_shape, prefix_region
+from fl_app.supernet.slicing import is_prefix_shape, prefix_region
 from strategies.screening import MAX_WEIGHT, keys_problem, magnitude_bound, tensor_problem
 
 State = Mapping[str, np.ndarray]

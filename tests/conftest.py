@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from experiments.flower_env import isolated_env, stop_local_superlink
-from fl_app.subnets import SubnetCache
-from fl_app.supernet import load_supernet_config
+from fl_app.supernet.space import load_supernet_config
+from fl_app.supernet.subnets import SubnetCache
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fl_app.augment import crop_flip, mix_batch, rand_augment
+from fl_app.data.augment import crop_flip, mix_batch, rand_augment
 
 
 def _images(n=6):

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-import fl_app.checkpoint as checkpoint
-from fl_app.checkpoint import (
+import fl_app.run.checkpoint as checkpoint
+from fl_app.run.checkpoint import (
     load_round_checkpoint,
     load_verified,
     model_fingerprint,
     save_verified,
     write_round_checkpoint,
 )
-from fl_app.config import validate_run_config
+from fl_app.run.config import validate_run_config
 
 SUPERNET_JSON = Path(__file__).resolve().parents[1] / "fl_app" / "supernets" / "cpu.json"
 

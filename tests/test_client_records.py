@@ -1,5 +1,5 @@
-"""clients.csv and per-round client FLOPs (fl_app.outputs.ClientRecords) and the analytic training cost
-(fl_app.compute) against hand computations; hostile reply values are not recorded."""
+"""clients.csv and per-round client FLOPs (fl_app.run.outputs.ClientRecords) and the analytic training cost
+(fl_app.supernet.training_costs) against hand computations; hostile reply values are not recorded."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 from flwr.app import MessageType
 
-from fl_app.compute import train_costs, training_flops
-from fl_app.outputs import ClientRecords, write_round_files
-from fl_app.supernet import count_macs, load_supernet_config
+from fl_app.run.outputs import ClientRecords, write_round_files
+from fl_app.supernet.space import count_macs, load_supernet_config
+from fl_app.supernet.training_costs import train_costs, training_flops
 
 
 def sent(node, server_round=1):

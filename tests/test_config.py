@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fl_app.config import KEYS, RunConfig, validate_run_config
-from fl_app.federation import Federation
+from fl_app.run.config import KEYS, RunConfig, validate_run_config
+from fl_app.supernet.federation import Federation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -163,7 +163,7 @@ def test_faulty_partitions_beyond_the_federation_are_refused():
 
 
 def test_topology_weightings_have_one_source():
-    from fl_app.config import TOPO_WEIGHTINGS
+    from fl_app.run.config import TOPO_WEIGHTINGS
     from strategies import fedtopo
 
     assert fedtopo.TOPO_WEIGHTINGS is TOPO_WEIGHTINGS is KEYS["topo-weighting"].choices

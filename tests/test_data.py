@@ -9,8 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from fl_app.data import decoded_cache_dir, load_dataset, split_train
-from fl_app.resources import bundled_file
+from fl_app.data.images import decoded_cache_dir, load_dataset, split_train
+from fl_app.run.resources import bundled_file
 
 
 def test_bundled_sample_is_stratified_cifar10():
@@ -128,7 +128,7 @@ def test_fractional_labels_are_refused_not_truncated(tmp_path, monkeypatch):
 def test_bundled_sample_labels_are_checked_too(tmp_path, monkeypatch):
     monkeypatch.setenv("FL_APP_CACHE", str(tmp_path / "cache"))
     root = _local_parquet(tmp_path / "sample", train_labels=[-1] * 20)
-    monkeypatch.setattr("fl_app.data.bundled_file", lambda name: root / name.rsplit("/", 1)[-1])
+    monkeypatch.setattr("fl_app.data.images.bundled_file", lambda name: root / name.rsplit("/", 1)[-1])
     load_dataset.cache_clear()
     with pytest.raises(ValueError, match=r"sample/train\.parquet, column 'label': labels must be integers in \[0, 9\]"):
         load_dataset("cifar10", "sample")

@@ -12,12 +12,12 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import Error
 from flwr.common.constant import ErrorCode
 
-from fl_app.checkpoint import capture_rng, load_round_checkpoint, restore_rng, write_round_checkpoint
-from fl_app.config import validate_run_config
 from fl_app.models.elastic_resnet import ElasticResNet
-from fl_app.payload import record_bytes, record_to_state, state_to_record
-from fl_app.slicing import slice_state, slice_subnet, subnet_shapes
-from fl_app.supernet import Subnet, load_supernet_config
+from fl_app.run.checkpoint import capture_rng, load_round_checkpoint, restore_rng, write_round_checkpoint
+from fl_app.run.config import validate_run_config
+from fl_app.run.payload import record_bytes, record_to_state, state_to_record
+from fl_app.supernet.slicing import slice_state, slice_subnet, subnet_shapes
+from fl_app.supernet.space import Subnet, load_supernet_config
 from strategies.feast import FeastStrategy
 from strategies.rounds import round_totals, sample_partitions
 from strategies.superfednas import SuperFedNASStrategy

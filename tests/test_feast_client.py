@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from clients.feast import LocalSettings, plan_subnets, train_subnets
-from fl_app.data import ImageData
+from fl_app.data.images import ImageData
 from fl_app.models.elastic_resnet import ElasticResNet
 
 

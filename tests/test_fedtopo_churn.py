@@ -10,8 +10,8 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, MessageType, RecordDict
 
-from fl_app.config import validate_run_config
 from fl_app.fedtopo_app import InProcessGrid, run_in_process
+from fl_app.run.config import validate_run_config
 from tests.hostile import reply_to
 
 TINY = {

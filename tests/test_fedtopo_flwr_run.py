@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from experiments.flower_runs import flwr_run
-from fl_app.checkpoint import load_verified
-from fl_app.config import validate_run_config
 from fl_app.fedtopo_app import run_in_process
+from fl_app.run.checkpoint import load_verified
+from fl_app.run.config import validate_run_config
 
 NUM_SUPERNODES = 3
 TINY = {

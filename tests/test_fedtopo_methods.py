@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
-from fl_app.config import validate_run_config
 from fl_app.fedtopo_app import (
     HETERO_METHODS,
     MODEL_STATE,
@@ -23,7 +22,8 @@ from fl_app.fedtopo_app import (
     run_in_process,
     train_hetero,
 )
-from fl_app.payload import record_bytes, record_to_state, state_to_record
+from fl_app.run.config import validate_run_config
+from fl_app.run.payload import record_bytes, record_to_state, state_to_record
 from strategies.fedtopo import merge_relations, uniform_topology
 
 TINY = {

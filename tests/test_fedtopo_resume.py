@@ -12,9 +12,9 @@ import pytest
 import torch
 from flwr.app import MessageType
 
-from fl_app.config import validate_run_config
 from fl_app.fedtopo_app import MODEL_STATE, MODELS_DIR, InProcessGrid, run_in_process
-from fl_app.payload import record_to_state
+from fl_app.run.config import validate_run_config
+from fl_app.run.payload import record_to_state
 
 TINY = {
     "num-server-rounds": 3,

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from experiments.flower_runs import flwr_run as run_app
-from fl_app.checkpoint import load_verified, supernet_fingerprint
-from fl_app.config import validate_run_config
 from fl_app.models.elastic_resnet import ElasticResNet
+from fl_app.run.checkpoint import load_verified, supernet_fingerprint
+from fl_app.run.config import validate_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = (

@@ -12,13 +12,13 @@ import pytest
 import torch
 from flwr.app import Message, MetricRecord, RecordDict
 
-from fl_app.config import SUPERNET_METHODS, validate_run_config
 from fl_app.models.elastic_resnet import ElasticResNet
-from fl_app.payload import record_to_state, state_to_record
+from fl_app.run.config import SUPERNET_METHODS, validate_run_config
+from fl_app.run.payload import record_to_state, state_to_record
 from fl_app.server_app import make_supernet_strategy
-from fl_app.slicing import slice_state, subnet_shapes
-from fl_app.subnets import SubnetCache
-from fl_app.supernet import Subnet, SupernetConfig, width_sliced_config
+from fl_app.supernet.slicing import slice_state, subnet_shapes
+from fl_app.supernet.space import Subnet, SupernetConfig, width_sliced_config
+from fl_app.supernet.subnets import SubnetCache
 from tests.hostile import check_hostile, node_of, run_rounds, standard_corruptions
 
 TINY = SupernetConfig.from_dict(
@@ -128,7 +128,7 @@ def test_honest_training_stays_far_inside_the_magnitude_bound(cpu_cfg, cpu_cache
     a tenth of the bound (worst seen: BatchNorm running variance, 1.9x its global scale), so the bound that refuses
     1e37 refuses no honest reply."""
     from clients.feast import LocalSettings, plan_subnets, train_subnets
-    from fl_app.data import ImageData
+    from fl_app.data.images import ImageData
     from strategies.screening import RELATIVE_BOUND, magnitude_bound, state_problem
 
     gen = torch.Generator().manual_seed(1)

@@ -21,9 +21,9 @@ from flwr.common import Error
 from flwr.common.constant import ErrorCode
 
 from clients.fedtopo import relation_scores
-from fl_app.config import validate_run_config
 from fl_app.fedtopo_app import HETERO_METHODS, MODEL_STATE, InProcessGrid, run_in_process, train_hetero
-from fl_app.payload import record_to_state, state_to_record
+from fl_app.run.config import validate_run_config
+from fl_app.run.payload import record_to_state, state_to_record
 from strategies.fedtopo import FedTopoStrategy, LocalStrategy
 from strategies.fedtopo_baselines import FdStrategy, FedProtoStrategy, FedTgpStrategy, LgFedAvgStrategy
 from tests.hostile import NEVER, Corruption, check_hostile, node_of, run_rounds, standard_corruptions

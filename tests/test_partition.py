@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fl_app.partition import GammaPartitioner, gamma_shares, make_partitioner, partition_indices
+from fl_app.data.partition import GammaPartitioner, gamma_shares, make_partitioner, partition_indices
 
 
 def test_gamma_shares_formula_with_cap():
@@ -99,11 +99,11 @@ def test_declared_budgets_shape_the_gamma_allocation_on_server_and_client(flower
     with each round and the client rebuilds its partition from them, so both sides agree on its rows."""
     from flwr.app import ConfigRecord
 
-    from fl_app.config import validate_run_config
-    from fl_app.federation import Federation, client_data, dataset_for, partition_rows
     from fl_app.models.elastic_resnet import ElasticResNet
-    from fl_app.payload import state_to_record
+    from fl_app.run.config import validate_run_config
+    from fl_app.run.payload import state_to_record
     from fl_app.server_app import make_supernet_strategy
+    from fl_app.supernet.federation import Federation, client_data, dataset_for, partition_rows
 
     run = validate_run_config({"gamma": 1.0, "dirichlet-alpha": 1.0, "clients-per-round": 4})
     fed = Federation.build(run, 4)
@@ -140,9 +140,9 @@ def test_every_committed_config_partitions_at_its_real_dataset_size(path):
     import re
     import tomllib
 
-    from fl_app.config import SUPERNET_METHODS, validate_run_config
-    from fl_app.data import DATASETS
-    from fl_app.federation import Federation, pool_partitions
+    from fl_app.data.images import DATASETS
+    from fl_app.run.config import SUPERNET_METHODS, validate_run_config
+    from fl_app.supernet.federation import Federation, pool_partitions
 
     text = path.read_text()
     clients = int(re.search(r"num-supernodes=(\d+)", text).group(1))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fl_app.outputs import write_csv, write_json
 from fl_app.report import MixedCommits, find_runs, main, regenerate_readme, report, report_text
+from fl_app.run.outputs import write_csv, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from experiments.runner import COMPLETED, RUN_RECORD, SuiteMismatch, load_suite, plan, run_suite
-from fl_app.outputs import write_csv, write_json
+from fl_app.run.outputs import write_csv, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = """

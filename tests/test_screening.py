@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, MetricRecord
 
-from fl_app.payload import state_to_record
+from fl_app.run.payload import state_to_record
 from strategies.screening import (
     MAX_WEIGHT,
     NON_NEGATIVE,

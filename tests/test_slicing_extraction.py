@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fl_app.evaluation import extract_subnet, recalibrate_bn
 from fl_app.models.elastic_resnet import ElasticResNet
-from fl_app.slicing import prefix_region, slice_state, subnet_shapes
-from fl_app.supernet import Subnet
+from fl_app.supernet.evaluation import extract_subnet, recalibrate_bn
+from fl_app.supernet.slicing import prefix_region, slice_state, subnet_shapes
+from fl_app.supernet.space import Subnet
 
 
 def test_prefix_region_selects_leading_block():
@@ -65,7 +65,7 @@ def test_recalibration_makes_bn_stats_exact_averages(cpu_cfg):
     model = ElasticResNet(cpu_cfg, bounds=arch)
     images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
     recalibrate_bn(model, images, batch_size=64)
-    from fl_app.augment import normalize
+    from fl_app.data.augment import normalize
 
     with torch.no_grad():
         stem = model.stem_conv(normalize(images), cpu_cfg.stem_channels(arch), cpu_cfg.stem_stride)
@@ -94,7 +94,7 @@ def test_slice_state_rejects_non_prefix():
 
 
 def test_population_weighted_accuracy_uses_the_largest_affordable_tier_or_the_best_on_validation():
-    from fl_app.evaluation import population_weighted_accuracy
+    from fl_app.supernet.evaluation import population_weighted_accuracy
 
     budgets, macs = [1, 5, 10, 0.5], [1, 4, 9]
     test_acc, val_acc = [0.5, 0.3, 0.4], [0.6, 0.7, 0.2]
@@ -109,8 +109,8 @@ def test_population_weighted_accuracy_uses_the_largest_affordable_tier_or_the_be
 def test_tier_evaluator_chooses_best_tier_on_validation_never_test(monkeypatch, cpu_cfg, cpu_cache):
     import pytest
 
-    import fl_app.evaluation as evaluation
-    from fl_app.data import ImageData
+    import fl_app.supernet.evaluation as evaluation
+    from fl_app.data.images import ImageData
 
     tiers = cpu_cache.tiers(None, count=3)
     scores = {t.arch: acc for t, acc in zip(tiers, [(0.6, 0.5), (0.7, 0.3), (0.2, 0.9)])}  # (validation, test)
@@ -131,7 +131,7 @@ def test_tier_evaluator_chooses_best_tier_on_validation_never_test(monkeypatch, 
 
 # -- post-hoc search and extraction -------------------------------------------------------------------------------
 def _images(n, seed):
-    from fl_app.data import ImageData
+    from fl_app.data.images import ImageData
 
     g = torch.Generator().manual_seed(seed)
     return ImageData(
@@ -140,8 +140,8 @@ def _images(n, seed):
 
 
 def test_search_respects_the_budget_and_explores_beyond_the_cache(cpu_cfg, cpu_cache):
-    from fl_app.search import evolutionary_search, shrink_to_budget
-    from fl_app.supernet import count_costs
+    from fl_app.supernet.search import evolutionary_search, shrink_to_budget
+    from fl_app.supernet.space import count_costs
 
     # a known objective: parameters (the search must climb it) — every candidate must still fit the budget
     def score(arch):
@@ -167,7 +167,7 @@ def test_search_respects_the_budget_and_explores_beyond_the_cache(cpu_cfg, cpu_c
 def _trained_checkpoint(tmp_path, cpu_cfg, monkeypatch):
     """A supernet.pt as a run writes it, and a dataset whose test split records when it is read."""
     import fl_app.extract as extract
-    from fl_app.config import validate_run_config
+    from fl_app.run.config import validate_run_config
 
     torch.manual_seed(0)
     state = {k: v for k, v in ElasticResNet(cpu_cfg).state_dict().items() if not k.endswith("num_batches_tracked")}
@@ -204,8 +204,8 @@ def test_extract_searches_without_reading_test_data_and_the_standalone_model_rep
     tmp_path, cpu_cfg, monkeypatch
 ):
     import fl_app.extract as extract
-    from fl_app.evaluation import accuracy
-    from fl_app.federation import server_splits
+    from fl_app.supernet.evaluation import accuracy
+    from fl_app.supernet.federation import server_splits
 
     checkpoint, train, test, log = _trained_checkpoint(tmp_path, cpu_cfg, monkeypatch)
     out = tmp_path / "subnet.pt"
@@ -244,9 +244,9 @@ def test_extract_from_cache_and_never_overwrites(tmp_path, cpu_cfg, cpu_cache, m
 def test_extract_refuses_a_damaged_verified_supernet(tmp_path, cpu_cfg):
     import pytest
 
-    from fl_app.checkpoint import save_verified
-    from fl_app.config import validate_run_config
     from fl_app.extract import load_trained
+    from fl_app.run.checkpoint import save_verified
+    from fl_app.run.config import validate_run_config
 
     state = {k: v for k, v in ElasticResNet(cpu_cfg).state_dict().items() if not k.endswith("num_batches_tracked")}
     path = save_verified(

@@ -1,4 +1,4 @@
-"""fl_app.stats against hand-computed values (t tables, a 3-seed interval, a paired difference)."""
+"""fl_app.run.stats against hand-computed values (t tables, a 3-seed interval, a paired difference)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from fl_app.stats import format_estimate, mean_ci, paired_difference, t_quantile, value_at_budget
+from fl_app.run.stats import format_estimate, mean_ci, paired_difference, t_quantile, value_at_budget
 
 
 @pytest.mark.parametrize(

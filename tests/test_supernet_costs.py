@@ -10,8 +10,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from fl_app.models.elastic_resnet import ElasticResNet
-from fl_app.subnets import read_cache_rows
-from fl_app.supernet import count_costs, load_supernet_config
+from fl_app.supernet.space import count_costs, load_supernet_config
+from fl_app.supernet.subnets import read_cache_rows
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference" / "feast"
 REFERENCE_CACHE = Path(__file__).resolve().parents[1] / "fl_app" / "supernets" / "paper-cache.csv"

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fl_app.supernet import Subnet, SupernetConfig
+from fl_app.supernet.space import Subnet, SupernetConfig
 
 
 class DynamicConv2d(nn.Module):

@@ -10,8 +10,9 @@ from kvt_helpers import small_model
 from transformers import LlamaConfig
 
 from kvtranslate.__main__ import main, pretrain_log_path
-from kvtranslate.models import CHECKPOINT_DIR, RESULTS_DIR, family_of, load_model, pick_device
-from kvtranslate.train import TRAIN_DEFAULTS, build_translator, load_translator, save_translator
+from kvtranslate.models import CHECKPOINT_DIR, RESULTS_DIR, ModelPair, family_of, load_model, pick_device
+from kvtranslate.pipeline import build_translator, load_translator, save_translator
+from kvtranslate.train import TRAIN_DEFAULTS
 
 
 def snapshot(folder):
@@ -67,12 +68,12 @@ def test_unsupported_family_is_named(tmp_path):
 
 
 def test_saved_translator_loads_back_with_the_same_outputs(tmp_path):
-    source, target = small_model("gpt2", layers=3), small_model("qwen2")
+    pair = ModelPair(small_model("gpt2", layers=3), None, small_model("qwen2"), None)  # no tokenizer needed here
     cfg = {**TRAIN_DEFAULTS, "hidden": 16, "window": 2}
     torch.manual_seed(0)
-    translator = build_translator(source, target, cfg).eval()
+    translator = build_translator(pair, cfg).eval()
     save_translator(translator, cfg, str(tmp_path))
-    loaded, loaded_cfg = load_translator(source, target, str(tmp_path))
+    loaded, loaded_cfg = load_translator(pair, str(tmp_path))
     feats, emb = torch.randn(2, 5, 3, 2 * 32), torch.randn(2, 5, 32)
     with torch.no_grad():
         for (k1, v1), (k2, v2) in zip(translator(feats, emb)[0], loaded(feats, emb)[0]):

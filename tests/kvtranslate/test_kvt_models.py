@@ -7,10 +7,10 @@ import torch
 
 from kvtranslate.corpus import TEMPLATES, make_dataset, split_names, split_templates
 from kvtranslate.evaluate import closed_set_accuracy, prefix_and_tails
-from kvtranslate.models import CHECKPOINT_DIR, TINY_SPECS, load_model, resolve
+from kvtranslate.models import CHECKPOINT_DIR, TINY_SPECS, ModelPair, load_model, resolve
+from kvtranslate.pipeline import encode_pair_items
 from kvtranslate.scoring import option_logprobs
 from kvtranslate.tokenization import encode_item
-from kvtranslate.train import encode_pair_items
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HAVE_CHECKPOINTS = all(os.path.isdir(os.path.join(CHECKPOINT_DIR, n)) for n in TINY_SPECS)
@@ -60,10 +60,11 @@ def test_missing_local_path_is_an_error_not_a_hub_lookup():
 @pytest.mark.parametrize("name", sorted(TINY_SPECS))
 def test_committed_checkpoint_reads_its_context(name):
     model, tok = load_model(name)
+    pair = ModelPair(model, tok, model, tok)  # the model reads its own context
     items = make_dataset(48, seed=5, split="eval")
-    data = encode_pair_items(tok, tok, items)
-    direct = closed_set_accuracy(data, "direct", model, tok, model, tok)
-    blind = closed_set_accuracy(data, "no-context", model, tok, model, tok)
+    data = encode_pair_items(pair, items)
+    direct = closed_set_accuracy(data, "direct", pair)
+    blind = closed_set_accuracy(data, "no-context", pair)
     assert direct > blind + 0.3
     # the prompt is tokenised piecewise: context tokens are a prefix of the full prompt's tokens
     e = encode_item(tok, items[0])
@@ -73,16 +74,11 @@ def test_committed_checkpoint_reads_its_context(name):
 @needs_checkpoints
 def test_native_cache_with_replay_scores_like_direct_reading():
     model, tok = load_model("tiny-qwen2")
-    data = encode_pair_items(tok, tok, make_dataset(6, seed=2, split="eval"))
+    pair = ModelPair(model, tok, model, tok)
+    data = encode_pair_items(pair, make_dataset(6, seed=2, split="eval"))
     opts = [e["options"] for e in data]
-    direct = option_logprobs(
-        model,
-        *prefix_and_tails("direct", data, model, tok, model, tok)[:2],
-        prefix_and_tails("direct", data, model, tok, model, tok)[2],
-        opts,
-        tok.pad_token_id,
-    )
-    kv, mask, tails = prefix_and_tails("native", data, model, tok, model, tok, None, 0.5)
+    direct = option_logprobs(model, *prefix_and_tails("direct", data, pair), opts, tok.pad_token_id)
+    kv, mask, tails = prefix_and_tails("native", data, pair, None, 0.5)
     replay = option_logprobs(model, kv, mask, tails, opts, tok.pad_token_id)
     assert torch.allclose(direct, replay, atol=1e-3)
 
@@ -99,7 +95,7 @@ def test_cli_help_and_bad_arguments():
     out = run_cli("train", "--source", "tiny-gpt2", "--target", "tiny-qwen2", "--out", "/tmp/x", "--kind", "moe")
     assert out.returncode != 0 and "--kind" in out.stderr and "shared-latent" in out.stderr
     with pytest.raises(ValueError, match="mode must be one of"):
-        prefix_and_tails("fancy", [], None, None, None, None)
+        prefix_and_tails("fancy", [], None)
 
 
 def test_phrase_mix_reads_no_held_out_template():

@@ -9,10 +9,11 @@ from kvt_helpers import small_model
 
 from kvtranslate.corpus import make_dataset
 from kvtranslate.evaluate import prefix_and_tails, qa_scores
-from kvtranslate.models import kv_geometry
+from kvtranslate.models import ModelPair, kv_geometry
+from kvtranslate.pipeline import encode_pair_items
 from kvtranslate.scoring import run_tail
 from kvtranslate.tokenization import train_tokenizer
-from kvtranslate.train import encode_pair_items, train_translator
+from kvtranslate.train import train_translator
 
 TOKENIZER_SIZES = (300, 420, 520)
 # (source, target): family, layers, hidden, query heads, KV heads (Qwen2 only), tokenizer index; translator kind
@@ -56,11 +57,9 @@ def last_logits(out, mask):
 def test_any_geometry_trains_evaluates_and_injects(tokenizers, source_spec, target_spec, kind):
     source, source_tok = build(source_spec, tokenizers, seed=0)
     target, target_tok = build(target_spec, tokenizers, seed=1)
+    pair = ModelPair(source, source_tok, target, target_tok)
     translator, history, _ = train_translator(
-        source,
-        source_tok,
-        target,
-        target_tok,
+        pair,
         log=lambda line: None,
         kind=kind,
         steps=3,
@@ -71,11 +70,10 @@ def test_any_geometry_trains_evaluates_and_injects(tokenizers, source_spec, targ
         ccl_start=0.3,
     )
     assert all(torch.isfinite(torch.tensor(h["loss"])) for h in history)
-    models = (source, source_tok, target, target_tok)
-    data = encode_pair_items(source_tok, target_tok, make_dataset(4, seed=5, split="eval"))
+    data = encode_pair_items(pair, make_dataset(4, seed=5, split="eval"))
 
     # shape: one (K, V) per target layer, [batch, target KV heads, longest context, target head width]
-    kv, kv_mask, tails = prefix_and_tails("translated", data, *models, translator)
+    kv, kv_mask, tails = prefix_and_tails("translated", data, pair, translator)
     g = kv_geometry(target)
     longest = max(len(e["tgt"]) for e in data)
     assert len(kv) == g["layers"]
@@ -84,7 +82,7 @@ def test_any_geometry_trains_evaluates_and_injects(tokenizers, source_spec, targ
     assert kv_mask.sum(1).tolist() == [len(e["tgt"]) for e in data]
 
     # positions: the target's own cache, injected the same way, continues exactly like direct reading
-    native, native_mask, native_tails = prefix_and_tails("native", data, *models)
+    native, native_mask, native_tails = prefix_and_tails("native", data, pair)
     pad = target_tok.pad_token_id
     with torch.no_grad():
         cached, _, tail_mask = run_tail(target, native, native_mask, native_tails, pad)
@@ -110,7 +108,7 @@ def test_any_geometry_trains_evaluates_and_injects(tokenizers, source_spec, targ
         )
     assert generated.shape == (1, prompt.shape[1] + 2)
 
-    scores, predictions = qa_scores(data, "translated", *models, translator)
+    scores, predictions = qa_scores(data, "translated", pair, translator)
     assert 0.0 <= scores["acc"] <= 1.0 and 0.0 <= scores["f1"] <= 1.0 and len(predictions) == len(data)
 
 

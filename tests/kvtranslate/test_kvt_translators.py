@@ -5,9 +5,10 @@ from kvt_helpers import small_model
 from kvtranslate.cache import prefill_kv, prefix_kv
 from kvtranslate.corpus import make_dataset
 from kvtranslate.losses import context_correction_loss, kv_reconstruction_loss
-from kvtranslate.models import build_tiny
+from kvtranslate.models import ModelPair, build_tiny
+from kvtranslate.pipeline import build_translator, encode_pair_items
 from kvtranslate.tokenization import train_tokenizer
-from kvtranslate.train import TRAIN_DEFAULTS, build_translator, encode_pair_items, training_loss
+from kvtranslate.train import TRAIN_DEFAULTS, training_loss
 from kvtranslate.translators import KVTranslator, balance_loss, target_embeddings
 
 SRC = dict(layers=3, kv_heads=4, head_dim=8)
@@ -92,24 +93,24 @@ def tiny_pair():
     tok_a, tok_b = train_tokenizer(300), train_tokenizer(420)
     source, _ = build_tiny("tiny-gpt2", seed=0, tokenizer=tok_a)
     target, _ = build_tiny("tiny-qwen2", seed=1, tokenizer=tok_b)
-    return source, tok_a, target, tok_b
+    return ModelPair(source, tok_a, target, tok_b)
 
 
 @pytest.mark.parametrize("kind", ["mot", "single", "shared-latent"])
 def test_two_training_steps_lower_the_loss(tiny_pair, kind):
-    source, tok_a, target, tok_b = tiny_pair
-    for p in list(source.parameters()) + list(target.parameters()):
+    pair = tiny_pair
+    for p in list(pair.source.parameters()) + list(pair.target.parameters()):
         p.requires_grad_(False)
     cfg = {**TRAIN_DEFAULTS, "kind": kind, "hidden": 32}
     torch.manual_seed(0)
-    translator = build_translator(source, target, cfg)
-    examples = encode_pair_items(tok_a, tok_b, make_dataset(8, seed=3, split="train"))
+    translator = build_translator(pair, cfg)
+    examples = encode_pair_items(pair, make_dataset(8, seed=3, split="train"))
     opt = torch.optim.Adam(translator.parameters(), lr=3e-3)
-    before, _ = training_loss(translator, source, tok_a, target, tok_b, examples, cfg, 0.5)
+    before, _ = training_loss(translator, pair, examples, cfg, 0.5)
     for _ in range(2):
-        loss, _ = training_loss(translator, source, tok_a, target, tok_b, examples, cfg, 0.5)
+        loss, _ = training_loss(translator, pair, examples, cfg, 0.5)
         opt.zero_grad()
         loss.backward()
         opt.step()
-    after, _ = training_loss(translator, source, tok_a, target, tok_b, examples, cfg, 0.5)
+    after, _ = training_loss(translator, pair, examples, cfg, 0.5)
     assert after.item() < before.item()

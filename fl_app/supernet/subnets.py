@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_app.resources import bundled_file
-from fl_app.supernet import NAMED_CACHES, Subnet, SupernetConfig, count_costs
+from fl_app.run.resources import bundled_file
+from fl_app.supernet.space import NAMED_CACHES, Subnet, SupernetConfig, count_costs
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from fl_app.data import DATA_SOURCES, DATASETS
-from fl_app.evaluation import POPULATION_TIERS
-from fl_app.partition import PARTITIONERS
-from fl_app.payload import PAYLOAD_DTYPES
+from fl_app.data.images import DATA_SOURCES, DATASETS
+from fl_app.data.partition import PARTITIONERS
+from fl_app.run.payload import PAYLOAD_DTYPES
+from fl_app.supernet.evaluation import POPULATION_TIERS
 
 # methods built on the elastic supernet (FEAST and its baselines) share the FEAST client and server run
 SUPERNET_METHODS = ("feast", "superfednas", "deepfednas", "heterofl", "fedrolex", "fedavg-min")

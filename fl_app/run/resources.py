@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-PACKAGE_DIR = Path(__file__).parent
+PACKAGE_DIR = Path(__file__).parents[1]  # the fl_app package root (this module lives in fl_app/run/)
 
 
 def _installed_package_dir() -> Path | None:

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fl_app.resources import bundled_file
+from fl_app.run.resources import bundled_file
 
-SAMPLE_DIR = Path(__file__).parent / "data" / "cifar10-sample"  # where experiments/make_sample.py writes it
+SAMPLE_DIR = Path(__file__).parent / "cifar10-sample"  # where experiments/make_sample.py writes it
 
 
 @dataclass(frozen=True)

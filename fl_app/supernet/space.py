@@ -3,7 +3,8 @@
 A subnet is ``Subnet(d, e, w)``: ``d[s]`` extra blocks in stage ``s`` (the stage has ``1 + d[s]`` blocks), ``e[s]`` the
 expansion ratio of every block of stage ``s`` and ``w[i]`` an index into the width multipliers for position ``i``
 (position 0 is the stem, positions 1..4 the stages). Every tensor of a subnet is a prefix slice of the supernet's
-tensor (see ``fl_app.slicing``), so the same encoding also describes a *sub-supernet*: the bounds that routing sends.
+tensor (see ``fl_app.supernet.slicing``), so the same encoding also describes a *sub-supernet*: the bounds that
+routing sends.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from fl_app.resources import bundled_file
+from fl_app.run.resources import bundled_file
 
 NAMED_SUPERNETS = {"cpu": "supernets/cpu.json", "paper": "supernets/paper.json"}
 NAMED_CACHES = {"cpu": "supernets/cpu-cache.csv", "paper": "supernets/paper-cache.csv"}

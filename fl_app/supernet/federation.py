@@ -11,11 +11,11 @@ from functools import lru_cache
 
 import numpy as np
 
-from fl_app.config import RunConfig
-from fl_app.data import DATASETS, ImageData, Splits, load_dataset, split_train
-from fl_app.partition import make_partitioner, partition_indices
-from fl_app.subnets import SubnetCache, draw_budgets
-from fl_app.supernet import SupernetConfig, load_supernet_config
+from fl_app.data.images import DATASETS, ImageData, Splits, load_dataset, split_train
+from fl_app.data.partition import make_partitioner, partition_indices
+from fl_app.run.config import RunConfig
+from fl_app.supernet.space import SupernetConfig, load_supernet_config
+from fl_app.supernet.subnets import SubnetCache, draw_budgets
 
 
 @dataclass

@@ -15,10 +15,10 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from fl_app.data import ImageData
-from fl_app.evaluation import evaluate_subnet
-from fl_app.subnets import random_subnet
-from fl_app.supernet import Subnet, SupernetConfig, count_costs
+from fl_app.data.images import ImageData
+from fl_app.supernet.evaluation import evaluate_subnet
+from fl_app.supernet.space import Subnet, SupernetConfig, count_costs
+from fl_app.supernet.subnets import random_subnet
 
 
 @dataclass(frozen=True)

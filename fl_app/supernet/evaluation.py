@@ -8,12 +8,12 @@ import numpy as np
 import torch
 from flwr.app import MetricRecord
 
-from fl_app.augment import normalize
-from fl_app.data import ImageData
-from fl_app.device import preferred_device
+from fl_app.data.augment import normalize
+from fl_app.data.images import ImageData
 from fl_app.models.elastic_resnet import DynamicBatchNorm2d, ElasticResNet
-from fl_app.slicing import slice_subnet
-from fl_app.supernet import Subnet, SupernetConfig
+from fl_app.run.device import preferred_device
+from fl_app.supernet.slicing import slice_subnet
+from fl_app.supernet.space import Subnet, SupernetConfig
 
 
 def extract_subnet(cfg: SupernetConfig, supernet_state: Mapping, arch: Subnet) -> ElasticResNet:
