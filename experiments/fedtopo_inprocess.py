@@ -1,5 +1,5 @@
 """FedTopo against its baselines over several seeds, in ONE process on one thread (no Ray, no SuperNodes): the app's
-own strategies and client functions driven by ``fl_app.fedtopo_app.run_in_process`` (an in-process Grid), with
+own strategies and client functions driven by ``experiments.in_process_grid.run_in_process`` (an in-process Grid), with
 the suite's run config (experiments/suites/fedtopo.toml: its base file and methods). For when `flwr run` with 20
 simulated SuperNodes per run (experiments.runner) does not fit the time at hand; the tables come from the same
 report code (``fl_app.report``: means with 95% t-intervals, differences paired by seed).
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
+from experiments.in_process_grid import run_in_process
 from experiments.runner import COMPLETED, RUN_RECORD, git_state
-from fl_app.fedtopo_app import run_in_process
 from fl_app.report import write_suite_tables
 from fl_app.run.config import validate_run_config
 from fl_app.run.outputs import write_json

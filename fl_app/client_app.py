@@ -128,7 +128,7 @@ def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Conte
 
 
 # method -> client training; every method in fl_app.run.config.METHODS has an entry
-from fl_app.fedtopo_app import HETERO_METHODS, evaluate_hetero, train_hetero  # noqa: E402  (model-heterogeneous)
+from fl_app.hetero_app import HETERO_METHODS, evaluate_hetero, train_hetero  # noqa: E402  (model-heterogeneous)
 
 CLIENT_TRAINING = {**dict.fromkeys(SUPERNET_METHODS, train_feast), **dict.fromkeys(HETERO_METHODS, train_hetero)}
 CLIENT_EVALUATION = dict.fromkeys(HETERO_METHODS, evaluate_hetero)

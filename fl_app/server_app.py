@@ -337,7 +337,7 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
 
 
 # method -> server run; every method in fl_app.run.config.METHODS has an entry
-from fl_app.fedtopo_app import HETERO_METHODS, run_hetero  # noqa: E402  (model-heterogeneous methods)
+from fl_app.hetero_app import HETERO_METHODS, run_hetero  # noqa: E402  (model-heterogeneous methods)
 
 SERVER_RUNS = {**dict.fromkeys(SUPERNET_METHODS, run_feast), **dict.fromkeys(HETERO_METHODS, run_hetero)}
 # work a server run can do before it knows its nodes, done while they start up (results are cached per process)

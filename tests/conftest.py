@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from experiments.flower_env import isolated_env, stop_local_superlink
+from experiments.flower_internals import message_identity
 from fl_app.supernet.space import load_supernet_config
 from fl_app.supernet.subnets import SubnetCache
 
@@ -35,13 +36,9 @@ def cpu_cache(cpu_cfg):
 
 @pytest.fixture
 def flower_ids():
-    """Messages need a task identity, which a Flower runtime normally sets (internal API)."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
-    yield TaskIdentity
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+    """Messages need a task identity, which a Flower runtime normally sets."""
+    with message_identity():
+        yield
 
 
 @pytest.fixture(scope="session")

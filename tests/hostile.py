@@ -30,6 +30,8 @@ from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, Rec
 from flwr.common import Error
 from flwr.common.constant import ErrorCode
 
+from experiments.flower_internals import set_message_id, set_reply_source
+
 SUPERLINK_NODE_ID = 0  # the SuperLink answers for a dead node under its own id
 NEVER = object()  # a corruption's result: the client never answers
 
@@ -74,7 +76,7 @@ class HostileGrid:
     def send_and_receive(self, messages: Iterable[Message], timeout: float | None = None) -> list[Message]:
         replies = []
         for msg in messages:
-            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            set_message_id(msg, uuid.uuid4().hex)
             pid = self.partition_of_node[msg.metadata.dst_node_id]
             if pid in self.silent:
                 continue
@@ -119,7 +121,7 @@ def reply_to(msg: Message, content) -> Message:
     if isinstance(content, tuple):
         src, content = content
     reply = Message(error=content, reply_to=msg) if isinstance(content, Error) else Message(content, reply_to=msg)
-    reply.metadata.__dict__["_src_node_id"] = src
+    set_reply_source(reply, src)
     return reply
 
 

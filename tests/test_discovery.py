@@ -6,6 +6,7 @@ import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common import Error
 
+from experiments.flower_internals import set_message_id, set_reply_source
 from fl_app.server_app import check_federation, discover_nodes
 
 
@@ -31,7 +32,7 @@ class SlowGrid:
         ids = []
         for msg in messages:
             mid = f"q{msg.metadata.dst_node_id}"
-            msg.metadata.__dict__["_message_id"] = mid
+            set_message_id(msg, mid)
             reply = Message(
                 RecordDict(
                     {
@@ -42,7 +43,7 @@ class SlowGrid:
                 ),
                 reply_to=msg,
             )
-            reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
+            set_reply_source(reply, msg.metadata.dst_node_id)
             self.waiting[mid] = reply
             ids.append(mid)
         return ids

@@ -12,6 +12,7 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import Error
 from flwr.common.constant import ErrorCode
 
+from experiments.flower_internals import set_message_id, set_reply_source
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.run.checkpoint import capture_rng, load_round_checkpoint, restore_rng, write_round_checkpoint
 from fl_app.run.config import validate_run_config
@@ -52,7 +53,7 @@ def _reply(msg: Message, state: dict | None, metrics: dict) -> Message:
     if state is not None:
         content["arrays"] = state_to_record(state)
     reply = Message(content, reply_to=msg)
-    reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
+    set_reply_source(reply, msg.metadata.dst_node_id)
     return reply
 
 
@@ -78,7 +79,7 @@ def _hostile(kind: str, msg: Message, cfg, full: dict) -> Message | None:
     name = next(iter(state))
     if kind == "error":
         reply = Message(error=Error(0, "client raised"), reply_to=msg)
-        reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
+        set_reply_source(reply, msg.metadata.dst_node_id)
         return reply
     if kind == "no-answer":  # timed out or disconnected: the grid returns nothing for it
         return None
@@ -271,7 +272,8 @@ class ChurnGrid:
     def push_messages(self, messages):
         ids = []
         for msg in messages:
-            msg.metadata.__dict__["_message_id"] = mid = uuid.uuid4().hex
+            mid = uuid.uuid4().hex
+            set_message_id(msg, mid)
             node = msg.metadata.dst_node_id
             self.queries[mid] = reply_to(
                 msg,
@@ -294,7 +296,7 @@ class ChurnGrid:
         dead = self.killed_in.get(self.round)
         replies = []
         for msg in messages:
-            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            set_message_id(msg, uuid.uuid4().hex)
             node = msg.metadata.dst_node_id
             self.sent[(self.round, self.nodes[node])] = (node, record_bytes(msg.content.array_records["arrays"]))
             if node == dead:

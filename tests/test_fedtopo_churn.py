@@ -10,7 +10,8 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, MessageType, RecordDict
 
-from fl_app.fedtopo_app import InProcessGrid, run_in_process
+from experiments.flower_internals import set_message_id
+from experiments.in_process_grid import InProcessGrid, run_in_process
 from fl_app.run.config import validate_run_config
 from tests.hostile import reply_to
 
@@ -44,7 +45,8 @@ class ChurningGrid(InProcessGrid):
     def push_messages(self, messages):  # the partition query a new node answers
         ids = []
         for msg in messages:
-            msg.metadata.__dict__["_message_id"] = mid = uuid.uuid4().hex
+            mid = uuid.uuid4().hex
+            set_message_id(msg, mid)
             pid = self.partition_of_node[msg.metadata.dst_node_id]
             self.queries[mid] = reply_to(
                 msg, RecordDict({"config": ConfigRecord({"partition-id": pid, "num-partitions": self.num_clients})})

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from experiments.flower_runs import flwr_run
-from fl_app.fedtopo_app import run_in_process
+from experiments.in_process_grid import run_in_process
 from fl_app.run.checkpoint import load_verified
 from fl_app.run.config import validate_run_config
 

@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
-from fl_app.fedtopo_app import (
+from experiments.flower_internals import set_reply_source
+from experiments.in_process_grid import InProcessGrid, run_in_process
+from fl_app.hetero_app import (
     HETERO_METHODS,
     MODEL_STATE,
-    InProcessGrid,
     build_strategy,
     client_data,
     client_rows,
     evaluate_hetero,
     load_client_model,
-    run_in_process,
     train_hetero,
 )
 from fl_app.run.config import validate_run_config
@@ -54,13 +54,13 @@ def _reply(msg: Message, upload: dict, num_examples: int) -> Message:
         ),
         reply_to=msg,
     )
-    reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
+    set_reply_source(reply, msg.metadata.dst_node_id)
     return reply
 
 
 def _eval_reply(msg: Message, correct: int, total: int) -> Message:
     reply = Message(RecordDict({"metrics": MetricRecord({"correct": correct, "num-test": total})}), reply_to=msg)
-    reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
+    set_reply_source(reply, msg.metadata.dst_node_id)
     return reply
 
 
@@ -88,7 +88,7 @@ def test_fedtopo_strategy_broadcasts_merges_and_scores(flower_ids, tmp_path):
     replies = [_reply(m, u, n) for m, u, n in zip(messages, uploads, sizes)]
     unsampled = ({0, 1, 2} - {m.metadata.dst_node_id - 100 for m in messages}).pop()
     stray = _reply(messages[0], uploads[0], sizes[0])
-    stray.metadata.__dict__["_src_node_id"] = 100 + unsampled
+    set_reply_source(stray, 100 + unsampled)
     _, metrics = strategy.aggregate_train(1, replies + [stray])
     assert strategy.rounds[1].rejected == [unsampled]
     expected, _, _ = merge_relations(

@@ -12,7 +12,8 @@ import pytest
 import torch
 from flwr.app import MessageType
 
-from fl_app.fedtopo_app import MODEL_STATE, MODELS_DIR, InProcessGrid, run_in_process
+from experiments.in_process_grid import InProcessGrid, run_in_process
+from fl_app.hetero_app import MODEL_STATE, MODELS_DIR
 from fl_app.run.config import validate_run_config
 from fl_app.run.payload import record_to_state
 

@@ -21,7 +21,8 @@ from flwr.common import Error
 from flwr.common.constant import ErrorCode
 
 from clients.fedtopo import relation_scores
-from fl_app.fedtopo_app import HETERO_METHODS, MODEL_STATE, InProcessGrid, run_in_process, train_hetero
+from experiments.in_process_grid import InProcessGrid, run_in_process
+from fl_app.hetero_app import HETERO_METHODS, MODEL_STATE, train_hetero
 from fl_app.run.config import validate_run_config
 from fl_app.run.payload import record_to_state, state_to_record
 from strategies.fedtopo import FedTopoStrategy, LocalStrategy

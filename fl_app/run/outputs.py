@@ -189,23 +189,44 @@ def save_checkpoint(path: Path, blob: dict) -> None:
     _atomic_write(path, lambda p: torch.save(blob, p))
 
 
-def plot_accuracy_vs_macs(path: Path, lines: dict[str, list[tuple[float, float]]], title: str) -> None:
-    """One line per method: (MACs, accuracy) points."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _finish_plot(plt, fig, ax, path: Path, title: str, ylabel: str, legend_size=None) -> None:
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    _atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=120))
+    plt.close(fig)
+
+
+def plot_accuracy_vs_macs(path: Path, lines: dict[str, list[tuple[float, float]]], title: str) -> None:
+    """One line per method: (MACs, accuracy) points (the supernet family's tiers)."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, points in lines.items():
         points = sorted(points)
         ax.plot([m / 1e6 for m, _ in points], [100 * a for _, a in points], marker="o", label=label)
     ax.set_xscale("log")
     ax.set_xlabel("MMACs")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    _atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=120))
-    plt.close(fig)
+    _finish_plot(plt, fig, ax, path, title, "test accuracy (%)")
+
+
+def plot_accuracy_per_round(
+    path: Path, lines: dict[str, list[tuple[int, float]]], title: str, ylabel: str = "mean client accuracy (%)"
+) -> None:
+    """One line per method: (round, accuracy) points (the model-heterogeneous family's client accuracy)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, points in lines.items():
+        ax.plot([r for r, _ in points], [100 * a for _, a in points], marker="o", markersize=3, label=label)
+    ax.set_xlabel("round")
+    _finish_plot(plt, fig, ax, path, title, ylabel, legend_size=8)

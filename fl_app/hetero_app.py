@@ -1,4 +1,5 @@
-"""Server and client wiring of the model-heterogeneous methods: FedTopo and its baselines.
+"""Server and client wiring of the model-heterogeneous family: FedTopo and its baselines (local, LG-FedAvg, FD,
+FedProto, FedTGP), one row each in ``HETERO_METHOD_TABLE``.
 
 Client i trains ``family[i % 8]`` on a Dirichlet(dirichlet-alpha) share of the training set (the plain Dirichlet
 partitioner, whatever ``partitioner`` says: the γ-allocation is FEAST's), split 80/20 (``test-fraction``) into local
@@ -8,16 +9,17 @@ its model between rounds in its node's ``context.state`` (in simulation and in a
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
+from dataclasses import dataclass
 from functools import lru_cache
 from logging import INFO
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 
 from clients.feast import LocalSettings
@@ -46,12 +48,108 @@ from fl_app.run.checkpoint import (
 )
 from fl_app.run.config import RunConfig
 from fl_app.run.device import preferred_device
-from fl_app.run.outputs import prepare_output_dir, write_csv, write_json
+from fl_app.run.outputs import plot_accuracy_per_round, prepare_output_dir, write_csv, write_json
 from fl_app.run.payload import record_to_state, state_to_record
-from strategies.fedtopo import FedTopoStrategy, LocalStrategy
+from strategies.fedtopo import FedTopoStrategy, HeteroStrategy, LocalStrategy
 from strategies.fedtopo_baselines import FdStrategy, FedProtoStrategy, FedTgpStrategy, LgFedAvgStrategy
 
-HETERO_METHODS = ("fedtopo", "local", "lg-fedavg", "fd", "fedproto", "fedtgp")
+
+# -- the methods: one row each ----------------------------------------------------------------------------------
+def _num_classes(run: RunConfig) -> int:
+    return DATASETS[run["dataset"]].num_classes
+
+
+def _topology_loss(run: RunConfig, model, global_arrays: dict):
+    return fedtopo_loss(global_arrays, run["topo-beta"])
+
+
+def _head_loss(run: RunConfig, model, global_arrays: dict):
+    load_head(model, global_arrays)  # LG-FedAvg trains on from the global head
+    return plain_ce
+
+
+def _distillation_loss(run: RunConfig, model, global_arrays: dict):
+    return FdLoss(global_arrays, run["distill-lambda"], _num_classes(run))
+
+
+def _prototype_loss(run: RunConfig, model, global_arrays: dict):
+    return proto_loss(global_arrays, run["distill-lambda"])
+
+
+def _plain_loss(run: RunConfig, model, global_arrays: dict):
+    return plain_ce
+
+
+def _topology_upload(run: RunConfig, model, data: ImageData, seed: int, loss_fn) -> dict[str, np.ndarray]:
+    return fedtopo_upload(model, data, _num_classes(run), run["topo-source"], run["proto-max-samples"], seed)
+
+
+def _head_upload(run: RunConfig, model, data: ImageData, seed: int, loss_fn) -> dict[str, np.ndarray]:
+    return head_upload(model)
+
+
+def _seen_logits_upload(run: RunConfig, model, data: ImageData, seed: int, loss_fn) -> dict[str, np.ndarray]:
+    return loss_fn.upload(class_counts(data, _num_classes(run)))  # the mean logits seen while training
+
+
+def _class_means_upload(run: RunConfig, model, data: ImageData, seed: int, loss_fn) -> dict[str, np.ndarray]:
+    return class_means_upload(model, data, _num_classes(run), run["proto-max-samples"], seed)
+
+
+def _no_upload(run: RunConfig, model, data: ImageData, seed: int, loss_fn) -> dict[str, np.ndarray]:
+    return {}
+
+
+def _no_options(run: RunConfig) -> dict:
+    return {}
+
+
+@dataclass(frozen=True)
+class HeteroMethod:
+    """Both sides of one model-heterogeneous method."""
+
+    strategy: type[HeteroStrategy]
+    loss: Callable  # (run, model, global arrays) -> the client's loss_fn(logits, features, labels)
+    upload: Callable  # (run, model, training split, seed, loss_fn) -> the arrays the client uploads
+    broadcast: Callable[[int, int], dict[str, tuple]]  # (classes, feature size) -> what the server sends, once merged
+    strategy_options: Callable[[RunConfig], dict] = _no_options  # the strategy's own run-config keys
+
+
+def _class_means_broadcast(c: int, d: int) -> dict[str, tuple]:
+    return {"prototypes": (c, d), "has": (c,)}
+
+
+HETERO_METHOD_TABLE = {
+    "fedtopo": HeteroMethod(
+        FedTopoStrategy,
+        _topology_loss,
+        _topology_upload,
+        lambda c, d: {"topology": (c, c)},
+        lambda run: dict(tau=run["topo-tau"], weighting=run["topo-weighting"], kappa=run["topo-kappa"]),
+    ),
+    "local": HeteroMethod(LocalStrategy, _plain_loss, _no_upload, lambda c, d: {}),
+    "lg-fedavg": HeteroMethod(
+        LgFedAvgStrategy, _head_loss, _head_upload, lambda c, d: {"head.weight": (c, d), "head.bias": (c,)}
+    ),
+    "fd": HeteroMethod(
+        FdStrategy, _distillation_loss, _seen_logits_upload, lambda c, d: {"soft-labels": (c, c), "has": (c,)}
+    ),
+    "fedproto": HeteroMethod(FedProtoStrategy, _prototype_loss, _class_means_upload, _class_means_broadcast),
+    "fedtgp": HeteroMethod(
+        FedTgpStrategy,
+        _prototype_loss,
+        _class_means_upload,
+        _class_means_broadcast,
+        lambda run: dict(
+            server_epochs=run["tgp-server-epochs"],
+            margin_cap=run["tgp-margin-cap"],
+            margin_rule=run["tgp-margin"],
+            server_lr=run["tgp-server-lr"],
+            server_batch_size=run["tgp-batch-size"],
+        ),
+    ),
+}
+HETERO_METHODS = tuple(HETERO_METHOD_TABLE)
 
 
 # -- data: identical on server and clients -------------------------------------------------------------------------
@@ -192,33 +290,6 @@ def save_client_model(model, state: RecordDict) -> None:
     state[MODEL_STATE] = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
 
 
-def client_loss(run: RunConfig, model, global_arrays: dict):
-    method = run["method"]
-    if method == "fedtopo":
-        return fedtopo_loss(global_arrays, run["topo-beta"])
-    if method == "lg-fedavg":
-        load_head(model, global_arrays)
-        return plain_ce
-    if method == "fd":
-        return FdLoss(global_arrays, run["distill-lambda"], DATASETS[run["dataset"]].num_classes)
-    if method in ("fedproto", "fedtgp"):
-        return proto_loss(global_arrays, run["distill-lambda"])
-    return plain_ce
-
-
-def client_upload(run: RunConfig, model, data: ImageData, seed: int, loss_fn) -> dict[str, np.ndarray]:
-    method, num_classes, cap = run["method"], DATASETS[run["dataset"]].num_classes, run["proto-max-samples"]
-    if method == "fedtopo":
-        return fedtopo_upload(model, data, num_classes, run["topo-source"], cap, seed)
-    if method == "lg-fedavg":
-        return head_upload(model)
-    if method == "fd":  # the mean logits seen while training
-        return loss_fn.upload(class_counts(data, num_classes))
-    if method in ("fedproto", "fedtgp"):
-        return class_means_upload(model, data, num_classes, cap, seed)
-    return {}
-
-
 def evaluate_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
     """Score this client's own model on its local test split."""
     _, test = client_data(run, pid, num)
@@ -228,19 +299,6 @@ def evaluate_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: C
         RecordDict({"metrics": MetricRecord({"correct": correct, "num-test": total, "partition-id": pid})}),
         reply_to=msg,
     )
-
-
-def broadcast_shapes(run: RunConfig) -> dict[str, tuple]:
-    """What the server of ``run``'s method broadcasts (key -> shape) once it has merged something."""
-    c, d = DATASETS[run["dataset"]].num_classes, run["feature-dim"]
-    return {
-        "fedtopo": {"topology": (c, c)},
-        "lg-fedavg": {"head.weight": (c, d), "head.bias": (c,)},
-        "fd": {"soft-labels": (c, c), "has": (c,)},
-        "fedproto": {"prototypes": (c, d), "has": (c,)},
-        "fedtgp": {"prototypes": (c, d), "has": (c,)},
-        "local": {},
-    }[run["method"]]
 
 
 def train_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
@@ -254,16 +312,17 @@ def train_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Cont
     dtype = str(config["payload-dtype"])
     record = msg.content.array_records.get("arrays")
     global_arrays = record_to_state(record, dtype) if record is not None else {}
-    problem = broadcast_problem(global_arrays, broadcast_shapes(run))
+    method = HETERO_METHOD_TABLE[run["method"]]
+    problem = broadcast_problem(global_arrays, method.broadcast(_num_classes(run), run["feature-dim"]))
     if problem:
         raise ValueError(f"client {pid} refuses the round-{server_round} broadcast: {problem}")
     model = load_client_model(run, pid, context.state, num, config, context.node_config)
     seed = _seed(run["seed"], server_round, pid)
-    loss_fn = client_loss(run, model, global_arrays)
+    loss_fn = method.loss(run, model, global_arrays)
     metrics = local_train(model, train, LocalSettings.from_run(run, float(config["lr"]), seed), loss_fn)
     if not model_is_finite(model):
         raise FloatingPointError(f"client {pid}: training diverged in round {server_round}; the model is not saved")
-    upload = client_upload(run, model, train, seed, loss_fn)
+    upload = method.upload(run, model, train, seed, loss_fn)
     save_client_model(model, context.state)
     save_dir, _ = client_model_dirs(config, context.node_config)
     if save_dir:
@@ -290,7 +349,9 @@ def lr_of_round(run: RunConfig):
 def build_strategy(run: RunConfig, node_of_partition: dict[int, int]):
     """The method's strategy. The server derives every client's split from the seed as the clients do, so it knows
     the size of each training and test split and holds replies to them."""
-    method = run["method"]
+    if run["method"] not in HETERO_METHOD_TABLE:
+        raise ValueError(f"method='{run['method']}': allowed model-heterogeneous methods are {list(HETERO_METHODS)}")
+    method = HETERO_METHOD_TABLE[run["method"]]
     rows = client_rows(run, len(node_of_partition))
     common = dict(
         clients_per_round=run.clients_per_round(len(node_of_partition)),
@@ -304,54 +365,7 @@ def build_strategy(run: RunConfig, node_of_partition: dict[int, int]):
         train_size_of_partition={pid: len(rows[pid][0]) for pid in node_of_partition},
         test_size_of_partition={pid: len(rows[pid][1]) for pid in node_of_partition},
     )
-    num_classes = DATASETS[run["dataset"]].num_classes
-    if method == "fedtopo":
-        return FedTopoStrategy(
-            node_of_partition,
-            num_classes,
-            tau=run["topo-tau"],
-            weighting=run["topo-weighting"],
-            kappa=run["topo-kappa"],
-            **common,
-        )
-    if method == "fedtgp":
-        return FedTgpStrategy(
-            node_of_partition,
-            num_classes,
-            server_epochs=run["tgp-server-epochs"],
-            margin_cap=run["tgp-margin-cap"],
-            margin_rule=run["tgp-margin"],
-            server_lr=run["tgp-server-lr"],
-            server_batch_size=run["tgp-batch-size"],
-            **common,
-        )
-    classes = {"local": LocalStrategy, "lg-fedavg": LgFedAvgStrategy, "fd": FdStrategy, "fedproto": FedProtoStrategy}
-    if method not in classes:
-        raise ValueError(f"method='{method}': allowed model-heterogeneous methods are {list(HETERO_METHODS)}")
-    return classes[method](node_of_partition, num_classes, **common)
-
-
-def plot_accuracy_per_round(
-    path: Path, lines: dict[str, list[tuple[int, float]]], title: str, ylabel: str = "mean client accuracy (%)"
-) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, points in lines.items():
-        ax.plot([r for r, _ in points], [100 * a for _, a in points], marker="o", markersize=3, label=label)
-    ax.set_xlabel("round")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
+    return method.strategy(node_of_partition, _num_classes(run), **method.strategy_options(run), **common)
 
 
 def hetero_summary(run: RunConfig, strategy, num_clients: int, seconds: float, error: str | None) -> dict:
@@ -491,59 +505,3 @@ def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
         summary["bytes_up_per_round"],
     )
     return summary
-
-
-# -- in-process driving (tests, experiments): the same strategy and client functions, without Ray -------------------
-class InProcessGrid:
-    """A Grid stand-in that delivers each message to ``train_hetero`` / ``evaluate_hetero`` of its partition, in
-    order, with one persistent ``Context`` per node (as a SuperNode keeps one per run)."""
-
-    def __init__(self, run: RunConfig, num_clients: int, first_node_id: int = 100):
-        self.run, self.num_clients = run, num_clients
-        self.node_of_partition = {pid: first_node_id + pid for pid in range(num_clients)}
-        self.partition_of_node = {n: p for p, n in self.node_of_partition.items()}
-        self.contexts = {
-            pid: Context(
-                run_id=1,
-                node_id=node,
-                state=RecordDict(),
-                run_config={},
-                node_config={"partition-id": pid, "num-partitions": num_clients},
-            )
-            for pid, node in self.node_of_partition.items()
-        }
-
-    def nodes(self) -> dict[int, dict]:
-        return {pid: {"node_id": node} for pid, node in self.node_of_partition.items()}
-
-    def get_node_ids(self):
-        return list(self.partition_of_node)
-
-    def send_and_receive(self, messages, timeout=None):
-        replies = []
-        for msg in messages:
-            pid = self.partition_of_node[msg.metadata.dst_node_id]
-            handler = evaluate_hetero if msg.metadata.message_type == MessageType.EVALUATE else train_hetero
-            reply = handler(msg, self.run, pid, self.num_clients, self.contexts[pid])
-            reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
-            replies.append(reply)
-        return replies
-
-
-@contextlib.contextmanager
-def message_identity():
-    """Messages need a task identity, which a Flower runtime normally sets (internal API)."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
-    try:
-        yield
-    finally:
-        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
-
-
-def run_in_process(run: RunConfig, num_clients: int, grid: InProcessGrid | None = None) -> dict:
-    grid = grid or InProcessGrid(run, num_clients)
-    with message_identity():
-        return run_hetero(grid, run, grid.nodes())
