@@ -7,47 +7,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from clients.local_training import GRAD_CLIP_NORM, LocalSettings, local_batches
 from fl_app.data.augment import crop_flip, mix_batch, normalize, rand_augment, soft_cross_entropy
 from fl_app.data.images import ImageData
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.run.device import preferred_device
 from fl_app.supernet.space import Subnet
 from fl_app.supernet.subnets import SubnetCache
-
-GRAD_CLIP_NORM = 10.0
-
-
-@dataclass
-class LocalSettings:
-    epochs: int
-    max_steps: int  # 0 = no cap
-    batch_size: int
-    lr: float
-    momentum: float
-    weight_decay: float
-    kd_ratio: float
-    crop_flip: bool
-    randaugment: bool
-    mixup_alpha: float
-    cutmix_alpha: float
-    seed: int
-
-    @staticmethod
-    def from_run(run, lr: float, seed: int) -> "LocalSettings":
-        return LocalSettings(
-            run["local-epochs"],
-            run["max-local-steps"],
-            run["batch-size"],
-            lr,
-            run["momentum"],
-            run["weight-decay"],
-            run["kd-ratio"],
-            run["crop-flip"],
-            run["randaugment"],
-            run["mixup-alpha"],
-            run["cutmix-alpha"],
-            seed,
-        )
 
 
 @dataclass
@@ -99,42 +65,35 @@ def train_subnets(
     num_classes = model.cfg.n_classes
     model.train()
     steps, loss_sum = 0, 0.0
-    for _ in range(settings.epochs):
-        order = torch.randperm(len(data), generator=generator)
-        for start in range(0, len(data), settings.batch_size):
-            idx = order[start : start + settings.batch_size]
-            if len(idx) < 2:  # BatchNorm needs more than one sample
-                continue
-            if settings.max_steps and steps >= settings.max_steps:
-                break
-            images, labels = data.images[idx], data.labels[idx]
-            if settings.crop_flip:
-                images = crop_flip(images, generator)
-            if settings.randaugment:
-                images = rand_augment(images, int(rng.integers(2**31)))
-            # augmentation stays on the CPU (seeded there); the mixed batch moves to the device
-            images, targets = mix_batch(
-                normalize(images), labels, num_classes, settings.mixup_alpha, settings.cutmix_alpha, rng
-            )
-            images, targets = images.to(device), targets.to(device)
+    for idx in local_batches(len(data), settings, generator):
+        images, labels = data.images[idx], data.labels[idx]
+        if settings.crop_flip:
+            images = crop_flip(images, generator)
+        if settings.randaugment:
+            images = rand_augment(images, int(rng.integers(2**31)))
+        # augmentation stays on the CPU (seeded there); the mixed batch moves to the device
+        images, targets = mix_batch(
+            normalize(images), labels, num_classes, settings.mixup_alpha, settings.cutmix_alpha, rng
+        )
+        images, targets = images.to(device), targets.to(device)
 
-            logits = masked(model(images, plan.largest), logit_mask)
-            loss = soft_cross_entropy(logits, targets)
-            loss.backward()
-            teacher = torch.softmax(logits.detach(), dim=1)
-            students = [plan.smallest] if plan.smallest is not None else []
-            if plan.between:
-                students.append(plan.between[rng.integers(len(plan.between))])
-            for arch in students:
-                out = masked(model(images, arch), logit_mask)
-                student_loss = (1 - settings.kd_ratio) * soft_cross_entropy(
-                    out, targets
-                ) + settings.kd_ratio * soft_cross_entropy(out, teacher)
-                student_loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP_NORM, foreach=True)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            steps += 1
-            loss_sum += loss.item()
+        logits = masked(model(images, plan.largest), logit_mask)
+        loss = soft_cross_entropy(logits, targets)
+        loss.backward()
+        teacher = torch.softmax(logits.detach(), dim=1)
+        students = [plan.smallest] if plan.smallest is not None else []
+        if plan.between:
+            students.append(plan.between[rng.integers(len(plan.between))])
+        for arch in students:
+            out = masked(model(images, arch), logit_mask)
+            student_loss = (1 - settings.kd_ratio) * soft_cross_entropy(
+                out, targets
+            ) + settings.kd_ratio * soft_cross_entropy(out, teacher)
+            student_loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP_NORM, foreach=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        steps += 1
+        loss_sum += loss.item()
     model.cpu()
     return {"train-loss": loss_sum / max(steps, 1), "local-steps": steps}

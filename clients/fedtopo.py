@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from clients.feast import GRAD_CLIP_NORM, LocalSettings
+from clients.local_training import GRAD_CLIP_NORM, LocalSettings, local_batches
 from fl_app.data.augment import crop_flip, normalize
 from fl_app.data.images import ImageData
 
@@ -87,26 +87,19 @@ def local_train(model: torch.nn.Module, data: ImageData, settings: LocalSettings
     model.train()
     device = _device_of(model)
     steps, loss_sum = 0, 0.0
-    for _ in range(settings.epochs):
-        order = torch.randperm(len(data), generator=generator)
-        for start in range(0, len(data), settings.batch_size):
-            if settings.max_steps and steps >= settings.max_steps:
-                break
-            idx = order[start : start + settings.batch_size]
-            if len(idx) < 2:  # BatchNorm needs more than one sample
-                continue
-            images = data.images[idx]
-            if settings.crop_flip:
-                images = crop_flip(images, generator)
-            # augmentation stays on the CPU (seeded there); the batch moves to the model's device
-            logits, features = model(normalize(images).to(device), with_features=True)
-            loss = loss_fn(logits, features, data.labels[idx].to(device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP_NORM)
-            optimizer.step()
-            steps += 1
-            loss_sum += loss.item()
+    for idx in local_batches(len(data), settings, generator):
+        images = data.images[idx]
+        if settings.crop_flip:
+            images = crop_flip(images, generator)
+        # augmentation stays on the CPU (seeded there); the batch moves to the model's device
+        logits, features = model(normalize(images).to(device), with_features=True)
+        loss = loss_fn(logits, features, data.labels[idx].to(device))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP_NORM)
+        optimizer.step()
+        steps += 1
+        loss_sum += loss.item()
     return {"train-loss": loss_sum / max(steps, 1), "local-steps": steps}
 
 

@@ -44,7 +44,7 @@ def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = Non
     from fl_app.client_app import local_seed
     from fl_app.models.elastic_resnet import ElasticResNet
     from fl_app.run.config import validate_run_config
-    from fl_app.server_app import cosine_lr
+    from fl_app.run.lr_schedule import lr_schedule
     from fl_app.supernet.evaluation import TierEvaluator
     from fl_app.supernet.federation import Federation, client_data, dataset_for, server_splits
     from fl_app.supernet.slicing import slice_state, subnet_shapes
@@ -71,7 +71,7 @@ def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = Non
         run["num-server-rounds"],
         lambda s: s,
     )
-    lr_of_round = cosine_lr(run)
+    lr_of_round = lr_schedule(run)
     started, client_seconds = time.perf_counter(), 0.0
     for server_round in range(1, run["num-server-rounds"] + 1):
         updates = []

@@ -11,7 +11,8 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients.feast import LocalSettings, SubnetPlan, plan_subnets, train_subnets
+from clients.feast import SubnetPlan, plan_subnets, train_subnets
+from clients.local_training import LocalSettings
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.run.config import SUPERNET_METHODS, RunConfig, validate_run_config
 from fl_app.run.payload import record_to_state, state_to_record

@@ -22,7 +22,6 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 
-from clients.feast import LocalSettings
 from clients.fedtopo import (
     broadcast_problem,
     class_counts,
@@ -33,6 +32,7 @@ from clients.fedtopo import (
     model_is_finite,
 )
 from clients.fedtopo_baselines import FdLoss, class_means_upload, head_upload, load_head, plain_ce, proto_loss
+from clients.local_training import LocalSettings
 from fl_app.data.images import DATASETS, ImageData, load_dataset, split_train, stratified_holdout
 from fl_app.data.partition import make_partitioner, partition_indices
 from fl_app.models.hetero import architecture_of, client_model
@@ -48,10 +48,12 @@ from fl_app.run.checkpoint import (
 )
 from fl_app.run.config import RunConfig
 from fl_app.run.device import preferred_device
+from fl_app.run.lr_schedule import lr_schedule
 from fl_app.run.outputs import plot_accuracy_per_round, prepare_output_dir, write_csv, write_json
 from fl_app.run.payload import record_to_state, state_to_record
-from strategies.fedtopo import FedTopoStrategy, HeteroStrategy, LocalStrategy
-from strategies.fedtopo_baselines import FdStrategy, FedProtoStrategy, FedTgpStrategy, LgFedAvgStrategy
+from strategies.fedtopo import FedTopoStrategy
+from strategies.fedtopo_baselines import FdStrategy, FedProtoStrategy, FedTgpStrategy, LgFedAvgStrategy, LocalStrategy
+from strategies.hetero_base import HeteroStrategy
 
 
 # -- the methods: one row each ----------------------------------------------------------------------------------
@@ -339,13 +341,6 @@ def train_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Cont
 
 
 # -- server --------------------------------------------------------------------------------------------------------
-def lr_of_round(run: RunConfig):
-    base, rounds = run["lr"], run["num-server-rounds"]
-    if run["lr-schedule"] == "constant":
-        return lambda r: base
-    return lambda r: base * 0.5 * (1 + math.cos(math.pi * (r - 1) / rounds))
-
-
 def build_strategy(run: RunConfig, node_of_partition: dict[int, int]):
     """The method's strategy. The server derives every client's split from the seed as the clients do, so it knows
     the size of each training and test split and holds replies to them."""
@@ -360,7 +355,7 @@ def build_strategy(run: RunConfig, node_of_partition: dict[int, int]):
         eval_every=run["eval-every"],
         payload_dtype=run["payload-dtype"],
         min_reply_fraction=run["min-reply-fraction"],
-        lr_of_round=lr_of_round(run),
+        lr_of_round=lr_schedule(run),
         feature_dim=run["feature-dim"],
         train_size_of_partition={pid: len(rows[pid][0]) for pid in node_of_partition},
         test_size_of_partition={pid: len(rows[pid][1]) for pid in node_of_partition},

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from logging import INFO
 
@@ -21,6 +20,7 @@ from fl_app.run.checkpoint import (
     write_round_checkpoint,
 )
 from fl_app.run.config import SUPERNET_METHODS, RunConfig, validate_run_config
+from fl_app.run.lr_schedule import lr_schedule
 from fl_app.run.outputs import (
     ClientRecords,
     memory_mb,
@@ -110,13 +110,6 @@ def check_federation(nodes: dict[int, dict]) -> None:
             )
 
 
-def cosine_lr(run: RunConfig):
-    base, rounds = run["lr"], run["num-server-rounds"]
-    if run["lr-schedule"] == "constant":
-        return lambda r: base
-    return lambda r: base * 0.5 * (1 + math.cos(math.pi * (r - 1) / rounds))
-
-
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     run = validate_run_config(dict(context.run_config))
@@ -141,7 +134,7 @@ def make_supernet_strategy(
         payload_dtype=run["payload-dtype"],
         weighting=run["aggregation-weights"],
         min_reply_fraction=run["min-reply-fraction"],
-        lr_of_round=cosine_lr(run),
+        lr_of_round=lr_schedule(run),
         examples_of_partition=examples_of_partition,
     )
     args = (fed.cfg, fed.cache, budgets, node_of_partition)

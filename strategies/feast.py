@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from logging import INFO, WARNING
 from typing import Iterable
 
@@ -17,7 +16,7 @@ from fl_app.run.payload import RecordState, record_bytes, record_to_state, state
 from fl_app.supernet.slicing import slice_state, state_numel, subnet_shapes
 from fl_app.supernet.space import Subnet, SupernetConfig
 from fl_app.supernet.subnets import SubnetCache
-from strategies.rounds import LiveNodes, RoundLog, sample_partitions
+from strategies.rounds import LiveNodes, RoundLog, run_rounds, sample_partitions
 from strategies.screening import (
     NON_NEGATIVE,
     MetricSpec,
@@ -240,35 +239,20 @@ class FeastStrategy(Strategy):
         first_round: int = 1,
         round_done=None,
     ) -> Result:
-        """Flower's round loop (train, central evaluation) that can continue from ``first_round`` with
-        ``initial_arrays`` as the model after round ``first_round - 1``, and calls ``round_done(round)`` after
-        each round (checkpoints). Client-side evaluation rounds are skipped: FEAST evaluates tiers centrally."""
-        log(INFO, "Starting %s at round %d of %d", type(self).__name__, first_round, num_rounds)
+        """Train rounds ``first_round``..``num_rounds`` (``strategies.rounds.run_rounds``) with central evaluation
+        by ``evaluate_fn``; client-side evaluation rounds are skipped: FEAST evaluates tiers centrally."""
         self.nodes.query_timeout = min(timeout, 60.0)  # a new node answering its partition query
-        self.summary()
-        train_config = train_config or ConfigRecord()
-        result, arrays, started = Result(), initial_arrays, time.time()
-        if evaluate_fn and first_round == 1:
-            evaluate_fn(0, arrays)
-        for server_round in range(first_round, num_rounds + 1):
-            log(INFO, "")
-            log(INFO, "[ROUND %s/%s]", server_round, num_rounds)
-            replies = grid.send_and_receive(
-                self.configure_train(server_round, arrays, train_config, grid), timeout=timeout
-            )
-            arrays, metrics = self.aggregate_train(server_round, replies)
-            result.arrays = arrays
-            result.train_metrics_clientapp[server_round] = metrics
-            log(INFO, "\t└──> %s", metrics)
-            if evaluate_fn:
-                evaluated = evaluate_fn(server_round, arrays)
-                if evaluated is not None:
-                    log(INFO, "\t└──> evaluation: %s", evaluated)
-                    result.evaluate_metrics_serverapp[server_round] = evaluated
-            if round_done:
-                round_done(server_round)
-        log(INFO, "Strategy finished rounds %d-%d in %.1fs", first_round, num_rounds, time.time() - started)
-        return result
+        return run_rounds(
+            self,
+            grid,
+            initial_arrays,
+            num_rounds=num_rounds,
+            timeout=timeout,
+            train_config=train_config,
+            evaluate_fn=evaluate_fn,
+            first_round=first_round,
+            round_done=round_done,
+        )
 
     # -- evaluation is central (tiers on the server); no client-side evaluation rounds ------------------------
     def configure_evaluate(self, server_round, arrays, config, grid):

@@ -1,5 +1,5 @@
-"""Server side of the model-heterogeneous baselines: LG-FedAvg, FD, FedProto, FedTGP (``local`` lives with the
-skeleton in ``strategies.fedtopo``)."""
+"""Server side of the model-heterogeneous baselines: local (no communication), LG-FedAvg, FD, FedProto, FedTGP (the
+shared skeleton is ``strategies.hetero_base``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from flwr.common.logger import log
 from torch import nn
 
-from strategies.fedtopo import HeteroStrategy, absent_rows_problem, counts_problem
+from strategies.hetero_base import HeteroStrategy, absent_rows_problem, counts_problem
 
 
 def weighted_class_means(means: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -19,6 +19,12 @@ def weighted_class_means(means: np.ndarray, counts: np.ndarray) -> tuple[np.ndar
     total = counts.sum(axis=0)
     summed = (np.asarray(means, dtype=np.float64) * counts[:, :, None]).sum(axis=0)
     return summed / np.maximum(total, 1)[:, None], total > 0
+
+
+class LocalStrategy(HeteroStrategy):
+    """No communication: clients train alone (the broadcast is empty and uploads are ignored)."""
+
+    name = "local"
 
 
 class LgFedAvgStrategy(HeteroStrategy):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from clients.feast import LocalSettings, plan_subnets, train_subnets
+from clients.feast import plan_subnets, train_subnets
+from clients.local_training import LocalSettings
 from fl_app.data.images import ImageData
 from fl_app.models.elastic_resnet import ElasticResNet
 

@@ -127,7 +127,8 @@ def test_honest_training_stays_far_inside_the_magnitude_bound(cpu_cfg, cpu_cache
     """Real local training of the full cpu supernet at ten times the default learning rate moves no tensor beyond
     a tenth of the bound (worst seen: BatchNorm running variance, 1.9x its global scale), so the bound that refuses
     1e37 refuses no honest reply."""
-    from clients.feast import LocalSettings, plan_subnets, train_subnets
+    from clients.feast import plan_subnets, train_subnets
+    from clients.local_training import LocalSettings
     from fl_app.data.images import ImageData
     from strategies.screening import RELATIVE_BOUND, magnitude_bound, state_problem
 

@@ -25,8 +25,8 @@ from experiments.in_process_grid import InProcessGrid, run_in_process
 from fl_app.hetero_app import HETERO_METHODS, MODEL_STATE, train_hetero
 from fl_app.run.config import validate_run_config
 from fl_app.run.payload import record_to_state, state_to_record
-from strategies.fedtopo import FedTopoStrategy, LocalStrategy
-from strategies.fedtopo_baselines import FdStrategy, FedProtoStrategy, FedTgpStrategy, LgFedAvgStrategy
+from strategies.fedtopo import FedTopoStrategy
+from strategies.fedtopo_baselines import FdStrategy, FedProtoStrategy, FedTgpStrategy, LgFedAvgStrategy, LocalStrategy
 from tests.hostile import NEVER, Corruption, check_hostile, node_of, run_rounds, standard_corruptions
 
 C, D = 4, 3  # classes, feature dimension

@@ -1,0 +1,62 @@
+"""What every client's local training shares: its settings from the run config and the order of its batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+GRAD_CLIP_NORM = 10.0
+
+
+@dataclass
+class LocalSettings:
+    epochs: int
+    max_steps: int  # 0 = no cap
+    batch_size: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    kd_ratio: float
+    crop_flip: bool
+    randaugment: bool
+    mixup_alpha: float
+    cutmix_alpha: float
+    seed: int
+
+    @staticmethod
+    def from_run(run, lr: float, seed: int) -> "LocalSettings":
+        return LocalSettings(
+            run["local-epochs"],
+            run["max-local-steps"],
+            run["batch-size"],
+            lr,
+            run["momentum"],
+            run["weight-decay"],
+            run["kd-ratio"],
+            run["crop-flip"],
+            run["randaugment"],
+            run["mixup-alpha"],
+            run["cutmix-alpha"],
+            seed,
+        )
+
+
+def local_batches(num_samples: int, settings: LocalSettings, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """Row indices of each training step: every epoch a fresh permutation drawn from ``generator``, cut into batches of
+    ``batch_size``; a final batch of one sample is skipped (BatchNorm needs more than one), and no batch comes after
+    ``max_steps`` (0 = no cap). Every epoch's permutation is drawn even once the cap is reached, and only when the
+    caller asks for the next batch: callers that draw augmentation from the same generator see the same sequence
+    as a plain nested loop over epochs and batches."""
+    steps = 0
+    for _ in range(settings.epochs):
+        order = torch.randperm(num_samples, generator=generator)
+        for start in range(0, num_samples, settings.batch_size):
+            if settings.max_steps and steps >= settings.max_steps:
+                break
+            idx = order[start : start + settings.batch_size]
+            if len(idx) < 2:  # BatchNorm needs more than one sample (batch_size >= 2: only an epoch's last batch)
+                continue
+            yield idx
+            steps += 1
