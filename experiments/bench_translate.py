@@ -12,7 +12,11 @@ cache from an already-computed source cache; prefill_ms is the target's forward 
 logits only). The two are timed in alternation and medians are reported, so a load that comes and goes on a shared
 machine falls on both alike. FLOPs per token are counted by torch's FlopCounterMode (matrix products and attention)
 over one translation and one prefill of each length. Writes the JSON line to
-experiments/results/kvtranslate/bench_translate_<shapes>[_<device>].json as well.
+experiments/results/kvtranslate/bench_translate_<shapes>[_<device>].json as well (--out to change), and a
+table on stderr.
+
+    python -m experiments.bench_translate                       # tiny shapes
+    python -m experiments.bench_translate --shapes real --tokens 128,256,512,1024
 """
 
 import argparse
@@ -28,11 +32,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
+from kvtranslate.cli import HelpFormatter, int_list, print_table  # noqa: E402
 from kvtranslate.corpus import make_item  # noqa: E402
 from kvtranslate.evaluate import time_translate_vs_prefill, translate_and_prefill  # noqa: E402
-from kvtranslate.models import build_tiny, pick_device, set_threads  # noqa: E402
+from kvtranslate.models import ModelPair, build_tiny, pick_device, set_threads  # noqa: E402
+from kvtranslate.pipeline import TRANSLATOR_DEFAULTS, build_translator  # noqa: E402
 from kvtranslate.tokenization import train_tokenizer  # noqa: E402
-from kvtranslate.train import TRAIN_DEFAULTS, build_translator  # noqa: E402
 
 
 def passage_with_tokens(tokenizer, n_tokens, seed=0):
@@ -73,18 +78,29 @@ def flops_per_token(fn, tokens):
     return counter.get_total_flops() / tokens
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.bench_translate",
+        description=__doc__.split("\n")[0],
+        formatter_class=HelpFormatter,
+    )
     parser.add_argument(
         "--shapes",
         choices=("tiny", "real"),
         default="tiny",
         help="tiny: the demo's tiny architectures; real: GPT-2 (124M) -> Qwen2.5-0.5B architectures",
     )
-    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per length (median reported)")
-    parser.add_argument("--tokens", nargs="+", type=int, default=[128, 256, 512, 1024])
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="timed repeats per length, median reported (default 10 tiny, 5 real)"
+    )
+    parser.add_argument(
+        "--tokens",
+        type=int_list,
+        default="128,256,512,1024",
+        help="comma-separated context lengths in tokens",
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda[:N] or auto (CUDA when present)")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch")
     parser.add_argument("--out", default=None, help="JSON file (default: in experiments/results/kvtranslate)")
     args = parser.parse_args(argv)
     try:
@@ -103,8 +119,8 @@ def main(argv=None):
         (source, source_tok), (target, target_tok) = real_shaped_models()
         names = ("gpt2 arch (124M, random weights)", "Qwen2.5-0.5B arch (random weights)")
     repeats = args.repeats or (10 if args.shapes == "tiny" else 5)
-    source, target = source.to(device), target.to(device)
-    translator = build_translator(source, target, TRAIN_DEFAULTS).eval()
+    pair = ModelPair(source.to(device), source_tok, target.to(device), target_tok)
+    translator = build_translator(pair, TRANSLATOR_DEFAULTS).eval()
     params = lambda m: sum(p.numel() for p in m.parameters())
     embedding = target.get_input_embeddings().weight.numel()
     result = dict(
@@ -127,8 +143,8 @@ def main(argv=None):
     )
     for n in args.tokens:
         text = passage_with_tokens(target_tok, n)
-        t = time_translate_vs_prefill(source, source_tok, target, target_tok, translator, text, repeats)
-        translate, prefill = translate_and_prefill(source, source_tok, target, target_tok, translator, text)
+        t = time_translate_vs_prefill(pair, translator, text, repeats)
+        translate, prefill = translate_and_prefill(pair, translator, text)
         result["tokens"].append(t["tokens"])
         result["translate_ms"].append(round(t["translate_ms"], 2))
         result["prefill_ms"].append(round(t["prefill_ms"], 2))
@@ -141,6 +157,8 @@ def main(argv=None):
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
+    columns = ("tokens", "translate_ms", "prefill_ms", "ratio", "translator_flops_per_token", "target_flops_per_token")
+    print_table(columns, list(zip(*(result[c] for c in columns))))
 
 
 if __name__ == "__main__":

@@ -24,8 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kvtranslate.corpus import make_dataset  # noqa: E402
 from kvtranslate.evaluate import qa_scores  # noqa: E402
-from kvtranslate.models import load_model, set_threads  # noqa: E402
-from kvtranslate.train import encode_pair_items, train_translator  # noqa: E402
+from kvtranslate.models import load_pair, set_threads  # noqa: E402
+from kvtranslate.pipeline import encode_pair_items  # noqa: E402
+from kvtranslate.train import train_translator  # noqa: E402
 
 # largest allowed |cuda - cpu| per number (accuracy and F1 on 100 passages move in steps of 0.01)
 TOLERANCE = dict(last_loss_rel=0.15, acc=0.05, f1=0.05, direct_acc=0.02)
@@ -33,15 +34,13 @@ TOLERANCE = dict(last_loss_rel=0.15, acc=0.05, f1=0.05, direct_acc=0.02)
 
 def run(device, steps, n_eval, source_name, target_name):
     t0 = time.time()
-    source, source_tok = load_model(source_name, device=device)
-    target, target_tok = load_model(target_name, device=device)
+    pair = load_pair(source_name, target_name, device)
     translator, history, _ = train_translator(
-        source, source_tok, target, target_tok, log=lambda line: None, steps=steps, seed=0, n_train=max(64, 16 * steps)
+        pair, log=lambda line: None, steps=steps, seed=0, n_train=max(64, 16 * steps)
     )
-    data = encode_pair_items(source_tok, target_tok, make_dataset(n_eval, seed=7, split="eval"))
-    models = (source, source_tok, target, target_tok)
-    translated = qa_scores(data, "translated", *models, translator)[0]
-    direct = qa_scores(data, "direct", *models)[0]
+    data = encode_pair_items(pair, make_dataset(n_eval, seed=7, split="eval"))
+    translated = qa_scores(data, "translated", pair, translator)[0]
+    direct = qa_scores(data, "direct", pair)[0]
     return dict(
         device=str(device),
         steps=steps,

@@ -3,18 +3,22 @@
 Builds the real-shaped models of bench_translate.py (random weights), translates a context of each length a few
 times under torch.profiler (one thread, batch 1) and writes the operator table sorted by self CPU time, plus the
 milliseconds per call, to experiments/results/kvtranslate/profile_translate_real.txt (`--out` to change).
-`--root` profiles the package of another checkout (the translate step is built from functions both have), e.g. the
-tree before the embedding-window projection:
+`--root` profiles the package of another checkout (checkouts from before `kvtranslate.pipeline` existed keep
+these functions in `kvtranslate.train` and take the four models one by one), e.g. the tree before the
+embedding-window projection:
 
-    python experiments/kvtranslate_profile.py --tokens 256 512
-    python experiments/kvtranslate_profile.py --root /work/base \
+    python -m experiments.kvtranslate_profile --tokens 256,512
+    python -m experiments.kvtranslate_profile --root /work/base \
         --out experiments/results/kvtranslate/profile_translate_real_before.txt
 """
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -23,12 +27,45 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT = os.path.join(HERE, "results", "kvtranslate", "profile_translate_real.txt")
 
 
-def translate_step(source, source_tok, target, target_tok, translator, text):
-    """The translate part of evaluate.time_translate_vs_prefill, from functions every version of the package has."""
+def has_pipeline() -> bool:
+    """Whether the imported kvtranslate has the pipeline module (and the ModelPair API)."""
+    return importlib.util.find_spec("kvtranslate.pipeline") is not None
+
+
+def make_translator(source: Any, source_tok: Any, target: Any, target_tok: Any) -> Any:
+    """The demo's MoT translator for the pair, with either version's API."""
+    if has_pipeline():
+        from kvtranslate.models import ModelPair
+        from kvtranslate.pipeline import TRANSLATOR_DEFAULTS, build_translator
+
+        return build_translator(ModelPair(source, source_tok, target, target_tok), TRANSLATOR_DEFAULTS).eval()
+    from kvtranslate.train import TRAIN_DEFAULTS, build_translator
+
+    return build_translator(source, target, TRAIN_DEFAULTS).eval()
+
+
+def translate_step(
+    source: Any, source_tok: Any, target: Any, target_tok: Any, translator: Any, text: str
+) -> Callable[[], Any]:
+    """The translate part of evaluate.time_translate_vs_prefill, with either version's API."""
     from kvtranslate.align import align_offsets, char_offsets
     from kvtranslate.cache import DynamicCache, extract_kv, inject_kv
     from kvtranslate.models import forward
-    from kvtranslate.train import translate_batch
+
+    if has_pipeline():
+        from kvtranslate.models import ModelPair
+        from kvtranslate.pipeline import translate_batch
+
+        pair = ModelPair(source, source_tok, target, target_tok)
+
+        def translate_kv(batch: dict[str, Any], source_kv: Any) -> Any:
+            return translate_batch(translator, pair, batch, source_kv=source_kv)
+
+    else:
+        from kvtranslate.train import translate_batch
+
+        def translate_kv(batch: dict[str, Any], source_kv: Any) -> Any:
+            return translate_batch(translator, source, target, batch, source_kv=source_kv)
 
     src_ids, src_off = char_offsets(source_tok, text)
     tgt_ids, tgt_off = char_offsets(target_tok, text)
@@ -41,31 +78,36 @@ def translate_step(source, source_tok, target, target_tok, translator, text):
     def translate():
         index = torch.tensor([align_offsets(src_off, tgt_off)])
         kv_src = extract_kv(source, DynamicCache(ddp_cache_data=raw), s_mask)
-        kv, _ = translate_batch(
-            translator, source, target, dict(tgt_ids=t_ids, tgt_mask=t_mask, index=index), source_kv=kv_src
-        )
+        kv, _ = translate_kv(dict(tgt_ids=t_ids, tgt_mask=t_mask, index=index), kv_src)
         return inject_kv(target, kv, t_mask)
 
     return translate
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tokens", nargs="+", type=int, default=[256, 512])
-    parser.add_argument("--repeats", type=int, default=3)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.kvtranslate_profile",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,  # kvtranslate loads from --root, after parsing
+    )
+    parser.add_argument(
+        "--tokens",
+        type=lambda text: [int(t) for t in text.split(",") if t.strip()],
+        default="256,512",
+        help="comma-separated context lengths in tokens",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="profiled translations per length")
     parser.add_argument("--rows", type=int, default=15, help="operators listed per length")
-    parser.add_argument("--out", default=DEFAULT_OUT)
+    parser.add_argument("--out", default=DEFAULT_OUT, help="text file for the operator tables")
     parser.add_argument("--root", default=os.path.dirname(HERE), help="checkout whose kvtranslate is profiled")
     args = parser.parse_args(argv)
     sys.path[:0] = [args.root, os.path.join(args.root, "experiments")]
     from bench_translate import passage_with_tokens, real_shaped_models
 
-    from kvtranslate.train import TRAIN_DEFAULTS, build_translator
-
     torch.set_num_threads(1)
     torch.manual_seed(0)
     (source, source_tok), (target, target_tok) = real_shaped_models()
-    translator = build_translator(source, target, TRAIN_DEFAULTS).eval()
+    translator = make_translator(source, source_tok, target, target_tok)
     params = sum(p.numel() for p in translator.parameters())
     lines = [
         f"kvtranslate of {os.path.abspath(args.root)}; translator: mot, {params:,} parameters; one thread, "

@@ -7,8 +7,8 @@ bench_translate_real.json and bench_translate_tiny.json (experiments/bench_trans
 (experiments/translate_heldout.py) and retention_study_summary.json (experiments/kvtranslate_retention.py) where it
 exists; the checkpoints' own kvtranslate.json; kvtranslate/history/translator_trials.jsonl.
 
-    python experiments/kvtranslate_report.py            # rewrites kvtranslate/README.md
-    python experiments/kvtranslate_report.py --check    # exit 1 if the README is not up to date
+    python -m experiments.kvtranslate_report            # rewrites the READMEs' generated tables
+    python -m experiments.kvtranslate_report --check    # exit 1 if a README is not up to date
 """
 
 import argparse
@@ -18,6 +18,10 @@ import re
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from kvtranslate.cli import HelpFormatter, comma_list  # noqa: E402
+
 README = os.path.join(REPO, "kvtranslate", "README.md")
 CHECKPOINTS_README = os.path.join(REPO, "kvtranslate", "checkpoints", "README.md")
 TOP_README = os.path.join(REPO, "README.md")  # only its kvtranslate-headline block
@@ -210,44 +214,65 @@ def bench_table(real, tiny):
     return "\n\n".join(parts)
 
 
+def mean_ci(entry, key):
+    """'mean ± half-width' of a summary entry's metric ('–' when absent)."""
+    m = entry.get(key)
+    return "–" if m is None else fmt(m["mean"]) + ("" if m["ci95"] is None else f" ± {fmt(m['ci95'])}")
+
+
 def retention_study_table(study):
+    """experiments/kvtranslate_retention.py's summary: each variant over seeds, then the paired differences to
+    each baseline variant."""
     if study is None:
-        return "Not run yet (`experiments/kvtranslate_retention.py`)."
-    rows = []
-    for name, v in study["variants"].items():
-
-        def ci(key, v=v):
-            m = v.get(key)
-            return "–" if m is None else fmt(m["mean"]) + ("" if m["ci95"] is None else f" ± {fmt(m['ci95'])}")
-
-        first = next(iter(study["variants"]))
-        rows.append(
-            [
-                f"`{name}`",
-                ", ".join(map(str, v["seeds"])),
-                ci("heldout_phrasing_retention"),
-                ci("training_phrasing_retention"),
-                ci("long_retention"),
-                ci("heldout_phrasing_acc"),
-                ci(f"heldout_phrasing_retention_minus_{first}"),
-                ci(f"long_retention_minus_{first}"),
-            ]
-        )
+        return "Not run yet (`python -m experiments.kvtranslate_retention`)."
+    variants = study["variants"]
+    baselines = study.get("baselines") or [next(iter(variants))]
+    rows = [
+        [f"`{name}`", ", ".join(map(str, v["seeds"])), ", ".join(map(str, v.get("steps", [])))]
+        + [
+            mean_ci(v, key)
+            for key in (
+                "heldout_phrasing_retention",
+                "training_phrasing_retention",
+                "long_retention",
+                "heldout_phrasing_acc",
+                "heldout_phrasing_binding_acc",
+            )
+        ]
+        for name, v in variants.items()
+    ]
+    differences = [
+        [f"`{name}`", f"`{b}`", ", ".join(map(str, v["seeds"]))]
+        + [mean_ci(v, f"{key}_minus_{b}") for key in ("heldout_phrasing_retention", "long_retention")]
+        for b in baselines
+        for name, v in variants.items()
+        if f"heldout_phrasing_retention_minus_{b}" in v
+    ]
     return (
-        f"`{study['source']}` -> `{study['target']}`, mean ± 95% t-interval over seeds (differences paired by "
-        f"seed):\n\n"
+        f"`{study['source']}` -> `{study['target']}`, mean ± 95% t-interval over seeds:\n\n"
         + table(
             [
                 "translator",
                 "seeds",
+                "steps",
                 "held-out phrasing F1 retention",
                 "training phrasing F1 retention",
                 "long-context F1 retention",
                 "held-out phrasing acc",
-                f"held-out phrasing retention minus `{first}`",
-                f"long-context retention minus `{first}`",
+                "held-out phrasing binding acc",
             ],
             rows,
+        )
+        + "\n\nPaired differences (same seed; an interval that excludes 0 is beyond seed-to-seed spread):\n\n"
+        + table(
+            [
+                "translator",
+                "minus",
+                "seeds paired",
+                "held-out phrasing retention difference",
+                "long-context retention difference",
+            ],
+            differences,
         )
     )
 
@@ -425,10 +450,19 @@ def apply(text, blocks):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.kvtranslate_report",
+        description=__doc__.split("\n")[0],
+        formatter_class=HelpFormatter,
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 if the README's tables are out of date")
     parser.add_argument("--demo", default=DEMO, help="folder of the demo's summary.json and details.json")
-    parser.add_argument("--readme", nargs="+", default=[README, CHECKPOINTS_README, TOP_README])
+    parser.add_argument(
+        "--readme",
+        type=comma_list,
+        default=",".join([README, CHECKPOINTS_README, TOP_README]),
+        help="comma-separated READMEs whose generated blocks are rewritten in place (or checked)",
+    )
     args = parser.parse_args(argv)
     blocks, stale = render(args.demo), []
     for path in args.readme:

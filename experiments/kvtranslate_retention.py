@@ -5,14 +5,15 @@ Each run trains one translator variant for one seed on the pair (training names 
 direct reading and the translated cache on three fixed sets: held-out names with held-out fact/question templates
 (`heldout_phrasing`), held-out names with the training templates (`training_phrasing`) and long passages of 22
 facts (`long`). F1 retention = translated F1 / direct F1 on the same set. One JSON line per run is appended to
-OUT (default experiments/results/kvtranslate/retention_study.jsonl); `--summary` rewrites the per-variant means
-with 95% t-intervals over seeds and paired differences to the first variant (`..._summary.json`).
+OUT (default experiments/results/kvtranslate/retention_study.jsonl) and printed; the summary (`..._summary.json`,
+rewritten after the runs, or alone with `--summary`) gives per-variant means with 95% t-intervals over seeds and
+paired differences (same seed) to each of `--baselines`. A table of the summary goes to stderr.
 
-    python experiments/kvtranslate_retention.py --variants mot mot:phrase_mix=0.5 --seeds 0 1 2
-    python experiments/kvtranslate_retention.py --summary
+    python -m experiments.kvtranslate_retention --variants mot,mot:phrase_mix=0.5 --seeds 0,1,2
+    python -m experiments.kvtranslate_retention --summary --baselines mot,mot:phrase_mix=0.5
 
-A variant is a translator kind with optional training overrides: `mot`, `single`, `shared-latent`,
-`mot:phrase_mix=0.5,w_ccl=0`.
+A variant is a translator kind with optional training overrides, each after a colon: `mot`, `single`,
+`shared-latent`, `mot:phrase_mix=0.5:w_ccl=3`.
 """
 
 import argparse
@@ -22,25 +23,28 @@ import os
 import statistics
 import sys
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from kvtranslate.cli import HelpFormatter, comma_list, int_list, print_table  # noqa: E402
 from kvtranslate.corpus import make_dataset  # noqa: E402
-from kvtranslate.demo import long_items  # noqa: E402
+from kvtranslate.demo import long_items, position_limit  # noqa: E402
 from kvtranslate.evaluate import qa_scores  # noqa: E402
-from kvtranslate.models import load_model, pick_device, set_threads  # noqa: E402
-from kvtranslate.train import TRAIN_DEFAULTS, encode_pair_items, train_translator  # noqa: E402
+from kvtranslate.models import ModelPair, load_pair, pick_device, set_threads  # noqa: E402
+from kvtranslate.pipeline import EncodedItem, encode_pair_items  # noqa: E402
+from kvtranslate.train import TRAIN_DEFAULTS, train_translator  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "kvtranslate")
 DEFAULT_OUT = os.path.join(RESULTS, "retention_study.jsonl")
 SETS = ("heldout_phrasing", "training_phrasing", "long")
 
 
-def parse_variant(text):
-    """'mot:phrase_mix=0.5,w_ccl=0' -> {"kind": "mot", "phrase_mix": 0.5, "w_ccl": 0.0}."""
-    kind, _, rest = text.partition(":")
-    overrides = dict(kind=kind)
-    for part in filter(None, rest.split(",")):
+def parse_variant(text: str) -> dict[str, Any]:
+    """'mot:phrase_mix=0.5:w_ccl=0' -> {"kind": "mot", "phrase_mix": 0.5, "w_ccl": 0.0}."""
+    kind, *rest = text.split(":")
+    overrides: dict[str, Any] = dict(kind=kind)
+    for part in filter(None, rest):
         key, _, value = part.partition("=")
         if key not in TRAIN_DEFAULTS:
             raise ValueError(f"variant {text!r}: {key!r} is not a training setting (allowed: {sorted(TRAIN_DEFAULTS)})")
@@ -49,22 +53,18 @@ def parse_variant(text):
     return overrides
 
 
-def eval_sets(source_tok, target_tok, target, n, n_long, seed=99):
-    limit = min(
-        target.config.max_position_embeddings
-        if hasattr(target.config, "max_position_embeddings")
-        else target.config.n_positions,
-        256,
-    )
+def eval_sets(pair: ModelPair, n: int, n_long: int, seed: int = 99) -> dict[str, list[EncodedItem]]:
+    """The three fixed evaluation sets (SETS), encoded for the pair."""
+    tokenizers = [pair.source_tok, pair.target_tok]
     items = dict(
         heldout_phrasing=make_dataset(n, seed=seed, split="eval", template_split="eval"),
         training_phrasing=make_dataset(n, seed=seed, split="eval", template_split="train"),
-        long=long_items(n_long, seed + 1, [source_tok, target_tok], limit, 22),
+        long=long_items(n_long, seed + 1, tokenizers, position_limit(pair.target), 22),
     )
-    return {k: encode_pair_items(source_tok, target_tok, v) for k, v in items.items()}
+    return {k: encode_pair_items(pair, v) for k, v in items.items()}
 
 
-def t_interval(values):
+def t_interval(values: list[float]) -> tuple[float, float | None]:
     """Mean and half-width of the 95% t-interval (None for a single value)."""
     mean = statistics.fmean(values)
     if len(values) < 2:
@@ -73,58 +73,108 @@ def t_interval(values):
     return mean, t * statistics.stdev(values) / math.sqrt(len(values))
 
 
-def summarise(path):
+def summarise(path: str, baselines: list[str] | None = None) -> dict[str, Any]:
+    """Per variant: mean and 95% t-interval over seeds of every metric, and the paired difference (same seed) to
+    each baseline variant (default: the first variant in the file). Writes ..._summary.json beside `path`."""
     runs = [json.loads(line) for line in open(path)]
     variants = list(dict.fromkeys(r["variant"] for r in runs))
+    baselines = baselines or variants[:1]
+    unknown = [b for b in baselines if b not in variants]
+    if unknown:
+        raise ValueError(f"--baselines {unknown} have no runs in {path} (variants there: {variants})")
     metrics = [f"{s}_{m}" for s in SETS for m in ("f1", "retention", "acc", "binding_acc")]
-    summary = dict(source=runs[0]["source"], target=runs[0]["target"], variants={})
-    base = {r["seed"]: r for r in runs if r["variant"] == variants[0]}
+    summary: dict[str, Any] = dict(source=runs[0]["source"], target=runs[0]["target"], baselines=baselines, variants={})
     for v in variants:
         rows = [r for r in runs if r["variant"] == v]
-        entry = dict(seeds=sorted(r["seed"] for r in rows))
+        entry: dict[str, Any] = dict(seeds=sorted(r["seed"] for r in rows), steps=sorted({r["steps"] for r in rows}))
         for m in metrics:
             values = [r[m] for r in rows if r.get(m) is not None]
             if values:
                 entry[m] = dict(zip(("mean", "ci95"), t_interval(values)))
-            paired = [r[m] - base[r["seed"]][m] for r in rows if r["seed"] in base and r.get(m) is not None]
-            if v != variants[0] and paired:
-                entry[f"{m}_minus_{variants[0]}"] = dict(zip(("mean", "ci95"), t_interval(paired)))
+        for b in baselines:
+            base = {r["seed"]: r for r in runs if r["variant"] == b}
+            for m in metrics:
+                paired = [r[m] - base[r["seed"]][m] for r in rows if r["seed"] in base and r.get(m) is not None]
+                if v != b and paired:
+                    entry[f"{m}_minus_{b}"] = dict(zip(("mean", "ci95"), t_interval(paired)))
         summary["variants"][v] = entry
     out = path.replace(".jsonl", "_summary.json")
     with open(out, "w") as f:
         json.dump(summary, f, indent=1)
     print(json.dumps(summary))
+    print_summary(summary)
+    return summary
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--source", default="tiny-gpt2")
-    parser.add_argument("--target", default="tiny-qwen2")
-    parser.add_argument("--variants", nargs="+", default=["mot", "single", "shared-latent"])
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=TRAIN_DEFAULTS["steps"])
+def mean_ci(entry: dict[str, Any], key: str) -> str:
+    m = entry.get(key)
+    if m is None:
+        return "-"
+    return f"{m['mean']:.3f}" + ("" if m["ci95"] is None else f" +- {m['ci95']:.3f}")
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """Means +- 95% t-interval per variant, then the paired differences to each baseline (stderr)."""
+    keys = ("heldout_phrasing_retention", "training_phrasing_retention", "long_retention")
+    print_table(
+        ["variant", "seeds", *keys],
+        [[v, ",".join(map(str, e["seeds"]))] + [mean_ci(e, k) for k in keys] for v, e in summary["variants"].items()],
+    )
+    rows = [
+        [v, b] + [mean_ci(e, f"{k}_minus_{b}") for k in keys]
+        for b in summary["baselines"]
+        for v, e in summary["variants"].items()
+        if f"{keys[0]}_minus_{b}" in e
+    ]
+    print_table(["variant", "minus", *keys], rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.kvtranslate_retention",
+        description=__doc__.split("\n")[0],
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("--source", default="tiny-gpt2", help="source model (tiny name, folder or hub id)")
+    parser.add_argument("--target", default="tiny-qwen2", help="target model (tiny name, folder or hub id)")
+    parser.add_argument(
+        "--variants",
+        type=comma_list,
+        default="mot,single,shared-latent",
+        help="comma-separated variants: a kind with overrides after colons (mot:phrase_mix=0.5:w_ccl=3)",
+    )
+    parser.add_argument("--seeds", type=int_list, default="0,1,2", help="comma-separated translator seeds")
+    parser.add_argument("--steps", type=int, default=TRAIN_DEFAULTS["steps"], help="translator training steps")
     parser.add_argument("--n", type=int, default=300, help="passages per short set")
     parser.add_argument("--n-long", type=int, default=100, help="long passages")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=DEFAULT_OUT)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda[:N] or auto")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch")
+    parser.add_argument("--out", default=DEFAULT_OUT, help="JSON-lines file the runs are appended to")
+    parser.add_argument(
+        "--baselines",
+        type=comma_list,
+        default=None,
+        help="comma-separated variants the summary's paired differences are taken to (default: the first in OUT)",
+    )
     parser.add_argument("--summary", action="store_true", help="only rewrite the summary of OUT")
     args = parser.parse_args(argv)
     if args.summary:
-        return summarise(args.out)
-    variants = {v: parse_variant(v) for v in args.variants}
-    set_threads(args.threads)
-    device = pick_device(args.device)
-    source, source_tok = load_model(args.source, device=device)
-    target, target_tok = load_model(args.target, device=device)
-    models = (source, source_tok, target, target_tok)
-    data = eval_sets(source_tok, target_tok, target, args.n, args.n_long)
-    direct = {k: qa_scores(d, "direct", *models)[0] for k, d in data.items()}
+        summarise(args.out, args.baselines)
+        return
+    try:
+        variants = {v: parse_variant(v) for v in args.variants}
+        set_threads(args.threads)
+        device = pick_device(args.device)
+    except ValueError as e:
+        parser.error(str(e))
+    pair = load_pair(args.source, args.target, device)
+    data = eval_sets(pair, args.n, args.n_long)
+    direct = {k: qa_scores(d, "direct", pair)[0] for k, d in data.items()}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     for seed in args.seeds:
         for name, overrides in variants.items():
             t0 = time.time()
-            translator = train_translator(*models, log=lambda line: None, steps=args.steps, seed=seed, **overrides)[0]
+            translator = train_translator(pair, log=lambda line: None, steps=args.steps, seed=seed, **overrides)[0]
             row = dict(
                 source=args.source,
                 target=args.target,
@@ -135,7 +185,7 @@ def main(argv=None):
                 device=str(device),
             )
             for k, d in data.items():
-                scores = qa_scores(d, "translated", *models, translator)[0]
+                scores = qa_scores(d, "translated", pair, translator)[0]
                 row.update({f"{k}_{m}": scores[m] for m in ("acc", "binding_acc", "f1")})
                 row.update({f"{k}_direct_{m}": direct[k][m] for m in ("acc", "f1")})
                 row[f"{k}_retention"] = scores["f1"] / max(direct[k]["f1"], 1e-9)
@@ -143,7 +193,7 @@ def main(argv=None):
             print(json.dumps(row), flush=True)
             with open(args.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
-    summarise(args.out)
+    summarise(args.out, args.baselines)
 
 
 if __name__ == "__main__":

@@ -8,13 +8,15 @@ of `--pairs` (key, value, separator) triples over 300 keys and 300 values, then 
 attention by position only) shows that the same model and optimiser learn attention quickly when no content
 matching is needed. Chance on recall is about 1 / pairs once the model knows which values are in the context.
 
-    python experiments/probe_recall.py --model tiny-qwen2 --steps 3000 --lr 1e-3               # HF init: chance
-    python experiments/probe_recall.py --model tiny-qwen2 --steps 3000 --lr 1e-3 --init torch  # learns it
-    python experiments/probe_recall.py --model tiny-qwen2 --steps 4000 --lr 1e-3 --init torch --gap 2
+    python -m experiments.probe_recall --model tiny-qwen2 --steps 3000 --lr 1e-3               # HF init: chance
+    python -m experiments.probe_recall --model tiny-qwen2 --steps 3000 --lr 1e-3 --init torch  # learns it
+    python -m experiments.probe_recall --model tiny-qwen2 --steps 4000 --lr 1e-3 --init torch --gap 2 \
+        --out experiments/results/kvtranslate/probe_recall_tiny-qwen2_torch-init_lr1e-3_gap2.json
 
 --gap, --query-gap and --key-tokens add, one at a time or together, what separates the fact corpus from the
 bare task: words between a name and its value, words between the asked name and the answer, multi-token names.
-Outputs of every setting that was run: experiments/results/kvtranslate/probe_recall_*.json.
+Outputs of every setting that was run: experiments/results/kvtranslate/probe_recall_*.json (the JSON line, written
+to --out as well when given; a table of the accuracy curves goes to stderr).
 """
 
 import argparse
@@ -29,6 +31,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from kvtranslate.cli import HelpFormatter, print_table  # noqa: E402
 from kvtranslate.models import INITS, TINY_SPECS, build_tiny, forward  # noqa: E402
 from kvtranslate.tokenization import train_tokenizer  # noqa: E402
 
@@ -83,15 +86,19 @@ def train_probe(model, make_batch, steps, lr, every):
     return curve
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=sorted(TINY_SPECS), default="tiny-qwen2")
-    parser.add_argument("--steps", type=int, default=1500)
-    parser.add_argument("--control-steps", type=int, default=300)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--pairs", type=int, default=4)
-    parser.add_argument("--queries", type=int, default=8)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.probe_recall",
+        description=__doc__.split("\n")[0],
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("--model", choices=sorted(TINY_SPECS), default="tiny-qwen2", help="tiny architecture probed")
+    parser.add_argument("--steps", type=int, default=1500, help="training steps of the recall task")
+    parser.add_argument("--control-steps", type=int, default=300, help="training steps of the copy control")
+    parser.add_argument("--batch", type=int, default=32, help="sequences per step")
+    parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    parser.add_argument("--pairs", type=int, default=4, help="(key, value) pairs per sequence")
+    parser.add_argument("--queries", type=int, default=8, help="queries per sequence")
     parser.add_argument("--gap", type=int, default=0, help="filler tokens between each key and its value")
     parser.add_argument(
         "--query-gap",
@@ -112,13 +119,14 @@ def main(argv=None):
         default="hf",
         help="hf: HF's N(0, 0.02), tied embeddings (the first checkpoints); torch: PyTorch's scales, untied",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the model init and the sequences")
+    parser.add_argument("--out", help="also write the JSON line to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     tokenizer = train_tokenizer(1024)  # ids only; every probe token id must fit the vocabulary
     spec = dict(TINY_SPECS[args.model], vocab=1024, **({"layers": args.layers} if args.layers else {}))
     TINY_SPECS[args.model] = spec
-    result = dict(model=args.model, spec=spec, **{k: v for k, v in vars(args).items() if k != "model"})
+    result = dict(model=args.model, spec=spec, **{k: v for k, v in vars(args).items() if k not in ("model", "out")})
     start = time.time()
     model, _ = build_tiny(args.model, args.seed, tokenizer, init=args.init)
     gen = torch.Generator().manual_seed(args.seed)
@@ -135,6 +143,14 @@ def main(argv=None):
     )
     result["minutes"] = round((time.time() - start) / 60, 2)
     print(json.dumps(result))
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(json.dumps(result) + "\n")
+    print_table(
+        ["task", "step", "loss", "acc"],
+        [[task, p["step"], p["loss"], p["acc"]] for task in ("control_copy", "recall") for p in result[task]],
+    )
 
 
 if __name__ == "__main__":

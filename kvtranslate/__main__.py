@@ -1,21 +1,29 @@
-"""Command line: python -m kvtranslate pretrain|train|eval|demo --help"""
+"""Command line: python -m kvtranslate pretrain|train|eval|demo --help
+
+Every subcommand prints JSON on stdout (one object, or one line per event) and a short table on stderr."""
 
 import argparse
 import json
 import os
 import sys
+from typing import Any
+
+from .cli import HelpFormatter, comma_list, print_table
+
+PROG = "python -m kvtranslate"
+FORMATTER = HelpFormatter
 
 
-def add_train_args(p):
+def add_train_args(p: argparse.ArgumentParser) -> None:
     from .train import TRAIN_DEFAULTS as D
     from .translators import GATINGS, KINDS
 
     p.add_argument("--kind", choices=KINDS, default=D["kind"], help="translator type")
-    p.add_argument("--steps", type=int, default=D["steps"])
-    p.add_argument("--batch", type=int, default=D["batch"])
-    p.add_argument("--lr", type=float, default=D["lr"])
+    p.add_argument("--steps", type=int, default=D["steps"], help="training steps")
+    p.add_argument("--batch", type=int, default=D["batch"], help="passages per step")
+    p.add_argument("--lr", type=float, default=D["lr"], help="AdamW learning rate (warm-up, linear decay)")
     p.add_argument("--k-layers", type=int, default=D["k_layers"], help="source layers read per target layer")
-    p.add_argument("--hidden", type=int, default=D["hidden"])
+    p.add_argument("--hidden", type=int, default=D["hidden"], help="hidden width of each expert / projector")
     p.add_argument(
         "--window",
         type=int,
@@ -28,9 +36,9 @@ def add_train_args(p):
         default=D["embed_dim"],
         help="target embeddings wider than this are first projected to it (one shared map)",
     )
-    p.add_argument("--n-experts", type=int, default=D["n_experts"])
-    p.add_argument("--gating", choices=GATINGS, default=D["gating"])
-    p.add_argument("--top-k", type=int, default=D["top_k"])
+    p.add_argument("--n-experts", type=int, default=D["n_experts"], help="experts per target layer (mot)")
+    p.add_argument("--gating", choices=GATINGS, default=D["gating"], help="router of the mot experts")
+    p.add_argument("--top-k", type=int, default=D["top_k"], help="experts kept per token with --gating topk")
     p.add_argument("--w-rec", type=float, default=D["w_rec"], help="KV reconstruction weight")
     p.add_argument("--w-ccl", type=float, default=D["w_ccl"], help="context correction loss weight (0 = off)")
     p.add_argument("--w-hidden", type=float, default=D["w_hidden"], help="CCL hidden-state term weight")
@@ -49,23 +57,33 @@ def add_train_args(p):
         default=D["phrase_mix"],
         help="share of training facts phrased with random words of the training templates (variety)",
     )
-    p.add_argument("--seed", type=int, default=D["seed"])
+    p.add_argument("--seed", type=int, default=D["seed"], help="seed of the training passages, init and sampling")
 
 
-def train_overrides(args):
+def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The training settings the command line gives (every TRAIN_DEFAULTS key that has a flag)."""
     from .train import TRAIN_DEFAULTS
 
     return {key: getattr(args, key) for key in TRAIN_DEFAULTS if hasattr(args, key)}
 
 
-def is_committed_checkpoints(folder):
+def add_device_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="cpu, cuda[:N] or auto (CUDA when present)")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads for torch (the machine is shared)")
+
+
+def add_pair_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--source", required=True, help="tiny model name, local folder or hub id (e.g. gpt2)")
+    p.add_argument("--target", required=True, help="tiny model name, local folder or hub id (e.g. Qwen/Qwen2.5-0.5B)")
+
+
+def is_committed_checkpoints(folder: str) -> bool:
     from .models import CHECKPOINT_DIR
 
     return os.path.realpath(folder) == os.path.realpath(CHECKPOINT_DIR)
 
 
-def pretrain_log_path(args):
+def pretrain_log_path(args: argparse.Namespace) -> str:
     """--log, else OUT/pretrain_log.jsonl; the committed checkpoints' log lives with the results, not beside them."""
     from .models import RESULTS_DIR
 
@@ -74,31 +92,7 @@ def pretrain_log_path(args):
     return os.path.join(RESULTS_DIR if is_committed_checkpoints(args.out) else args.out, "pretrain_log.jsonl")
 
 
-def cmd_pretrain(args):
-    from .pretrain import pretrain
-
-    os.makedirs(args.out, exist_ok=True)
-    log_path = pretrain_log_path(args)
-    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
-    with open(log_path, "a") as log_file:
-
-        def log(line):
-            print(line, flush=True)
-            log_file.write(line + "\n")
-            log_file.flush()
-
-        log(json.dumps(dict(event="command", argv=sys.argv)))
-        from .models import TINY_SPECS
-        from .tokenization import load_tokenizer
-
-        for name in args.models:
-            # models that share a tokenizer reuse the one saved with its owner
-            owner = os.path.join(args.out, TINY_SPECS[name]["tokenizer"])
-            shared = load_tokenizer(owner) if owner != os.path.join(args.out, name) and os.path.isdir(owner) else None
-            pretrain(name, out_dir=args.out, log=log, tokenizer=shared, **pretrain_settings(args, name))
-
-
-def pretrain_settings(args, name):
+def pretrain_settings(args: argparse.Namespace, name: str) -> dict[str, Any]:
     """The pretraining settings the command line gives model `name` (--steps may differ per model)."""
     steps = args.steps[name] if isinstance(args.steps, dict) else args.steps
     return dict(
@@ -115,14 +109,15 @@ def pretrain_settings(args, name):
     )
 
 
-def parse_steps(values, models):
-    """--steps 3000 (all models) or --steps tiny-gpt2=3000 tiny-qwen2=5000."""
+def parse_steps(text: str, models: list[str]) -> int | dict[str, int]:
+    """--steps 3000 (all models) or --steps tiny-gpt2=3000,tiny-qwen2=5000."""
+    values = comma_list(text)
     if len(values) == 1 and "=" not in values[0]:
         return int(values[0])
     steps = {}
     for v in values:
         if "=" not in v:
-            raise ValueError(f"--steps takes one number or NAME=STEPS pairs, got {v!r}")
+            raise ValueError(f"--steps takes one number or NAME=STEPS pairs separated by commas, got {v!r}")
         name, n = v.split("=", 1)
         if name not in models:
             raise ValueError(f"--steps names a model not in --models: {name!r} (allowed: {models})")
@@ -133,61 +128,67 @@ def parse_steps(values, models):
     return steps
 
 
-def add_device_args(p):
-    p.add_argument("--device", default="auto", help="cpu, cuda[:N] or auto (CUDA when present); default auto")
-    p.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1: the machine is shared)")
+def cmd_pretrain(args: argparse.Namespace) -> None:
+    from .models import TINY_SPECS
+    from .pretrain import pretrain
+    from .tokenization import load_tokenizer
+
+    os.makedirs(args.out, exist_ok=True)
+    log_path = pretrain_log_path(args)
+    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+    finals = []
+    with open(log_path, "a") as log_file:
+
+        def log(line: str) -> None:
+            print(line, flush=True)
+            log_file.write(line + "\n")
+            log_file.flush()
+
+        log(json.dumps(dict(event="command", argv=sys.argv)))
+        for name in args.models:
+            # models that share a tokenizer reuse the one saved with its owner
+            owner = os.path.join(args.out, TINY_SPECS[name]["tokenizer"])
+            shared = load_tokenizer(owner) if owner != os.path.join(args.out, name) and os.path.isdir(owner) else None
+            final = pretrain(name, out_dir=args.out, log=log, tokenizer=shared, **pretrain_settings(args, name))[2]
+            finals.append([name, final["step"], final["closed_acc"], final["binding_acc"], final["open_em"]])
+    print_table(["model", "steps", "closed-set acc", "binding acc", "open EM"], finals)
 
 
-def cmd_train(args):
-    from .models import load_model
-    from .train import save_translator, train_translator
+def cmd_train(args: argparse.Namespace) -> None:
+    from .models import load_pair
+    from .pipeline import save_translator
+    from .train import train_translator
 
-    source, source_tok = load_model(args.source, device=args.device)
-    target, target_tok = load_model(args.target, device=args.device)
-    translator, history, cfg = train_translator(source, source_tok, target, target_tok, **train_overrides(args))
+    pair = load_pair(args.source, args.target, args.device)
+    translator, history, cfg = train_translator(pair, **train_overrides(args))
     cfg.update(source=args.source, target=args.target)
     save_translator(translator, cfg, args.out)
     with open(os.path.join(args.out, "history.json"), "w") as f:
         json.dump(history, f, indent=1)
     print(json.dumps(dict(saved=args.out, first=history[0], last=history[-1])))
+    terms = [k for k in history[-1] if k not in ("step", "seconds")]
+    print_table(["step", "seconds"] + terms, [[h["step"], h["seconds"]] + [h.get(k) for k in terms] for h in history])
 
 
-def cmd_eval(args):
+def cmd_eval(args: argparse.Namespace) -> None:
     from .corpus import make_dataset
     from .evaluate import qa_scores
-    from .models import load_model
-    from .train import encode_pair_items, load_translator
+    from .models import load_pair
+    from .pipeline import encode_pair_items, load_translator
 
-    source, source_tok = load_model(args.source, device=args.device)
-    target, target_tok = load_model(args.target, device=args.device)
-    translator = load_translator(source, target, args.translator)[0] if args.translator else None
-    data = encode_pair_items(source_tok, target_tok, make_dataset(args.n, seed=args.seed, split="eval"))
+    pair = load_pair(args.source, args.target, args.device)
+    translator = load_translator(pair, args.translator)[0] if args.translator else None
+    data = encode_pair_items(pair, make_dataset(args.n, seed=args.seed, split="eval"))
     results = {}
     for mode in args.modes:
         tr = translator if mode == "translated" else None
-        if mode == "translated" and tr is None:
-            raise ValueError("--modes translated needs --translator DIR")
-        results[mode] = qa_scores(data, mode, source, source_tok, target, target_tok, tr, args.frac)[0]
+        results[mode] = qa_scores(data, mode, pair, tr, args.frac)[0]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "eval.json"), "w") as f:
         json.dump(results, f, indent=1)
     print(json.dumps(results))
-
-
-def cmd_demo(args):
-    from .demo import run_demo
-
-    sizes = {k: getattr(args, k) for k in DEMO_SIZES if getattr(args, k) is not None}
-    pairs = [p.split(":") for p in args.pairs] if args.pairs else None
-    run_demo(
-        args.out,
-        quick=args.quick,
-        seed=args.seed,
-        save_translators=args.save_translators,
-        device=args.device,
-        sizes=sizes,
-        pairs=pairs,
-    )
+    metrics = ("acc", "binding_acc", "f1", "em")
+    print_table(["mode", *metrics], [[mode] + [r[m] for m in metrics] for mode, r in results.items()])
 
 
 DEMO_SIZES = {
@@ -197,23 +198,63 @@ DEMO_SIZES = {
     "n_long": "long passages per pair",
     "n_inject": "passages of the injection study",
 }
+DEMO_TABLE = (
+    "direct_acc",
+    "no_context_acc",
+    "mot_acc",
+    "single_acc",
+    "shared_latent_acc",
+    "mot_f1",
+    "direct_f1",
+    "retention",
+    "heldout_phrasing_retention",
+    "translate_ms",
+    "prefill_ms",
+)
 
 
-def main(argv=None):
+def cmd_demo(args: argparse.Namespace) -> None:
+    from .demo import run_demo
+
+    sizes = {k: getattr(args, k) for k in DEMO_SIZES if getattr(args, k) is not None}
+    summary = run_demo(
+        args.out,
+        quick=args.quick,
+        seed=args.seed,
+        save_translators=args.save_translators,
+        device=args.device,
+        sizes=sizes,
+        pairs=args.pairs,
+    )
+    print_table(["pair", *DEMO_TABLE], [[name] + [r.get(k) for k in DEMO_TABLE] for name, r in summary.items()])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .evaluate import MODES
+    from .models import CHECKPOINT_DIR, INITS, TINY_SPECS
+    from .pretrain import DEFAULTS as P
+
     parser = argparse.ArgumentParser(
-        prog="python -m kvtranslate", description="Translate a source LLM's context KV cache into a target LLM's."
+        prog=PROG,
+        description="Translate a source LLM's context KV cache into a target LLM's.",
+        formatter_class=FORMATTER,
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from .models import CHECKPOINT_DIR, INITS, TINY_SPECS
-
-    p = sub.add_parser("pretrain", help="build and pretrain the tiny models on the synthetic corpus")
-    p.add_argument("--models", nargs="+", choices=sorted(TINY_SPECS), default=list(TINY_SPECS))
-    from .pretrain import DEFAULTS as P
-
-    p.add_argument("--steps", nargs="+", default=[str(P["steps"])], help="steps for all models, or NAME=STEPS pairs")
-    p.add_argument("--batch", type=int, default=P["batch"])
-    p.add_argument("--lr", type=float, default=P["lr"])
+    p = sub.add_parser(
+        "pretrain", help="build and pretrain the tiny models on the synthetic corpus", formatter_class=FORMATTER
+    )
+    p.add_argument(
+        "--models",
+        type=comma_list,
+        default=",".join(TINY_SPECS),
+        help=f"comma-separated tiny models to pretrain, of {','.join(sorted(TINY_SPECS))}",
+    )
+    p.add_argument(
+        "--steps", default=str(P["steps"]), help="steps for all models, or NAME=STEPS pairs separated by commas"
+    )
+    p.add_argument("--batch", type=int, default=P["batch"], help="sequences per step")
+    p.add_argument("--lr", type=float, default=P["lr"], help="AdamW peak learning rate")
     p.add_argument(
         "--init",
         choices=INITS,
@@ -250,7 +291,7 @@ def main(argv=None):
         default=P["curriculum"],
         help="share of the steps over which facts per passage grow from 1 to 6 (0: all from the start)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=P["seed"], help="seed of the init and the training passages")
     p.add_argument(
         "--out",
         required=True,
@@ -266,46 +307,56 @@ def main(argv=None):
     )
     p.set_defaults(func=cmd_pretrain)
 
-    p = sub.add_parser("train", help="train a translator for one source -> target pair")
-    p.add_argument("--source", required=True, help="tiny model name, local folder or hub id (e.g. gpt2)")
-    p.add_argument("--target", required=True, help="tiny model name, local folder or hub id (e.g. Qwen/Qwen2.5-0.5B)")
-    p.add_argument("--out", required=True, help="folder for translator.pt / translator.json")
+    p = sub.add_parser("train", help="train a translator for one source -> target pair", formatter_class=FORMATTER)
+    add_pair_args(p)
+    p.add_argument("--out", required=True, help="folder for translator.pt, translator.json and history.json")
     add_train_args(p)
     add_device_args(p)
     p.set_defaults(func=cmd_train)
 
-    from .evaluate import MODES
-
-    p = sub.add_parser("eval", help="closed-set accuracy and extractive F1 on held-out passages")
-    p.add_argument("--source", required=True)
-    p.add_argument("--target", required=True)
+    p = sub.add_parser(
+        "eval", help="closed-set accuracy and extractive F1 on held-out passages", formatter_class=FORMATTER
+    )
+    add_pair_args(p)
     p.add_argument("--translator", help="folder written by `train` (needed for mode 'translated')")
-    p.add_argument("--modes", nargs="+", choices=MODES, default=["direct", "no-context", "translated"])
+    p.add_argument(
+        "--modes",
+        type=comma_list,
+        default="direct,no-context,translated",
+        help=f"comma-separated modes, of {','.join(MODES)}",
+    )
     p.add_argument("--frac", type=float, default=1.0, help="injection point as a fraction of the context")
     p.add_argument("--n", type=int, default=300, help="evaluation passages")
-    p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=7, help="seed of the evaluation passages")
+    p.add_argument("--out", required=True, help="folder for eval.json")
     add_device_args(p)
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("demo", help="whole offline pipeline at CPU scale; writes OUT/summary.json and plots")
-    p.add_argument("--out", required=True)
+    p = sub.add_parser(
+        "demo", help="whole offline pipeline at CPU scale; writes OUT/summary.json and plots", formatter_class=FORMATTER
+    )
+    p.add_argument("--out", required=True, help="folder for summary.json, details.json, CSVs, plot and log")
     p.add_argument("--quick", action="store_true", help="much smaller run (smoke test)")
     p.add_argument("--save-translators", action="store_true", help="also write every trained translator")
     p.add_argument(
         "--pairs",
-        nargs="+",
-        metavar="SOURCE:TARGET",
-        help="run only these of the demo's pairs, keeping the other pairs already in OUT",
+        type=comma_list,
+        metavar="SOURCE:TARGET,...",
+        help="run only these of the demo's pairs (comma-separated), keeping the other pairs already in OUT "
+        "(default: all pairs)",
     )
     for key, what in DEMO_SIZES.items():
-        p.add_argument("--" + key.replace("_", "-"), type=int, help=f"{what} (default: the full run's)")
-    p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--" + key.replace("_", "-"), type=int, help=f"{what} (default: the full or quick run's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the translators and the evaluation passages")
     add_device_args(p)
     p.set_defaults(func=cmd_demo)
+    return parser
 
-    args = parser.parse_args(argv)
-    from .models import pick_device, set_threads
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every error the command line can have, raised (naming the flag) before anything loads or is written."""
+    from .evaluate import MODES
+    from .models import TINY_SPECS, pick_device, set_threads
 
     try:
         set_threads(getattr(args, "threads", 1))  # the machine is shared: one thread unless told otherwise
@@ -316,6 +367,9 @@ def main(argv=None):
     if args.command == "pretrain":
         from .pretrain import DEFAULTS, check_config
 
+        unknown = [m for m in args.models if m not in TINY_SPECS]
+        if unknown or not args.models:
+            parser.error(f"--models {unknown or '(empty)'}: choose from {','.join(sorted(TINY_SPECS))}")
         if is_committed_checkpoints(args.out) and not args.overwrite_committed:
             parser.error(
                 f"--out {args.out} is the committed checkpoint folder: pretraining there replaces the models "
@@ -327,6 +381,26 @@ def main(argv=None):
                 check_config({**DEFAULTS, **pretrain_settings(args, name)})
         except ValueError as e:
             parser.error(str(e))
+    if args.command == "eval":
+        unknown = [m for m in args.modes if m not in MODES]
+        if unknown or not args.modes:
+            parser.error(f"--modes {unknown or '(empty)'}: choose from {','.join(MODES)}")
+        if "translated" in args.modes and not args.translator:
+            parser.error("--modes translated needs --translator DIR")
+    if args.command == "demo" and args.pairs is not None:
+        from .demo import PAIRS
+
+        pairs = [tuple(p.split(":")) for p in args.pairs]
+        unknown = [":".join(p) for p in pairs if p not in PAIRS]
+        if unknown:
+            parser.error(f"--pairs {unknown} not among the demo's pairs: {','.join(':'.join(p) for p in PAIRS)}")
+        args.pairs = pairs
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
     args.func(args)
 
 

@@ -8,14 +8,19 @@ writes that token's KV, so this picks the source state that has read at least as
 import bisect
 
 import torch
+from torch import Tensor
+from transformers import PreTrainedTokenizerBase
+
+Offsets = list[tuple[int, int]]  # (start, end) character span of each token
 
 
-def char_offsets(tokenizer, text):
+def char_offsets(tokenizer: PreTrainedTokenizerBase, text: str) -> tuple[list[int], Offsets]:
+    """Token ids of `text` and the character span of each."""
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     return enc["input_ids"], [tuple(o) for o in enc["offset_mapping"]]
 
 
-def align_offsets(source_offsets, target_offsets):
+def align_offsets(source_offsets: Offsets, target_offsets: Offsets) -> list[int]:
     """For every target token, the index of the source token covering its last character.
 
     A character that no source token covers (e.g. trimmed whitespace) maps to the next source token that ends
@@ -31,14 +36,16 @@ def align_offsets(source_offsets, target_offsets):
     return index
 
 
-def align_tokens(source_tokenizer, target_tokenizer, text):
+def align_tokens(
+    source_tokenizer: PreTrainedTokenizerBase, target_tokenizer: PreTrainedTokenizerBase, text: str
+) -> tuple[list[int], list[int], list[int]]:
     """(source ids, target ids, target->source index) for one context string."""
     source_ids, source_offsets = char_offsets(source_tokenizer, text)
     target_ids, target_offsets = char_offsets(target_tokenizer, text)
     return source_ids, target_ids, align_offsets(source_offsets, target_offsets)
 
 
-def layer_map(n_source, n_target, k=2):
+def layer_map(n_source: int, n_target: int, k: int = 2) -> list[list[int]]:
     """Each target layer reads the k source layers at the nearest relative depths (layer centres in [0, 1])."""
     if not 1 <= k <= n_source:
         raise ValueError(f"k (source layers per target layer) must be in 1..{n_source}, got {k}")
@@ -51,7 +58,9 @@ def layer_map(n_source, n_target, k=2):
     return mapping
 
 
-def padded_alignment(alignments, source_lengths, source_width, target_width):
+def padded_alignment(
+    alignments: list[list[int]], source_lengths: list[int], source_width: int, target_width: int
+) -> Tensor:
     """Alignment indices for left-padded batches: [B, target_width] indices into the padded source axis."""
     index = torch.zeros(len(alignments), target_width, dtype=torch.long)
     for b, (a, n_src) in enumerate(zip(alignments, source_lengths)):

@@ -16,6 +16,7 @@ KV = list[tuple[Tensor, Tensor]]  # per layer (keys, values), each [batch, kv_he
 
 
 def uses_rope(model: PreTrainedModel) -> bool:
+    """Whether the family rotates keys by position (its cache holds rotated keys)."""
     return family_of(model) == "qwen2"
 
 

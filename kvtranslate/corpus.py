@@ -12,6 +12,9 @@ The tiny language models are pretrained on split="all": they must know the whole
 import random
 from dataclasses import dataclass, field
 
+Fact = tuple[str, str, str]  # (person, attribute, value)
+StatedFact = tuple[str, str, str, str]  # (person, attribute, value, sentence)
+
 SYLLABLES = [
     "ka",
     "lo",
@@ -86,7 +89,7 @@ TEMPLATES = {
 ATTRIBUTES = list(TEMPLATES)
 
 
-def _all_names():
+def _all_names() -> list[str]:
     names = [(a + b).capitalize() for a in SYLLABLES for b in SYLLABLES if a != b]
     return sorted(set(names))
 
@@ -97,7 +100,7 @@ VALUES = {"city": CITIES, "job": JOBS, "age": [str(a) for a in range(12, 96)], "
 SPLITS = ("train", "eval", "all")
 
 
-def split_names(split):
+def split_names(split: str) -> list[str]:
     # every 5th name is held out for evaluation
     if split == "train":
         return [n for i, n in enumerate(NAMES) if i % 5 != 0]
@@ -108,7 +111,7 @@ def split_names(split):
     raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
 
 
-def split_templates(templates, split):
+def split_templates(templates: list[str], split: str) -> list[str]:
     if split == "train":
         return templates[:-1]
     if split == "eval":
@@ -123,14 +126,14 @@ class QAItem:
     passage: str  # context, starts with a space (byte-level BPE splits " Name" the same everywhere)
     question: str  # "\nQ: ...\nA: <asked name>" (see question_turn)
     answer: str  # " value"
-    options: list = field(default_factory=list)  # closed-set candidates (each " value"), answer included
+    options: list[str] = field(default_factory=list)  # closed-set candidates (each " value"), answer included
     label: int = 0  # index of the answer in options
     attribute: str = ""
-    facts: list = field(default_factory=list)  # (person, attribute, value) of every fact in the passage
+    facts: list[Fact] = field(default_factory=list)  # (person, attribute, value) of every fact in the passage
     person: str = ""  # whom the question is about
 
 
-def template_words(split):
+def template_words(split: str) -> list[str]:
     """The words of the split's fact and question templates (placeholders and punctuation removed)."""
     words = set()
     for facts, questions in TEMPLATES.values():
@@ -139,7 +142,7 @@ def template_words(split):
     return sorted(words - {""})
 
 
-def varied_template(rng, split):
+def varied_template(rng: random.Random, split: str) -> str:
     """A fact template never used in pretraining: 0-2 words, the name, 1-3 words, the value, all words drawn from
     the split's own templates ("Where job Kalo of moved Marton."), so training on it adds phrasing variety
     without reading any held-out template."""
@@ -149,7 +152,9 @@ def varied_template(rng, split):
     return text[0].upper() + text[1:]
 
 
-def state_facts(rng, slots, split, phrase_mix=0.0):
+def state_facts(
+    rng: random.Random, slots: list[tuple[str, str]], split: str, phrase_mix: float = 0.0
+) -> list[StatedFact]:
     """(person, attribute, value, sentence) for each (person, attribute) slot, in order; with probability
     phrase_mix a fact is phrased with a varied_template instead of one of the split's templates."""
     facts = []
@@ -162,20 +167,20 @@ def state_facts(rng, slots, split, phrase_mix=0.0):
     return facts
 
 
-def ask_one(rng, facts, split):
+def ask_one(rng: random.Random, facts: list[StatedFact], split: str) -> tuple[str, str, str, str]:
     """A random fact of the passage and a question about it: (person, attribute, value, question)."""
     person, attr, value, _ = rng.choice(facts)
     return person, attr, value, rng.choice(split_templates(TEMPLATES[attr][1], split)).format(n=person)
 
 
-def question_turn(question, person):
+def question_turn(question: str, person: str) -> str:
     """ "\nQ: <question>\nA: <asked name>": the answer follows the asked name directly. With any token between
     the name and the answer position ("...of Kalo?\nA:") the tiny models never learned to bind a value to its
     name; with the name last they do (experiments/probe_recall.py, checkpoints/README.md)."""
     return f"\nQ: {question}\nA: {person}"
 
 
-def qa_item(facts, person, attr, value, question, options):
+def qa_item(facts: list[StatedFact], person: str, attr: str, value: str, question: str, options: list[str]) -> QAItem:
     return QAItem(
         passage=" " + " ".join(f[3] for f in facts),
         question=question_turn(question, person),
@@ -188,7 +193,15 @@ def qa_item(facts, person, attr, value, question, options):
     )
 
 
-def make_item(rng, n_facts, split="all", n_options=4, max_people=None, template_split=None, phrase_mix=0.0):
+def make_item(
+    rng: random.Random,
+    n_facts: int,
+    split: str = "all",
+    n_options: int = 4,
+    max_people: int | None = None,
+    template_split: str | None = None,
+    phrase_mix: float = 0.0,
+) -> QAItem:
     """One passage with n_facts facts, a question about one of them, and closed-set options.
 
     Facts are spread over people with attributes drawn so that same-type distractors are common. Names come from
@@ -217,7 +230,7 @@ def make_item(rng, n_facts, split="all", n_options=4, max_people=None, template_
     return qa_item(facts, person, attr, value, question, options)
 
 
-def make_recall_item(rng, n_facts, split="all"):
+def make_recall_item(rng: random.Random, n_facts: int, split: str = "all") -> QAItem:
     """A passage whose facts all share one attribute, each about a different person ("The job of A is x. The job
     of B is y. ..."): the type of the asked value gives no hint, only binding it to the asked name does."""
     attr = rng.choice(ATTRIBUTES)
@@ -226,18 +239,20 @@ def make_recall_item(rng, n_facts, split="all"):
     return qa_item(facts, person, attr, value, question, [value])
 
 
-def has_same_type_distractor(item):
+def has_same_type_distractor(item: QAItem) -> bool:
     """Whether the passage holds another value of the asked type: only then does answering need the value
     bound to the asked name (with a single value of that type, matching the type is enough)."""
     return sum(f[1] == item.attribute for f in item.facts) >= 2
 
 
-def asked_fact(item):
+def asked_fact(item: QAItem) -> Fact:
     """The (person, attribute, value) fact that item's question asks about."""
     return next(f for f in item.facts if f[0] == item.person and f[1] == item.attribute)
 
 
-def questions_about(rng, item, n, split="eval", skip_asked=False):
+def questions_about(
+    rng: random.Random, item: QAItem, n: int, split: str = "eval", skip_asked: bool = False
+) -> list[QAItem]:
     """Up to n items sharing item's passage, each asking a different fact of it (multi-question documents);
     skip_asked leaves out the fact item's own question asks."""
     out = []
@@ -259,7 +274,16 @@ def questions_about(rng, item, n, split="eval", skip_asked=False):
     return out
 
 
-def make_dataset(n, seed, split="all", min_facts=2, max_facts=6, n_options=4, template_split=None, phrase_mix=0.0):
+def make_dataset(
+    n: int,
+    seed: int,
+    split: str = "all",
+    min_facts: int = 2,
+    max_facts: int = 6,
+    n_options: int = 4,
+    template_split: str | None = None,
+    phrase_mix: float = 0.0,
+) -> list[QAItem]:
     rng = random.Random(seed)
     return [
         make_item(
@@ -274,13 +298,13 @@ def make_dataset(n, seed, split="all", min_facts=2, max_facts=6, n_options=4, te
     ]
 
 
-def make_long_dataset(n, seed, split="eval", n_facts=24, n_options=4):
+def make_long_dataset(n: int, seed: int, split: str = "eval", n_facts: int = 24, n_options: int = 4) -> list[QAItem]:
     """Long-context variant: many facts (tune n_facts so passages sit near the position limit)."""
     rng = random.Random(seed)
     return [make_item(rng, n_facts, split, n_options, max_people=n_facts // 2) for _ in range(n)]
 
 
-def tokenizer_training_text(n_passages=4000, seed=0):
+def tokenizer_training_text(n_passages: int = 4000, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     out = []
     for _ in range(n_passages):

@@ -9,15 +9,19 @@ extractive QA on held-out names and templates, long-context generation and trans
 injection-point study and a multi-agent run on the first pair. Writes OUT/summary.json, OUT/details.json and plots.
 """
 
+import csv
 import json
 import os
 import platform
 import random
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .corpus import make_dataset, make_item, make_long_dataset, questions_about
+from .corpus import QAItem, make_dataset, make_item, make_long_dataset, questions_about
 from .evaluate import (
     closed_set_accuracy,
     extractive_f1,
@@ -26,10 +30,12 @@ from .evaluate import (
     qa_scores,
     time_translate_vs_prefill,
 )
-from .models import load_model
-from .train import encode_pair_items, save_translator, train_translator
+from .models import load_pair
+from .pipeline import encode_pair_items, save_translator
+from .train import train_translator
 
-VARIANTS = {  # name -> training overrides
+Log = Callable[[str], Any]
+VARIANTS: dict[str, dict[str, Any]] = {  # name -> training overrides
     "mot": dict(kind="mot"),
     "single": dict(kind="single"),
     "shared-latent": dict(kind="shared-latent"),
@@ -41,7 +47,7 @@ COMPARED = ("mot", "single", "shared-latent")
 # (source, target) -> translators trained, those that run the injection study, whether the multi-agent run
 # happens, and whether the pair trains for `steps` (the main pair) or `coverage_steps` (the study parts and
 # the longer training cost time; the other pairs show that every family works on both sides)
-PAIRS = {
+PAIRS: dict[tuple[str, str], dict[str, Any]] = {
     ("tiny-gpt2", "tiny-qwen2"): dict(
         variants=COMPARED + ("mot-phrase-mix",), injection=COMPARED, multi_agent=True, main=True
     ),
@@ -56,7 +62,16 @@ FULL = dict(
 QUICK = dict(steps=15, coverage_steps=10, n_train=200, n_eval=40, n_long=16, n_inject=32, n_docs=4, long_facts=22)
 
 
-def long_items(n, seed, tokenizers, limit, long_facts):
+def position_limit(model: PreTrainedModel, cap: int = 256) -> int:
+    """Tokens a passage with its question and answer may take: the model's positions, at most `cap`."""
+    config = model.config
+    positions = config.max_position_embeddings if hasattr(config, "max_position_embeddings") else config.n_positions
+    return min(positions, cap)
+
+
+def long_items(
+    n: int, seed: int, tokenizers: list[PreTrainedTokenizerBase], limit: int, long_facts: int
+) -> list[QAItem]:
     """Long passages that fit every model's position limit with room for question and answer."""
     items, s = [], seed
     while len(items) < n:
@@ -69,64 +84,55 @@ def long_items(n, seed, tokenizers, limit, long_facts):
 
 
 def run_pair(
-    source_name,
-    target_name,
-    cfg,
-    out_dir,
-    seed,
-    log,
-    save_translators=False,
-    device="cpu",
-    variants=COMPARED,
-    injection=(),
-    multi_agent_run=False,
-    main=False,
-):
-    source, source_tok = load_model(source_name, device=device)
-    target, target_tok = load_model(target_name, device=device)
-    pair = f"{source_name}->{target_name}"
-    eval_data = encode_pair_items(source_tok, target_tok, make_dataset(cfg["n_eval"], seed=seed + 7, split="eval"))
-    limit = min(
-        target.config.max_position_embeddings
-        if hasattr(target.config, "max_position_embeddings")
-        else target.config.n_positions,
-        256,
-    )
+    source_name: str,
+    target_name: str,
+    cfg: dict[str, int],
+    out_dir: str,
+    seed: int,
+    log: Log,
+    parts: dict[str, Any],
+    save_translators: bool = False,
+    device: str | torch.device = "cpu",
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Bounds, translators, QA, long context and timing of one pair; `parts` is its PAIRS entry."""
+    pair = load_pair(source_name, target_name, device)
+    source_tok, target_tok = pair.source_tok, pair.target_tok
+    label = pair_name(source_name, target_name)
+    eval_data = encode_pair_items(pair, make_dataset(cfg["n_eval"], seed=seed + 7, split="eval"))
+    limit = position_limit(pair.target)
     long_data = encode_pair_items(
-        source_tok, target_tok, long_items(cfg["n_long"], seed + 8, [source_tok, target_tok], limit, cfg["long_facts"])
+        pair, long_items(cfg["n_long"], seed + 8, [source_tok, target_tok], limit, cfg["long_facts"])
     )
     inject_data = eval_data[: cfg["n_inject"]]
-    args = (source, source_tok, target, target_tok)
-    res = dict(
-        pair=pair,
+    steps = cfg["steps"] if parts["main"] else cfg["coverage_steps"]
+    res: dict[str, Any] = dict(
+        pair=label,
         cross_tokenizer=source_tok.get_vocab() != target_tok.get_vocab(),
-        steps=cfg["steps"] if main else cfg["coverage_steps"],
+        steps=steps,
     )
     t0 = time.time()
-    direct, _ = qa_scores(eval_data, "direct", *args)
+    direct, _ = qa_scores(eval_data, "direct", pair)
     res["direct_acc"] = direct["acc"]
-    res["no_context_acc"] = closed_set_accuracy(eval_data, "no-context", *args)
+    res["no_context_acc"] = closed_set_accuracy(eval_data, "no-context", pair)
     res["binding_items"] = sum(e["needs_binding"] for e in eval_data)
     res["direct_binding_acc"] = direct["binding_acc"]
     res["direct_f1"], res["direct_em"] = direct["f1"], direct["em"]
-    res["no_context_f1"], _, _ = extractive_f1(eval_data, "no-context", *args)
-    res["direct_long_f1"], _, _ = extractive_f1(long_data, "direct", *args)
+    res["no_context_f1"], _, _ = extractive_f1(eval_data, "no-context", pair)
+    res["direct_long_f1"], _, _ = extractive_f1(long_data, "direct", pair)
     res["long_context_tokens"] = sum(len(e["tgt"]) for e in long_data) / len(long_data)
     log(json.dumps(dict(bounds_seconds=round(time.time() - t0, 1), **res)))
     details = dict(train={}, injection={}, variants={})
     translators = {}
-    for name in variants:
-        overrides = VARIANTS[name]
-        steps = cfg["steps"] if main else cfg["coverage_steps"]
+    for name in parts["variants"]:
         translator, history, tcfg = train_translator(
-            source, source_tok, target, target_tok, log=log, steps=steps, n_train=cfg["n_train"], seed=seed, **overrides
+            pair, log=log, steps=steps, n_train=cfg["n_train"], seed=seed, **VARIANTS[name]
         )
         translators[name] = translator
         if save_translators:
-            save_translator(translator, tcfg, os.path.join(out_dir, "translators", pair.replace("->", "__"), name))
+            save_translator(translator, tcfg, os.path.join(out_dir, "translators", label.replace("->", "__"), name))
         details["train"][name] = history
-        scores, preds = qa_scores(eval_data, "translated", *args, translator)
-        long_f1, _, _ = extractive_f1(long_data, "translated", *args, translator)
+        scores, preds = qa_scores(eval_data, "translated", pair, translator)
+        long_f1, _, _ = extractive_f1(long_data, "translated", pair, translator)
         details["variants"][name] = dict(
             **scores,
             long_f1=long_f1,
@@ -135,14 +141,14 @@ def run_pair(
             examples=preds[:5],
         )
         study = {}
-        for frac in INJECTION_POINTS if name in injection else ():
-            errors = injection_errors(inject_data, *args, translator, frac)
+        for frac in INJECTION_POINTS if name in parts["injection"] else ():
+            errors = injection_errors(inject_data, pair, translator, frac)
             study[str(frac)] = dict(
-                acc=closed_set_accuracy(inject_data, "translated", *args, translator, frac), **errors
+                acc=closed_set_accuracy(inject_data, "translated", pair, translator, frac), **errors
             )
         if study:
             details["injection"][name] = study
-        log(json.dumps(dict(pair=pair, variant=name, **details["variants"][name], injection=study)))
+        log(json.dumps(dict(pair=label, variant=name, **details["variants"][name], injection=study)))
     for name, scores in details["variants"].items():
         prefix = name.replace("-", "_")
         res.update(
@@ -158,33 +164,31 @@ def run_pair(
     res["retention"] = res["mot_long_f1"] / max(res["direct_long_f1"], 1e-9)
     res["heldout_phrasing_retention"] = res["mot_f1"] / max(res["direct_f1"], 1e-9)
     res["retention_acc"] = res["mot_acc"] / max(res["direct_acc"], 1e-9)
-    res["native_half_injection_acc"] = closed_set_accuracy(inject_data, "native", *args, None, 0.5)  # == direct
+    res["native_half_injection_acc"] = closed_set_accuracy(inject_data, "native", pair, None, 0.5)  # == direct
     # timing on a short context and on a long one, batch 1
     short_text = make_dataset(1, seed=seed + 9, split="eval")[0].passage
     long_text = long_items(1, seed + 10, [source_tok, target_tok], limit, cfg["long_facts"])[0].passage
     timing = {
-        k: time_translate_vs_prefill(*args, translators["mot"], t)
+        k: time_translate_vs_prefill(pair, translators["mot"], t)
         for k, t in (("short", short_text), ("long", long_text))
     }
     res["translate_ms"], res["prefill_ms"] = timing["short"]["translate_ms"], timing["short"]["prefill_ms"]
     res["timing"] = timing
-    if multi_agent_run:
-        docs = [encode_pair_items(source_tok, target_tok, d) for d in multi_agent_docs(cfg["n_docs"], seed + 11)]
-        res["multi_agent_f1"], details["multi_agent_transcript"] = multi_agent(docs, *args, translators["mot"])
-        res["multi_agent_direct_f1"] = extractive_f1([e for d in docs for e in d], "direct", *args)[0]
+    if parts["multi_agent"]:
+        docs = [encode_pair_items(pair, d) for d in multi_agent_docs(cfg["n_docs"], seed + 11)]
+        res["multi_agent_f1"], details["multi_agent_transcript"] = multi_agent(docs, pair, translators["mot"])
+        res["multi_agent_direct_f1"] = extractive_f1([e for d in docs for e in d], "direct", pair)[0]
     return res, details
 
 
-def multi_agent_docs(n_docs, seed, per_doc=3):
+def multi_agent_docs(n_docs: int, seed: int, per_doc: int = 3) -> list[list[QAItem]]:
     """Documents with several questions each (same passage, different asked facts)."""
     rng = random.Random(seed)
     return [questions_about(rng, make_item(rng, 6, "eval"), per_doc) for _ in range(n_docs)]
 
 
-def write_csv(summary, details_by_pair, out_dir):
+def write_csv(summary: dict[str, dict[str, Any]], details_by_pair: dict[str, dict[str, Any]], out_dir: str) -> None:
     """summary.csv: one row per pair; injection.csv: one row per (pair, translator, injection point)."""
-    import csv
-
     keys = [k for k in next(iter(summary.values())) if not isinstance(next(iter(summary.values()))[k], dict)]
     with open(os.path.join(out_dir, "summary.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
@@ -200,7 +204,8 @@ def write_csv(summary, details_by_pair, out_dir):
                     w.writerow([pair, name, p, r["acc"], r["replay_hidden_err"], r["answer_kl"]])
 
 
-def plot(details_by_pair, out_dir):
+def plot(details_by_pair: dict[str, dict[str, Any]], out_dir: str) -> None:
+    """injection_study.png: accuracy and the two errors against the injection point, per pair with the study."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -226,11 +231,19 @@ def plot(details_by_pair, out_dir):
     plt.close(fig)
 
 
-def pair_name(source, target):
+def pair_name(source: str, target: str) -> str:
     return f"{source}->{target}"
 
 
-def run_demo(out_dir, quick=False, seed=0, save_translators=False, device="cpu", sizes=None, pairs=None):
+def run_demo(
+    out_dir: str,
+    quick: bool = False,
+    seed: int = 0,
+    save_translators: bool = False,
+    device: str | torch.device = "cpu",
+    sizes: dict[str, int] | None = None,
+    pairs: list[tuple[str, str]] | None = None,
+) -> dict[str, dict[str, Any]]:
     """sizes: overrides of FULL / QUICK (steps, coverage_steps, n_eval, ...), recorded in summary.json's run.
     pairs: the (source, target) keys of PAIRS to run (default: all). With a subset, the other pairs an earlier
     run wrote to out_dir are kept, and this run is added to summary.json's `runs` (each names its pairs)."""
@@ -257,7 +270,7 @@ def run_demo(out_dir, quick=False, seed=0, save_translators=False, device="cpu",
     log_path = os.path.join(out_dir, "demo_log.jsonl")
     log_file = open(log_path, "a" if pairs is not None else "w")
 
-    def log(line):
+    def log(line: str) -> None:
         print(line, flush=True)
         log_file.write(line + "\n")
         log_file.flush()
@@ -265,7 +278,6 @@ def run_demo(out_dir, quick=False, seed=0, save_translators=False, device="cpu",
     log(json.dumps(dict(event="command", pairs=[pair_name(*p) for p in selected], seed=seed, config=cfg)))
     start, done = time.time(), []
     for source_name, target_name in selected:
-        parts = PAIRS[(source_name, target_name)]
         res, details = run_pair(
             source_name,
             target_name,
@@ -273,12 +285,9 @@ def run_demo(out_dir, quick=False, seed=0, save_translators=False, device="cpu",
             out_dir,
             seed,
             log,
+            PAIRS[(source_name, target_name)],
             save_translators,
             device,
-            parts["variants"],
-            parts["injection"],
-            parts["multi_agent"],
-            parts["main"],
         )
         summary[res["pair"]] = res
         details_by_pair[res["pair"]] = details
@@ -307,7 +316,14 @@ def run_demo(out_dir, quick=False, seed=0, save_translators=False, device="cpu",
     return summary
 
 
-def write_results(summary, details_by_pair, meta, runs, out_dir):
+def write_results(
+    summary: dict[str, dict[str, Any]],
+    details_by_pair: dict[str, dict[str, Any]],
+    meta: dict[str, Any],
+    runs: list[dict[str, Any]],
+    out_dir: str,
+) -> None:
+    """summary.json, summary.csv, details.json, injection.csv and the plot in out_dir."""
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(dict(pairs=summary, run=meta, runs=runs, **summary), f, indent=1)
     write_csv(summary, details_by_pair, out_dir)

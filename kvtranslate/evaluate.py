@@ -9,20 +9,31 @@ Modes (the bounds and the translated cache go through the same scoring code):
 
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
+from transformers import DynamicCache
 
 from .align import align_offsets, char_offsets
-from .cache import DynamicCache, extract_kv, inject_kv, prefill_kv, prefix_kv
-from .models import forward
+from .cache import KV, extract_kv, inject_kv, prefill_kv, prefix_kv
+from .models import ModelPair, forward
+from .pipeline import EncodedItem, collate, translate_batch
 from .scoring import binding_accuracy, f1_em, greedy_answers, option_logprobs, pad_right
-from .train import collate, translate_batch
+from .translators import KVTranslator
 
 MODES = ("direct", "no-context", "translated", "native")
 
 
-def prefix_and_tails(mode, examples, source, source_tok, target, target_tok, translator=None, frac=1.0):
+def prefix_and_tails(
+    mode: str,
+    examples: list[EncodedItem],
+    pair: ModelPair,
+    translator: KVTranslator | None = None,
+    frac: float = 1.0,
+) -> tuple[KV | None, Tensor | None, list[list[int]]]:
     """(kv, kv_mask, tails): the cache to inject (or None) and, per example, the tokens the target reads next."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -34,43 +45,62 @@ def prefix_and_tails(mode, examples, source, source_tok, target, target_tok, tra
         raise ValueError("mode='translated' needs a translator")
     if not 0.0 < frac <= 1.0:
         raise ValueError(f"frac (injection point as a fraction of the context) must be in (0, 1], got {frac}")
-    batch = collate(examples, source_tok, target_tok, target.device)
+    batch = collate(pair, examples)
     with torch.no_grad():
         if mode == "translated":
-            kv, _ = translate_batch(translator, source, target, batch)
+            kv, _ = translate_batch(translator, pair, batch)
         else:
-            kv = prefill_kv(target, batch["tgt_ids"], batch["tgt_mask"])
+            kv = prefill_kv(pair.target, batch["tgt_ids"], batch["tgt_mask"])
     lengths = [max(1, round(frac * len(e["tgt"]))) for e in examples]
     kv, kv_mask = prefix_kv(kv, batch["tgt_mask"], lengths)
     return kv, kv_mask, [e["tgt"][n:] + e["question"] for e, n in zip(examples, lengths)]
 
 
 @torch.no_grad()
-def closed_set_correct(data, mode, source, source_tok, target, target_tok, translator=None, frac=1.0, batch=32):
+def closed_set_correct(
+    data: list[EncodedItem],
+    mode: str,
+    pair: ModelPair,
+    translator: KVTranslator | None = None,
+    frac: float = 1.0,
+    batch: int = 32,
+) -> list[bool]:
     """Per example: whether the highest-likelihood option is the answer."""
     correct = []
     for i in range(0, len(data), batch):
         chunk = data[i : i + batch]
-        kv, kv_mask, tails = prefix_and_tails(mode, chunk, source, source_tok, target, target_tok, translator, frac)
-        scores = option_logprobs(target, kv, kv_mask, tails, [e["options"] for e in chunk], target_tok.pad_token_id)
+        kv, kv_mask, tails = prefix_and_tails(mode, chunk, pair, translator, frac)
+        scores = option_logprobs(
+            pair.target, kv, kv_mask, tails, [e["options"] for e in chunk], pair.target_tok.pad_token_id
+        )
         correct += [int(s.argmax()) == e["label"] for s, e in zip(scores, chunk)]
     return correct
 
 
-def closed_set_accuracy(*args, **kwargs):
+def closed_set_accuracy(*args: Any, **kwargs: Any) -> float:
+    """The share of `closed_set_correct` (same arguments)."""
     correct = closed_set_correct(*args, **kwargs)
     return sum(correct) / len(correct)
 
 
 @torch.no_grad()
-def extractive_f1(data, mode, source, source_tok, target, target_tok, translator=None, frac=1.0, batch=32):
+def extractive_f1(
+    data: list[EncodedItem],
+    mode: str,
+    pair: ModelPair,
+    translator: KVTranslator | None = None,
+    frac: float = 1.0,
+    batch: int = 32,
+) -> tuple[float, float, list[str]]:
+    """Mean SQuAD F1 and exact match of the greedy answers, and the answers."""
     f1s, ems, predictions = [], [], []
+    tok = pair.target_tok
     for i in range(0, len(data), batch):
         chunk = data[i : i + batch]
-        kv, kv_mask, tails = prefix_and_tails(mode, chunk, source, source_tok, target, target_tok, translator, frac)
-        answers = greedy_answers(target, kv, kv_mask, tails, target_tok.pad_token_id, target_tok.eos_token_id)
+        kv, kv_mask, tails = prefix_and_tails(mode, chunk, pair, translator, frac)
+        answers = greedy_answers(pair.target, kv, kv_mask, tails, tok.pad_token_id, tok.eos_token_id)
         for a, e in zip(answers, chunk):
-            text = target_tok.decode(a)
+            text = tok.decode(a)
             f1, em = f1_em(text, e["gold"])
             f1s.append(f1)
             ems.append(em)
@@ -78,11 +108,17 @@ def extractive_f1(data, mode, source, source_tok, target, target_tok, translator
     return sum(f1s) / len(f1s), sum(ems) / len(ems), predictions
 
 
-def qa_scores(data, mode, source, source_tok, target, target_tok, translator=None, frac=1.0):
+def qa_scores(
+    data: list[EncodedItem],
+    mode: str,
+    pair: ModelPair,
+    translator: KVTranslator | None = None,
+    frac: float = 1.0,
+) -> tuple[dict[str, float | None], list[str]]:
     """Closed-set accuracy, binding accuracy (items with a same-type distractor), extractive F1 and EM of one
     mode, plus the greedy answers."""
-    correct = closed_set_correct(data, mode, source, source_tok, target, target_tok, translator, frac)
-    f1, em, predictions = extractive_f1(data, mode, source, source_tok, target, target_tok, translator, frac)
+    correct = closed_set_correct(data, mode, pair, translator, frac)
+    f1, em, predictions = extractive_f1(data, mode, pair, translator, frac)
     scores = dict(
         acc=sum(correct) / len(correct),
         binding_acc=binding_accuracy([e["needs_binding"] for e in data], correct),
@@ -93,19 +129,20 @@ def qa_scores(data, mode, source, source_tok, target, target_tok, translator=Non
 
 
 @torch.no_grad()
-def injection_errors(data, source, source_tok, target, target_tok, translator, frac, batch=32):
+def injection_errors(
+    data: list[EncodedItem], pair: ModelPair, translator: KVTranslator, frac: float, batch: int = 32
+) -> dict[str, float | None]:
     """The two failure modes at injection point `frac`, against the same split with the native cache:
     replay_hidden_err = relative error of the target's last hidden state over the replayed context tokens
     (error that early injection propagates), answer_kl = KL(native || translated) of the next-token
     distribution where the answer starts (what is left at the last state)."""
     hid, hid_n, kls = 0.0, 0, []
+    target = pair.target
     for i in range(0, len(data), batch):
         chunk = data[i : i + batch]
-        kv_t, mask_t, tails = prefix_and_tails(
-            "translated", chunk, source, source_tok, target, target_tok, translator, frac
-        )
-        kv_n, mask_n, _ = prefix_and_tails("native", chunk, source, source_tok, target, target_tok, None, frac)
-        ids, mask = pad_right(tails, target_tok.pad_token_id, target.device)
+        kv_t, mask_t, tails = prefix_and_tails("translated", chunk, pair, translator, frac)
+        kv_n, mask_n, _ = prefix_and_tails("native", chunk, pair, None, frac)
+        ids, mask = pad_right(tails, pair.target_tok.pad_token_id, target.device)
         out_t = forward(target, ids, mask, inject_kv(target, kv_t, mask_t), mask_t, hidden_states=True)
         out_n = forward(target, ids, mask, inject_kv(target, kv_n, mask_n), mask_n, hidden_states=True)
         h_t, h_n = out_t.hidden_states[-1], out_n.hidden_states[-1]
@@ -124,18 +161,19 @@ def injection_errors(data, source, source_tok, target, target_tok, translator, f
 
 
 @torch.no_grad()
-def multi_agent(documents, source, source_tok, target, target_tok, translator):
+def multi_agent(
+    documents: list[list[EncodedItem]], pair: ModelPair, translator: KVTranslator
+) -> tuple[float, list[dict[str, str]]]:
     """Agent A (source) reads each document once; agent B (target) answers several questions from A's
     translated cache, which is built once per document and reused for every question."""
     f1s, transcript = [], []
+    target_tok = pair.target_tok
     for doc_examples in documents:
-        kv, kv_mask, _ = prefix_and_tails(
-            "translated", doc_examples[:1], source, source_tok, target, target_tok, translator, 1.0
-        )
+        kv, kv_mask, _ = prefix_and_tails("translated", doc_examples[:1], pair, translator, 1.0)
         n = len(doc_examples)
         kv_rep = [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in kv]
         answers = greedy_answers(
-            target,
+            pair.target,
             kv_rep,
             kv_mask.expand(n, -1),
             [e["question"] for e in doc_examples],
@@ -152,12 +190,15 @@ def multi_agent(documents, source, source_tok, target, target_tok, translator):
     return sum(f1s) / len(f1s), transcript
 
 
-def translate_and_prefill(source, source_tok, target, target_tok, translator, text):
+def translate_and_prefill(
+    pair: ModelPair, translator: KVTranslator, text: str
+) -> tuple[Callable[[], DynamicCache], Callable[[], DynamicCache]]:
     """Two no-argument functions for one context (batch 1): `translate` turns the source cache agent A already
     holds into the target's cache (alignment, RoPE stripping, the translator, RoPE re-rotation), `prefill` has the
     target read the context itself."""
-    src_ids, src_off = char_offsets(source_tok, text)
-    tgt_ids, tgt_off = char_offsets(target_tok, text)
+    source, target = pair.source, pair.target
+    src_ids, src_off = char_offsets(pair.source_tok, text)
+    tgt_ids, tgt_off = char_offsets(pair.target_tok, text)
     s_ids, t_ids = torch.tensor([src_ids], device=source.device), torch.tensor([tgt_ids], device=target.device)
     s_mask, t_mask = torch.ones_like(s_ids), torch.ones_like(t_ids)
     with torch.no_grad():
@@ -169,7 +210,7 @@ def translate_and_prefill(source, source_tok, target, target_tok, translator, te
         index = torch.tensor([align_offsets(src_off, tgt_off)], device=target.device)
         kv_src = extract_kv(source, DynamicCache(ddp_cache_data=source_raw), s_mask)
         batch = dict(tgt_ids=t_ids, tgt_mask=t_mask, index=index)
-        kv, _ = translate_batch(translator, source, target, batch, source_kv=kv_src)
+        kv, _ = translate_batch(translator, pair, batch, source_kv=kv_src)
         return inject_kv(target, kv, t_mask)
 
     @torch.no_grad()
@@ -180,12 +221,14 @@ def translate_and_prefill(source, source_tok, target, target_tok, translator, te
     return translate, prefill
 
 
-def time_translate_vs_prefill(source, source_tok, target, target_tok, translator, text, repeats=20):
+def time_translate_vs_prefill(
+    pair: ModelPair, translator: KVTranslator, text: str, repeats: int = 20
+) -> dict[str, float]:
     """Median milliseconds (batch 1) to translate a context that agent A has already read, vs. the target
     prefilling it. The two are timed in alternation (which goes first alternates too), so a load that comes and
     goes on a shared machine falls on both alike."""
-    translate, prefill = translate_and_prefill(source, source_tok, target, target_tok, translator, text)
-    synchronize = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
+    translate, prefill = translate_and_prefill(pair, translator, text)
+    synchronize = torch.cuda.synchronize if pair.device.type == "cuda" else (lambda: None)
     times = {"translate": [], "prefill": []}
     fns = {"translate": translate, "prefill": prefill}
     for fn in fns.values():
@@ -198,7 +241,7 @@ def time_translate_vs_prefill(source, source_tok, target, target_tok, translator
             synchronize()
             times[name].append((time.perf_counter() - t0) * 1000)
     return dict(
-        tokens=len(char_offsets(target_tok, text)[0]),
+        tokens=len(char_offsets(pair.target_tok, text)[0]),
         translate_ms=statistics.median(times["translate"]),
         prefill_ms=statistics.median(times["prefill"]),
     )

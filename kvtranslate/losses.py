@@ -8,13 +8,15 @@ but that the target's attention amplifies downstream are exactly what this term 
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
+from transformers import PreTrainedModel
 
-from .cache import inject_kv
+from .cache import KV, inject_kv
 from .models import forward
 from .scoring import pad_right
 
 
-def kv_reconstruction_loss(pred_kv, native_kv, mask, std=None):
+def kv_reconstruction_loss(pred_kv: KV, native_kv: KV, mask: Tensor, std: Tensor | None = None) -> Tensor:
     """Mean squared error over real tokens, per channel standardised by `std` ([L, 1, 2*H*D]) when given."""
     total, weight = 0.0, mask.float()
     for j, ((pk, pv), (nk, nv)) in enumerate(zip(pred_kv, native_kv)):
@@ -25,7 +27,16 @@ def kv_reconstruction_loss(pred_kv, native_kv, mask, std=None):
     return total / len(pred_kv)
 
 
-def context_correction_loss(target, translated_kv, native_kv, cache_mask, tails, pad_id, w_hidden=1.0, w_kl=1.0):
+def context_correction_loss(
+    target: PreTrainedModel,
+    translated_kv: KV,
+    native_kv: KV,
+    cache_mask: Tensor,
+    tails: list[list[int]],
+    pad_id: int,
+    w_hidden: float = 1.0,
+    w_kl: float = 1.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Align the target's trajectory over `tails` (token lists after the injection point) on the translated vs
     native cache. Returns (loss, {"hidden": ..., "kl": ...}); exactly zero when the two caches are equal."""
     ids, mask = pad_right(tails, pad_id, cache_mask.device)

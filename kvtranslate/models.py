@@ -8,6 +8,8 @@ Qwen2's RoPE positions, and continuing from an injected cache.
 import json
 import math
 import os
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import (
@@ -24,6 +26,7 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.pytorch_utils import Conv1D
 
 from .tokenization import load_tokenizer, save_tokenizer, train_tokenizer
@@ -45,7 +48,9 @@ TINY_SPECS = {
 }
 
 
-def tiny_config(spec, eos_id, pad_id, positions=N_POSITIONS, tie=True):
+def tiny_config(
+    spec: dict[str, Any], eos_id: int, pad_id: int, positions: int = N_POSITIONS, tie: bool = True
+) -> PretrainedConfig:
     common = dict(
         vocab_size=spec["vocab"], bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=pad_id, tie_word_embeddings=tie
     )
@@ -87,7 +92,13 @@ def tiny_config(spec, eos_id, pad_id, positions=N_POSITIONS, tie=True):
     raise ValueError(f"family must be one of {FAMILIES}, got {spec['family']!r}")
 
 
-def build_tiny(name, seed=0, tokenizer=None, positions=N_POSITIONS, init="torch"):
+def build_tiny(
+    name: str,
+    seed: int = 0,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    positions: int = N_POSITIONS,
+    init: str = "torch",
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Fresh (untrained) tiny model + its tokenizer. init="torch" (the committed checkpoints): see
     init_for_retrieval, with untied embeddings; init="hf": HF's N(0, 0.02) with tied input/output embeddings."""
     if name not in TINY_SPECS:
@@ -106,7 +117,7 @@ def build_tiny(name, seed=0, tokenizer=None, positions=N_POSITIONS, init="torch"
 
 
 @torch.no_grad()
-def init_for_retrieval(model):
+def init_for_retrieval(model: PreTrainedModel) -> None:
     """PyTorch's default scales instead of HF's N(0, 0.02): embeddings N(0, 1), every weight matrix
     U(+-1/sqrt(fan_in)). With HF's init and tied embeddings tiny-qwen2 did not learn to retrieve a value by
     matching content (an induction-style circuit) in 15,000 steps of a bare recall task; with this init,
@@ -124,7 +135,7 @@ def init_for_retrieval(model):
             torch.nn.init.zeros_(module.bias)
 
 
-def save_model(model, tokenizer, folder, meta):
+def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: str, meta: dict[str, Any]) -> None:
     os.makedirs(folder, exist_ok=True)
     model.save_pretrained(folder)
     save_tokenizer(tokenizer, folder)
@@ -163,6 +174,27 @@ def load_model(
     family_of(config)  # before loading weights: an unsupported family fails with its name
     model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation="eager").eval()
     return model.to(device), load_tokenizer(where)
+
+
+@dataclass(frozen=True, eq=False)
+class ModelPair:
+    """The two sides of a translation: the source model that read the context (and its tokenizer) and the target
+    model that answers from the translated cache (and its tokenizer). Every tensor the pipeline builds for a
+    pair lives on the target's device."""
+
+    source: PreTrainedModel
+    source_tok: PreTrainedTokenizerBase
+    target: PreTrainedModel
+    target_tok: PreTrainedTokenizerBase
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+
+def load_pair(source: str, target: str, device: str | torch.device = "cpu") -> ModelPair:
+    """Both models of a pair by name or path (see `resolve`), on `device`."""
+    return ModelPair(*load_model(source, device=device), *load_model(target, device=device))
 
 
 def pick_device(name: str) -> torch.device:
@@ -239,7 +271,7 @@ def forward(
     past_mask: torch.Tensor | None = None,
     hidden_states: bool = False,
     use_cache: bool = True,
-):
+) -> CausalLMOutputWithPast:
     """Run `model` on ids [B, T] continuing `cache` (whose real/pad layout is `past_mask` [B, P])."""
     full_mask = mask if past_mask is None else torch.cat([past_mask, mask], dim=1)
     positions = positions_from_mask(full_mask)[:, -ids.shape[1] :]

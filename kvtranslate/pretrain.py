@@ -19,17 +19,21 @@ import json
 import os
 import random
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 from tqdm import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .corpus import has_same_type_distractor, make_dataset, make_item, make_recall_item, questions_about
+from .corpus import QAItem, has_same_type_distractor, make_dataset, make_item, make_recall_item, questions_about
 from .models import CHECKPOINT_DIR, INITS, N_POSITIONS, TINY_SPECS, build_tiny, forward, save_model
 from .scoring import binding_accuracy, greedy_answers, option_logprobs, pad_right
 from .tokenization import encode_item, encode_text, encode_turn
 
-DEFAULTS = dict(
+DEFAULTS: dict[str, Any] = dict(
     steps=8000,
     batch=32,
     lr=1e-3,
@@ -47,7 +51,7 @@ DEFAULTS = dict(
 )
 
 
-def check_config(cfg):
+def check_config(cfg: dict[str, Any]) -> None:
     """Clear errors for settings the training loop cannot use, raised before any model is built."""
     unknown = sorted(set(cfg) - set(DEFAULTS))
     if unknown:
@@ -72,13 +76,23 @@ def check_config(cfg):
             )
 
 
-def curriculum_facts(progress, max_facts, curriculum):
+def curriculum_facts(progress: float, max_facts: int, curriculum: float) -> int:
+    """Most facts per passage at `progress` (share of the steps done)."""
     if curriculum == 0:  # the full mix of 1..max_facts from the first step
         return max_facts
     return 1 + int((max_facts - 1) * min(1.0, progress / curriculum))
 
 
-def training_batch(tokenizer, rng, batch, max_facts, long_prob, long_facts, questions=1, recall_prob=0.0):
+def training_batch(
+    tokenizer: PreTrainedTokenizerBase,
+    rng: random.Random,
+    batch: int,
+    max_facts: int,
+    long_prob: float,
+    long_facts: int,
+    questions: int = 1,
+    recall_prob: float = 0.0,
+) -> tuple[Tensor, Tensor, Tensor]:
     """A batch of short passages, or (with probability long_prob) a quarter-size batch of long ones: mixing a
     single long passage into a short batch would pad every row to its length.
 
@@ -111,7 +125,9 @@ def training_batch(tokenizer, rng, batch, max_facts, long_prob, long_facts, ques
     return ids, mask, answer_mask
 
 
-def lm_loss(logits, ids, mask, answer_mask, answer_weight, context_weight=1.0):
+def lm_loss(
+    logits: Tensor, ids: Tensor, mask: Tensor, answer_mask: Tensor, answer_weight: float, context_weight: float = 1.0
+) -> Tensor:
     """Next-token loss; answer tokens count (1 + answer_weight) times, every other token (passage, question)
     context_weight times. The passage's names and values are random, so their loss cannot fall below its
     entropy; context_weight < 1 lowers that noise's share of the gradient (the recipe uses 0: answers only)."""
@@ -125,7 +141,9 @@ def lm_loss(logits, ids, mask, answer_mask, answer_weight, context_weight=1.0):
 
 
 @torch.no_grad()
-def direct_accuracy(model, tokenizer, items, batch=64):
+def direct_accuracy(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, items: list[QAItem], batch: int = 64
+) -> tuple[float, float, float | None]:
     """Closed-set accuracy, open exact match, and closed-set accuracy on the items whose passage holds another
     value of the asked type (where matching the type alone cannot find the answer) when the model reads the
     context itself."""
@@ -143,7 +161,15 @@ def direct_accuracy(model, tokenizer, items, batch=64):
     return sum(correct) / len(items), exact / len(items), binding
 
 
-def pretrain(name, out_dir=CHECKPOINT_DIR, log=print, tokenizer=None, **overrides):
+def pretrain(
+    name: str,
+    out_dir: str = CHECKPOINT_DIR,
+    log: Callable[[str], Any] = print,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    **overrides: Any,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
+    """Pretrain tiny model `name` (DEFAULTS with `overrides`) and save it to out_dir/name; returns the model,
+    its tokenizer and the final evaluation record."""
     cfg = {**DEFAULTS, **overrides}
     check_config(cfg)
     torch.manual_seed(cfg["seed"])

@@ -11,12 +11,16 @@ from collections import Counter
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .cache import inject_kv, repeat_kv_batch
+from .cache import KV, inject_kv, repeat_kv_batch
 from .models import forward
 
 
-def pad_right(rows, pad_id, device=None):
+def pad_right(rows: list[list[int]], pad_id: int, device: str | torch.device | None = None) -> tuple[Tensor, Tensor]:
+    """Right-padded ids and mask [rows, longest]."""
     length = max(len(r) for r in rows)
     ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), length), dtype=torch.long)
@@ -26,7 +30,8 @@ def pad_right(rows, pad_id, device=None):
     return ids.to(device), mask.to(device)
 
 
-def pad_left(rows, pad_id, device=None):
+def pad_left(rows: list[list[int]], pad_id: int, device: str | torch.device | None = None) -> tuple[Tensor, Tensor]:
+    """Left-padded ids and mask [rows, longest]."""
     length = max(len(r) for r in rows)
     ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), length), dtype=torch.long)
@@ -37,7 +42,15 @@ def pad_left(rows, pad_id, device=None):
     return ids.to(device), mask.to(device)
 
 
-def run_tail(model, kv, kv_mask, tails, pad_id, hidden_states=False):
+def run_tail(
+    model: PreTrainedModel,
+    kv: KV | None,
+    kv_mask: Tensor | None,
+    tails: list[list[int]],
+    pad_id: int,
+    hidden_states: bool = False,
+) -> tuple[CausalLMOutputWithPast, Tensor, Tensor]:
+    """The model over right-padded `tails` after the injected cache (if any); the output, ids and mask."""
     ids, mask = pad_right(tails, pad_id, model.device)
     cache = inject_kv(model, kv, kv_mask) if kv is not None else None
     out = forward(model, ids, mask, cache, kv_mask if kv is not None else None, hidden_states=hidden_states)
@@ -45,7 +58,14 @@ def run_tail(model, kv, kv_mask, tails, pad_id, hidden_states=False):
 
 
 @torch.no_grad()
-def option_logprobs(model, kv, kv_mask, tails, options, pad_id):
+def option_logprobs(
+    model: PreTrainedModel,
+    kv: KV | None,
+    kv_mask: Tensor | None,
+    tails: list[list[int]],
+    options: list[list[list[int]]],
+    pad_id: int,
+) -> Tensor:
     """Sum of log p(option tokens | cache, tail) for every option of every row (lm-eval's `acc` convention).
 
     tails: list of token lists; options: list (per row) of lists of token lists. Returns [rows, n_options]."""
@@ -68,7 +88,15 @@ def option_logprobs(model, kv, kv_mask, tails, options, pad_id):
 
 
 @torch.no_grad()
-def greedy_answers(model, kv, kv_mask, tails, pad_id, eos_id, max_new_tokens=6):
+def greedy_answers(
+    model: PreTrainedModel,
+    kv: KV | None,
+    kv_mask: Tensor | None,
+    tails: list[list[int]],
+    pad_id: int,
+    eos_id: int,
+    max_new_tokens: int = 6,
+) -> list[list[int]]:
     """Greedy continuation of every tail until EOS; returns token lists without the EOS."""
     out, ids, mask = run_tail(model, kv, kv_mask, tails, pad_id)
     past_mask = mask if kv is None else torch.cat([kv_mask, mask], 1)
@@ -91,14 +119,15 @@ def greedy_answers(model, kv, kv_mask, tails, pad_id, eos_id, max_new_tokens=6):
     return answers
 
 
-def normalize_answer(s):
+def normalize_answer(s: str) -> str:
     """SQuAD normalisation: lower case, no punctuation, no articles, single spaces."""
     s = "".join(ch for ch in s.lower() if ch not in set(string.punctuation))
     s = re.sub(r"\b(a|an|the)\b", " ", s)
     return " ".join(s.split())
 
 
-def f1_em(prediction, gold):
+def f1_em(prediction: str, gold: str) -> tuple[float, float]:
+    """SQuAD F1 and exact match of one answer."""
     p, g = normalize_answer(prediction).split(), normalize_answer(gold).split()
     em = float(p == g)
     common = Counter(p) & Counter(g)
@@ -109,7 +138,7 @@ def f1_em(prediction, gold):
     return 2 * precision * recall / (precision + recall), em
 
 
-def binding_accuracy(needs_binding, correct):
+def binding_accuracy(needs_binding: list[bool], correct: list[bool]) -> float | None:
     """Accuracy on the examples whose passage holds another value of the asked type (None if there are none)."""
     picked = [c for c, flag in zip(correct, needs_binding) if flag]
     return sum(picked) / len(picked) if picked else None

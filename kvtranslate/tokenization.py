@@ -1,16 +1,17 @@
 """Small byte-level BPE tokenizers trained locally on the synthetic corpus (one per tiny model)."""
 
 import os
+from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from .corpus import tokenizer_training_text
+from .corpus import QAItem, tokenizer_training_text
 
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 
 
-def train_tokenizer(vocab_size, seed=0):
+def train_tokenizer(vocab_size: int, seed: int = 0) -> PreTrainedTokenizerFast:
     """Byte-level BPE; different vocab sizes give different segmentations of the same text."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -26,15 +27,15 @@ def train_tokenizer(vocab_size, seed=0):
     return wrap(tok)
 
 
-def wrap(tok):
+def wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD)
 
 
-def save_tokenizer(tokenizer, folder):
+def save_tokenizer(tokenizer: PreTrainedTokenizerFast, folder: str) -> None:
     tokenizer.backend_tokenizer.save(os.path.join(folder, "tokenizer.json"))
 
 
-def load_tokenizer(name_or_path):
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """A folder written by `pretrain` holds a bare tokenizer.json plus kvtranslate.json: load it as a plain
     fast tokenizer (AutoTokenizer would follow the model config and build e.g. a Qwen2Tokenizer)."""
     meta = os.path.join(name_or_path, "kvtranslate.json")
@@ -46,7 +47,7 @@ def load_tokenizer(name_or_path):
     return tokenizer
 
 
-def encode_item(tokenizer, item):
+def encode_item(tokenizer: PreTrainedTokenizerBase, item: QAItem) -> dict[str, Any]:
     """Context, question, answer(+EOS) and options(+EOS) token lists, each piece encoded on its own so the
     context tokens are identical whether the model reads the context alone or followed by a question."""
     eos = [tokenizer.eos_token_id]
@@ -57,11 +58,11 @@ def encode_item(tokenizer, item):
     )
 
 
-def encode_text(tokenizer, text):
+def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def encode_turn(tokenizer, item):
+def encode_turn(tokenizer: PreTrainedTokenizerBase, item: QAItem) -> dict[str, list[int]]:
     """Question and answer(+EOS) tokens of one question turn, without re-encoding the passage and options."""
     return dict(
         question=encode_text(tokenizer, item.question),

@@ -6,35 +6,27 @@ target replays the context after p plus question and answer on the translated vs
 """
 
 import json
-import os
 import random
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
+from torch import Tensor
 from tqdm import tqdm
 
-from .align import align_offsets, char_offsets, padded_alignment
 from .cache import prefill_kv, prefix_kv
-from .corpus import has_same_type_distractor, make_dataset
+from .corpus import make_dataset
 from .losses import context_correction_loss, kv_reconstruction_loss
-from .models import family_of, kv_geometry
-from .scoring import pad_left
-from .tokenization import encode_item
-from .translators import KVTranslator, source_features, target_embeddings
+from .models import ModelPair, family_of
+from .pipeline import TRANSLATOR_DEFAULTS, EncodedItem, build_translator, collate, encode_pair_items, translate_batch
+from .translators import KVTranslator
 
-TRAIN_DEFAULTS = dict(
-    kind="mot",
+TRAIN_DEFAULTS: dict[str, Any] = dict(
+    **TRANSLATOR_DEFAULTS,
     steps=1500,
     batch=16,
     lr=2e-3,
-    k_layers=2,
-    hidden=256,
-    n_experts=4,
-    gating="softmax",
-    top_k=2,
-    latent=256,
-    window=8,
-    embed_dim=128,
     w_rec=1.0,
     w_ccl=1.0,
     w_hidden=1.0,
@@ -48,63 +40,14 @@ TRAIN_DEFAULTS = dict(
 )
 
 
-def encode_pair_items(source_tok, target_tok, items):
-    """Tokenise every item for both models and align target context tokens to source context tokens."""
-    out = []
-    for item in items:
-        src_ids, src_off = char_offsets(source_tok, item.passage)
-        tgt_ids, tgt_off = char_offsets(target_tok, item.passage)
-        e = encode_item(target_tok, item)
-        if e["context"] != tgt_ids:
-            raise ValueError("context tokenisation with offsets differs from plain tokenisation")
-        out.append(
-            dict(
-                src=src_ids,
-                tgt=tgt_ids,
-                align=align_offsets(src_off, tgt_off),
-                question=e["question"],
-                answer=e["answer"],
-                options=e["options"],
-                label=item.label,
-                gold=item.answer.strip(),
-                needs_binding=has_same_type_distractor(item),
-            )
-        )
-    return out
-
-
-def collate(examples, source_tok, target_tok, device=None):
-    src_ids, src_mask = pad_left([e["src"] for e in examples], source_tok.pad_token_id, device)
-    tgt_ids, tgt_mask = pad_left([e["tgt"] for e in examples], target_tok.pad_token_id, device)
-    index = padded_alignment(
-        [e["align"] for e in examples], [len(e["src"]) for e in examples], src_ids.shape[1], tgt_ids.shape[1]
-    ).to(device)
-    return dict(src_ids=src_ids, src_mask=src_mask, tgt_ids=tgt_ids, tgt_mask=tgt_mask, index=index)
-
-
-def aligned_features(source_kv, index):
-    feats = source_features(source_kv)  # [B, Ts, Ls, F]
-    idx = index[:, :, None, None].expand(-1, -1, feats.shape[2], feats.shape[3])
-    return feats.gather(1, idx)
-
-
-def translate_batch(translator, source, target, batch, source_kv=None):
-    """Source KV (prefilled here unless given) -> translated target pre-RoPE KV for the batch's contexts."""
-    if source_kv is None:
-        with torch.no_grad():
-            source_kv = prefill_kv(source, batch["src_ids"], batch["src_mask"])
-    feats = aligned_features(source_kv, batch["index"])
-    with torch.no_grad():
-        emb = target_embeddings(target, batch["tgt_ids"], batch["tgt_mask"])  # the translator builds the window
-    return translator(feats, emb, batch["tgt_mask"])
-
-
-def training_loss(translator, source, source_tok, target, target_tok, examples, cfg, frac):
+def training_loss(
+    translator: KVTranslator, pair: ModelPair, examples: list[EncodedItem], cfg: dict[str, Any], frac: float
+) -> tuple[Tensor, dict[str, float]]:
     """KV reconstruction + load balancing + CCL at injection point `frac` for one batch of examples."""
-    batch = collate(examples, source_tok, target_tok, target.device)
+    batch = collate(pair, examples)
     with torch.no_grad():
-        native_kv = prefill_kv(target, batch["tgt_ids"], batch["tgt_mask"])
-    pred_kv, aux = translate_batch(translator, source, target, batch)
+        native_kv = prefill_kv(pair.target, batch["tgt_ids"], batch["tgt_mask"])
+    pred_kv, aux = translate_batch(translator, pair, batch)
     rec = kv_reconstruction_loss(pred_kv, native_kv, batch["tgt_mask"], translator.out_std)
     loss = cfg["w_rec"] * rec + cfg["w_balance"] * aux["balance"]
     parts = {"rec": rec.item(), "balance": aux["balance"].item()}
@@ -114,35 +57,27 @@ def training_loss(translator, source, source_tok, target, target_tok, examples, 
         native_prefix, _ = prefix_kv(native_kv, batch["tgt_mask"], lengths)
         tails = [e["tgt"][n:] + e["question"] + e["answer"] for e, n in zip(examples, lengths)]
         ccl, ccl_parts = context_correction_loss(
-            target, pred_prefix, native_prefix, cache_mask, tails, target_tok.pad_token_id, cfg["w_hidden"], cfg["w_kl"]
+            pair.target,
+            pred_prefix,
+            native_prefix,
+            cache_mask,
+            tails,
+            pair.target_tok.pad_token_id,
+            cfg["w_hidden"],
+            cfg["w_kl"],
         )
         loss = loss + cfg["w_ccl"] * ccl
         parts.update(ccl=ccl.item(), hidden=ccl_parts["hidden"].item(), kl=ccl_parts["kl"].item())
     return loss, parts
 
 
-def build_translator(source, target, cfg):
-    """A translator for the pair, initialised on the CPU (same weights from the same seed on every device) and
-    placed on the target's device."""
-    return KVTranslator(
-        kv_geometry(source),
-        kv_geometry(target),
-        kv_geometry(target)["hidden"],
-        kind=cfg["kind"],
-        k_layers=cfg["k_layers"],
-        hidden=cfg["hidden"],
-        n_experts=cfg["n_experts"],
-        gating=cfg["gating"],
-        top_k=cfg["top_k"],
-        latent=cfg["latent"],
-        window=cfg["window"],
-        embed_dim=cfg["embed_dim"],
-    ).to(target.device)
-
-
-def train_translator(source, source_tok, target, target_tok, log=print, **overrides):
+def train_translator(
+    pair: ModelPair, log: Callable[[str], Any] = print, **overrides: Any
+) -> tuple[KVTranslator, list[dict[str, float]], dict[str, Any]]:
+    """A translator trained on training names and templates; returns it (eval mode), the loss history every 50
+    steps and the settings used (TRAIN_DEFAULTS with `overrides`)."""
     cfg = {**TRAIN_DEFAULTS, **overrides}
-    for model in (source, target):
+    for model in (pair.source, pair.target):
         family_of(model)  # raises for an unsupported family
     if cfg["batch"] < 1 or cfg["steps"] < 1:
         raise ValueError(f"batch and steps must be >= 1, got batch={cfg['batch']} steps={cfg['steps']}")
@@ -151,16 +86,16 @@ def train_translator(source, source_tok, target, target_tok, log=print, **overri
     torch.manual_seed(cfg["seed"])
     rng = random.Random(cfg["seed"])
     items = make_dataset(cfg["n_train"], seed=cfg["seed"] + 1000, split="train", phrase_mix=cfg["phrase_mix"])
-    data = encode_pair_items(source_tok, target_tok, items)
-    translator = build_translator(source, target, cfg)
-    for p in list(source.parameters()) + list(target.parameters()):
+    data = encode_pair_items(pair, items)
+    translator = build_translator(pair, cfg)
+    for p in list(pair.source.parameters()) + list(pair.target.parameters()):
         p.requires_grad_(False)
     # output statistics from a few batches of native target KV
     stats_kv, stats_mask = [], []
     for i in range(0, min(256, len(data)), 64):
-        b = collate(data[i : i + 64], source_tok, target_tok, target.device)
+        b = collate(pair, data[i : i + 64])
         with torch.no_grad():
-            stats_kv.append(prefill_kv(target, b["tgt_ids"], b["tgt_mask"]))
+            stats_kv.append(prefill_kv(pair.target, b["tgt_ids"], b["tgt_mask"]))
         stats_mask.append(b["tgt_mask"])
     translator.fit_output_stats(stats_kv, stats_mask)
     opt = torch.optim.AdamW(translator.parameters(), lr=cfg["lr"], weight_decay=0.01)
@@ -172,7 +107,7 @@ def train_translator(source, source_tok, target, target_tok, log=print, **overri
         frac = rng.choice(cfg["injection_points"])
         # CCL joins once reconstruction has converged: from scratch its gradients swamp the KV term
         step_cfg = cfg if step >= cfg["ccl_start"] * cfg["steps"] else {**cfg, "w_ccl": 0.0}
-        loss, parts = training_loss(translator, source, source_tok, target, target_tok, examples, step_cfg, frac)
+        loss, parts = training_loss(translator, pair, examples, step_cfg, frac)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(translator.parameters(), 1.0)
@@ -199,20 +134,3 @@ def train_translator(source, source_tok, target, target_tok, log=print, **overri
         )
     )
     return translator, history, cfg
-
-
-def save_translator(translator, cfg, folder):
-    os.makedirs(folder, exist_ok=True)
-    torch.save(translator.state_dict(), os.path.join(folder, "translator.pt"))
-    with open(os.path.join(folder, "translator.json"), "w") as f:
-        json.dump({k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}, f, indent=1)
-
-
-def load_translator(source, target, folder):
-    with open(os.path.join(folder, "translator.json")) as f:
-        # every setting is saved; folders written before the window option existed read one token
-        cfg = {**TRAIN_DEFAULTS, "window": 1, **json.load(f)}
-    translator = build_translator(source, target, cfg)
-    state = torch.load(os.path.join(folder, "translator.pt"), map_location=target.device, weights_only=True)
-    translator.load_state_dict(state)
-    return translator.eval(), cfg

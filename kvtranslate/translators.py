@@ -22,21 +22,24 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch import Tensor
+from transformers import PreTrainedModel
 
 from .align import layer_map
+from .cache import KV
 from .models import family_of, positions_from_mask
 
 KINDS = ("mot", "single", "shared-latent")
 GATINGS = ("softmax", "topk")
 
 
-def source_features(kv):
+def source_features(kv: KV) -> Tensor:
     """List of (K, V) [B, H, T, D] -> [B, T, layers, 2*H*D] (keys pre-RoPE)."""
     feats = [torch.cat([k, v], dim=1).transpose(1, 2).flatten(2) for k, v in kv]
     return torch.stack(feats, dim=2)
 
 
-def target_embeddings(model, ids, mask, window=1):
+def target_embeddings(model: PreTrainedModel, ids: Tensor, mask: Tensor, window: int = 1) -> Tensor:
     """The target's input-embedding lookup (token + learned position where the family has one) of each token and
     its window - 1 predecessors, concatenated [B, T, window * E] (zeros before the first real token)."""
     family = family_of(model)
@@ -51,7 +54,7 @@ def target_embeddings(model, ids, mask, window=1):
     return embedding_window(emb * mask[..., None].to(emb.dtype), window)
 
 
-def embedding_window(emb, window):
+def embedding_window(emb: Tensor, window: int) -> Tensor:
     """[B, T, E] -> [B, T, window * E]: each token's vector, then its predecessors' (zeros before the first)."""
     return torch.cat([F.pad(emb[:, : emb.shape[1] - i], (0, 0, i, 0)) for i in range(window)], dim=-1)
 
@@ -66,19 +69,19 @@ class KVTranslator(nn.Module):
 
     def __init__(
         self,
-        source_geom,
-        target_geom,
-        target_embed_dim,
-        kind="mot",
-        k_layers=2,
-        hidden=128,
-        n_experts=4,
-        gating="softmax",
-        top_k=2,
-        latent=256,
-        window=1,
-        embed_dim=128,
-    ):
+        source_geom: dict[str, int],
+        target_geom: dict[str, int],
+        target_embed_dim: int,
+        kind: str = "mot",
+        k_layers: int = 2,
+        hidden: int = 128,
+        n_experts: int = 4,
+        gating: str = "softmax",
+        top_k: int = 2,
+        latent: int = 256,
+        window: int = 1,
+        embed_dim: int = 128,
+    ) -> None:
         super().__init__()
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -125,7 +128,7 @@ class KVTranslator(nn.Module):
         self.expert_out = nn.Parameter(torch.randn(L_t, M * hidden, out_dim) / math.sqrt(hidden))
         self.expert_out_bias = nn.Parameter(torch.zeros(L_t, M, out_dim))
 
-    def route(self, logits):
+    def route(self, logits: Tensor) -> tuple[Tensor, Tensor]:
         """Token-wise mixture weights [L, N, M] (sum to 1) from router logits."""
         probs = F.softmax(logits, dim=-1)
         if self.gating == "softmax":
@@ -134,7 +137,7 @@ class KVTranslator(nn.Module):
         gates = torch.zeros_like(probs).scatter(-1, top.indices, top.values)
         return gates / gates.sum(-1, keepdim=True), probs
 
-    def forward(self, src_feats, tgt_embed, mask=None):
+    def forward(self, src_feats: Tensor, tgt_embed: Tensor, mask: Tensor | None = None) -> tuple[KV, dict[str, Tensor]]:
         """src_feats [B, T, L_s, F_s] (already aligned to target tokens), tgt_embed [B, T, E] (the target's
         embedding lookups, one per token: the window is built here), mask [B, T].
         Returns target pre-RoPE kv (list of (K, V) [B, H_t, T, D_t]) and aux {"balance", "gates"}."""
@@ -165,7 +168,7 @@ class KVTranslator(nn.Module):
         return [(y[j, 0], y[j, 1]) for j in range(L)], aux
 
     @torch.no_grad()
-    def fit_output_stats(self, kv_list, masks):
+    def fit_output_stats(self, kv_list: list[KV], masks: list[Tensor]) -> None:
         """Per-channel mean/std of the target's native K/V over real tokens of a few batches."""
         rows = [[] for _ in range(self.layers)]
         for kv, mask in zip(kv_list, masks):
@@ -178,7 +181,7 @@ class KVTranslator(nn.Module):
             self.out_std[j, 0] = data.std(0).clamp(min=1e-3)
 
 
-def balance_loss(probs, mask=None):
+def balance_loss(probs: Tensor, mask: Tensor | None = None) -> Tensor:
     """Switch-Transformer load balancing: M * sum_m (fraction routed to m) * (mean router prob of m)."""
     L, N, M = probs.shape
     weight = torch.ones(N, device=probs.device) if mask is None else mask.reshape(-1).float()

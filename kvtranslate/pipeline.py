@@ -1,0 +1,142 @@
+"""The translation pipeline that training and evaluation share: encode a pair's passages, collate a batch,
+translate it, and build / save / load the translator.
+
+An encoded item holds both tokenizations of the passage and the alignment of every target token to a source
+token (align.py); a batch is left-padded on both sides, with the alignment shifted into the padded source axis.
+"""
+
+import json
+import os
+from typing import Any, TypedDict
+
+import torch
+from torch import Tensor
+
+from .align import align_tokens, padded_alignment
+from .cache import KV, prefill_kv
+from .corpus import QAItem, has_same_type_distractor
+from .models import ModelPair, kv_geometry
+from .scoring import pad_left
+from .tokenization import encode_item
+from .translators import KVTranslator, source_features, target_embeddings
+
+# the translator's architecture (train.TRAIN_DEFAULTS adds the training settings)
+TRANSLATOR_DEFAULTS: dict[str, Any] = dict(
+    kind="mot",
+    k_layers=2,
+    hidden=256,
+    n_experts=4,
+    gating="softmax",
+    top_k=2,
+    latent=256,
+    window=8,
+    embed_dim=128,
+)
+
+Batch = dict[str, Tensor]  # src_ids, src_mask, tgt_ids, tgt_mask [B, T] and index [B, T_target]
+
+
+class EncodedItem(TypedDict):
+    src: list[int]  # source tokens of the passage
+    tgt: list[int]  # target tokens of the passage
+    align: list[int]  # per target token, the source token it reads
+    question: list[int]  # target tokens
+    answer: list[int]  # target tokens, EOS included
+    options: list[list[int]]  # target tokens, EOS included
+    label: int
+    gold: str
+    needs_binding: bool
+
+
+def encode_pair_items(pair: ModelPair, items: list[QAItem]) -> list[EncodedItem]:
+    """Tokenise every item for both models and align target context tokens to source context tokens."""
+    out = []
+    for item in items:
+        src_ids, tgt_ids, alignment = align_tokens(pair.source_tok, pair.target_tok, item.passage)
+        e = encode_item(pair.target_tok, item)
+        if e["context"] != tgt_ids:
+            raise ValueError("context tokenisation with offsets differs from plain tokenisation")
+        out.append(
+            EncodedItem(
+                src=src_ids,
+                tgt=tgt_ids,
+                align=alignment,
+                question=e["question"],
+                answer=e["answer"],
+                options=e["options"],
+                label=item.label,
+                gold=item.answer.strip(),
+                needs_binding=has_same_type_distractor(item),
+            )
+        )
+    return out
+
+
+def collate(pair: ModelPair, examples: list[EncodedItem]) -> Batch:
+    """Left-padded source and target contexts of a batch on the target's device, with the alignment index."""
+    device = pair.device
+    src_ids, src_mask = pad_left([e["src"] for e in examples], pair.source_tok.pad_token_id, device)
+    tgt_ids, tgt_mask = pad_left([e["tgt"] for e in examples], pair.target_tok.pad_token_id, device)
+    index = padded_alignment(
+        [e["align"] for e in examples], [len(e["src"]) for e in examples], src_ids.shape[1], tgt_ids.shape[1]
+    ).to(device)
+    return dict(src_ids=src_ids, src_mask=src_mask, tgt_ids=tgt_ids, tgt_mask=tgt_mask, index=index)
+
+
+def aligned_features(source_kv: KV, index: Tensor) -> Tensor:
+    """Source features [B, T_target, source layers, F] at the source token each target token reads."""
+    feats = source_features(source_kv)  # [B, Ts, Ls, F]
+    idx = index[:, :, None, None].expand(-1, -1, feats.shape[2], feats.shape[3])
+    return feats.gather(1, idx)
+
+
+def translate_batch(
+    translator: KVTranslator, pair: ModelPair, batch: Batch, source_kv: KV | None = None
+) -> tuple[KV, dict[str, Tensor]]:
+    """Source KV (prefilled here unless given) -> translated target pre-RoPE KV for the batch's contexts."""
+    if source_kv is None:
+        with torch.no_grad():
+            source_kv = prefill_kv(pair.source, batch["src_ids"], batch["src_mask"])
+    feats = aligned_features(source_kv, batch["index"])
+    with torch.no_grad():
+        emb = target_embeddings(pair.target, batch["tgt_ids"], batch["tgt_mask"])  # the translator builds the window
+    return translator(feats, emb, batch["tgt_mask"])
+
+
+def build_translator(pair: ModelPair, cfg: dict[str, Any]) -> KVTranslator:
+    """A translator for the pair, initialised on the CPU (same weights from the same seed on every device) and
+    placed on the target's device."""
+    target_geometry = kv_geometry(pair.target)
+    return KVTranslator(
+        kv_geometry(pair.source),
+        target_geometry,
+        target_geometry["hidden"],
+        kind=cfg["kind"],
+        k_layers=cfg["k_layers"],
+        hidden=cfg["hidden"],
+        n_experts=cfg["n_experts"],
+        gating=cfg["gating"],
+        top_k=cfg["top_k"],
+        latent=cfg["latent"],
+        window=cfg["window"],
+        embed_dim=cfg["embed_dim"],
+    ).to(pair.device)
+
+
+def save_translator(translator: KVTranslator, cfg: dict[str, Any], folder: str) -> None:
+    """translator.pt (the state dict) and translator.json (every setting) in `folder`."""
+    os.makedirs(folder, exist_ok=True)
+    torch.save(translator.state_dict(), os.path.join(folder, "translator.pt"))
+    with open(os.path.join(folder, "translator.json"), "w") as f:
+        json.dump({k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}, f, indent=1)
+
+
+def load_translator(pair: ModelPair, folder: str) -> tuple[KVTranslator, dict[str, Any]]:
+    """A translator saved by `save_translator`, in eval mode on the target's device, and its settings."""
+    with open(os.path.join(folder, "translator.json")) as f:
+        # every setting is saved; folders written before the window option existed read one token
+        cfg = {**TRANSLATOR_DEFAULTS, "window": 1, **json.load(f)}
+    translator = build_translator(pair, cfg)
+    state = torch.load(os.path.join(folder, "translator.pt"), map_location=pair.device, weights_only=True)
+    translator.load_state_dict(state)
+    return translator.eval(), cfg
