@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from clients.local_training import GRAD_CLIP_NORM, LocalSettings, local_batches
 from fl_app.data.augment import crop_flip, normalize
 from fl_app.data.images import ImageData
+from fl_app.run.config import check_choice
 
 
 # -- prototypes and topology ---------------------------------------------------------------------------------------
@@ -137,8 +138,7 @@ def fedtopo_upload(
     model, data: ImageData, num_classes: int, source: str, max_samples: int, seed: int
 ) -> dict[str, np.ndarray]:
     """What a FedTopo client sends: pairwise relation scores S (C×C) and its true per-class counts. No weights."""
-    if source not in ("prototypes", "logits"):
-        raise ValueError(f"topo-source='{source}': allowed values are ['prototypes', 'logits']")
+    check_choice("topo-source", source)
     logits, feats, labels = embed(model, data, max_samples, seed)
     protos, _ = class_prototypes(feats if source == "prototypes" else logits, labels, num_classes)
     counts = class_counts(data, num_classes)

@@ -41,10 +41,10 @@ def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = Non
     """FEAST without Flower: one process, clients one after another. Returns the final tiers (and saves the final
     global model to ``state_out``)."""
     from clients.feast import LocalSettings, plan_subnets, train_subnets
-    from fl_app.client_app import local_seed
     from fl_app.models.elastic_resnet import ElasticResNet
     from fl_app.run.config import validate_run_config
     from fl_app.run.lr_schedule import lr_schedule
+    from fl_app.run.seeds import derived_seed
     from fl_app.supernet.evaluation import TierEvaluator
     from fl_app.supernet.federation import Federation, client_data, dataset_for, server_splits
     from fl_app.supernet.slicing import slice_state, subnet_shapes
@@ -83,7 +83,7 @@ def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = Non
             model.load_state_dict({k: torch.from_numpy(v) for k, v in routed.items()}, strict=False)
             data = client_data(run, pid, num_clients)
             settings = LocalSettings.from_run(
-                run, lr_of_round(server_round), local_seed(run["seed"], server_round, pid)
+                run, lr_of_round(server_round), derived_seed(run["seed"], server_round, pid)
             )
             train_subnets(model, plan_subnets(fed.cache, budgets[pid], bounds, run.train_subnets), data, settings)
             trained = {

@@ -37,7 +37,7 @@ SCALES = {
 
 
 def per_round_traffic(method: str, scale: dict, rounds: int, seed: int) -> dict:
-    from fl_app.server_app import make_supernet_strategy  # the app's own wiring of each method
+    from fl_app.supernet_app import make_supernet_strategy  # the app's own wiring of each method
 
     clients = scale["clients"]
     run = validate_run_config(

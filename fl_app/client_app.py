@@ -3,30 +3,16 @@
 from __future__ import annotations
 
 import os
-import time
-from functools import lru_cache
 
-import numpy as np
 import torch
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients.feast import SubnetPlan, plan_subnets, train_subnets
-from clients.local_training import LocalSettings
-from fl_app.models.elastic_resnet import ElasticResNet
-from fl_app.run.config import SUPERNET_METHODS, RunConfig, validate_run_config
-from fl_app.run.payload import record_to_state, state_to_record
-from fl_app.supernet.federation import Federation, client_data
-from fl_app.supernet.slicing import slice_state, subnet_shapes
-from fl_app.supernet.space import Subnet, width_sliced_config
-from fl_app.supernet.training_costs import train_costs
+from fl_app.hetero_app import HETERO_METHODS, evaluate_hetero, train_hetero
+from fl_app.run.config import SUPERNET_METHODS, validate_run_config
+from fl_app.supernet_app import train_feast
 
 app = ClientApp()
-
-
-@lru_cache(maxsize=2)
-def _federation(run_items: tuple, num_partitions: int) -> Federation:
-    return Federation.build(RunConfig(dict(run_items)), num_partitions)
 
 
 def node_partition(context: Context) -> tuple[int, int]:
@@ -41,10 +27,6 @@ def query(msg: Message, context: Context) -> Message:
     if "budget-macs" in context.node_config:
         info["budget-macs"] = float(context.node_config["budget-macs"])
     return Message(RecordDict({"config": ConfigRecord(info)}), reply_to=msg)
-
-
-def local_seed(seed: int, server_round: int, partition_id: int) -> int:
-    return int(np.random.SeedSequence([seed, server_round, partition_id]).generate_state(1)[0])
 
 
 def use_node_threads(context: Context) -> None:
@@ -74,62 +56,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     return CLIENT_EVALUATION[run["method"]](msg, run, pid, num, context)
 
 
-def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
-    """FEAST and the supernet / width-sliced baselines: the server says what is routed and, for the baselines,
-    which single subnet to train; FEAST clients plan their max/min/random step themselves. Stateless between rounds
-    (``context`` unused): everything arrives with the message."""
-    started = time.perf_counter()
-    fed = _federation(tuple(sorted(run.values.items())), num)
-    config = msg.content.config_records["config"]
-    dtype = str(config["payload-dtype"])
-    cfg = width_sliced_config(fed.cfg) if config.get("model", "supernet") == "width-sliced" else fed.cfg
-    bounds = Subnet(config["bounds-d"], config["bounds-e"], config["bounds-w"])
-
-    model = ElasticResNet(cfg, bounds)
-    received = record_to_state(msg.content.array_records["arrays"], dtype)
-    model.load_state_dict({k: torch.from_numpy(v) for k, v in received.items()}, strict=False)
-    model.set_width_scaler(float(config.get("width-rate", 1.0)))
-    if "arch-d" in config:
-        arch = Subnet(config["arch-d"], config["arch-e"], config["arch-w"])
-        plan, returned = SubnetPlan(arch, None, []), subnet_shapes(cfg, arch)
-    else:
-        plan = plan_subnets(fed.cache, float(config["budget-macs"]), bounds, run.train_subnets)
-        returned = {k: v.shape for k, v in received.items()}
-    data = client_data(run, pid, num, config.get("partition-budgets"))  # declared budgets shape the split
-    labels = sorted(int(c) for c in torch.unique(data.labels))
-    logit_mask = None
-    if config.get("mask-labels", False):  # HeteroFL: only the classifier rows of labels held here are trained
-        logit_mask = torch.zeros(cfg.n_classes, dtype=torch.bool)
-        logit_mask[labels] = True
-    settings = LocalSettings.from_run(
-        run, float(config["lr"]), local_seed(run["seed"], int(config["server-round"]), pid)
-    )
-    metrics = train_subnets(model, plan, data, settings, logit_mask)
-
-    # send back exactly what was received, cut to the trained subnet when one was assigned
-    trained = slice_state(model.state_dict(), {k: v for k, v in returned.items() if k in received})
-    reply = RecordDict(
-        {
-            "arrays": state_to_record(trained, dtype),
-            "metrics": MetricRecord(
-                {
-                    "num-examples": len(data),
-                    "partition-id": pid,
-                    "labels": labels,
-                    **metrics,
-                    **train_costs(
-                        cfg, plan.largest, plan.smallest, plan.between, metrics["local-steps"] * settings.batch_size
-                    ),
-                    "client-seconds": time.perf_counter() - started,
-                }
-            ),
-        }
-    )
-    return Message(reply, reply_to=msg)
-
-
 # method -> client training; every method in fl_app.run.config.METHODS has an entry
-from fl_app.hetero_app import HETERO_METHODS, evaluate_hetero, train_hetero  # noqa: E402  (model-heterogeneous)
 
 CLIENT_TRAINING = {**dict.fromkeys(SUPERNET_METHODS, train_feast), **dict.fromkeys(HETERO_METHODS, train_hetero)}
 CLIENT_EVALUATION = dict.fromkeys(HETERO_METHODS, evaluate_hetero)

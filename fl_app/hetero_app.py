@@ -49,8 +49,9 @@ from fl_app.run.checkpoint import (
 from fl_app.run.config import RunConfig
 from fl_app.run.device import preferred_device
 from fl_app.run.lr_schedule import lr_schedule
-from fl_app.run.outputs import plot_accuracy_per_round, prepare_output_dir, write_csv, write_json
+from fl_app.run.outputs import plot_accuracy_per_round, prepare_output_dir, write_results, write_round_files
 from fl_app.run.payload import record_to_state, state_to_record
+from fl_app.run.seeds import derived_seed
 from strategies.fedtopo import FedTopoStrategy
 from strategies.fedtopo_baselines import FdStrategy, FedProtoStrategy, FedTgpStrategy, LgFedAvgStrategy, LocalStrategy
 from strategies.hetero_base import HeteroStrategy
@@ -194,10 +195,6 @@ def client_data(run: RunConfig, pid: int, num_partitions: int) -> tuple[ImageDat
 
 
 # -- client --------------------------------------------------------------------------------------------------------
-def _seed(*parts: int) -> int:
-    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
-
-
 MODEL_STATE = "hetero-model"  # the ArrayRecord in context.state that holds a client's model between rounds
 MODELS_DIR = "client-models"  # where clients keep model files for a resume (see ``client_model_dirs``)
 
@@ -277,7 +274,7 @@ def load_client_model(run: RunConfig, pid: int, state: RecordDict, num: int = 0,
     resumed round; else a seeded fresh one (before its first round). On the node's preferred device."""
     num_classes = DATASETS[run["dataset"]].num_classes
     with torch.random.fork_rng():
-        torch.manual_seed(_seed(run["seed"], 7, pid))
+        torch.manual_seed(derived_seed(run["seed"], 7, pid))
         model = client_model(run["model-family"], pid, num_classes, run["feature-dim"])
     if MODEL_STATE in state.array_records:
         model.load_state_dict(state.array_records[MODEL_STATE].to_torch_state_dict())
@@ -319,7 +316,7 @@ def train_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Cont
     if problem:
         raise ValueError(f"client {pid} refuses the round-{server_round} broadcast: {problem}")
     model = load_client_model(run, pid, context.state, num, config, context.node_config)
-    seed = _seed(run["seed"], server_round, pid)
+    seed = derived_seed(run["seed"], server_round, pid)
     loss_fn = method.loss(run, model, global_arrays)
     metrics = local_train(model, train, LocalSettings.from_run(run, float(config["lr"]), seed), loss_fn)
     if not model_is_finite(model):
@@ -401,12 +398,6 @@ def hetero_summary(run: RunConfig, strategy, num_clients: int, seconds: float, e
     }
 
 
-def write_round_files(out_dir: Path, strategy) -> None:
-    """metrics.csv (evaluated rounds) and rounds.csv (every training round), rewritten after each round."""
-    write_csv(out_dir / "metrics.csv", strategy.history)
-    write_csv(out_dir / "rounds.csv", [log_.row(r) for r, log_ in sorted(strategy.rounds.items())])
-
-
 def write_hetero_checkpoint(out_dir: Path, server_round: int, run: RunConfig, strategy, num_clients: int) -> Path:
     return save_verified(
         out_dir / CHECKPOINT_FILE,
@@ -463,7 +454,7 @@ def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
     )
 
     def round_done(server_round: int) -> None:
-        write_round_files(out_dir, strategy)
+        write_round_files(out_dir, strategy.history, strategy.rounds)
         if run["checkpoint-every"] and server_round % run["checkpoint-every"] == 0:
             write_hetero_checkpoint(out_dir, server_round, run, strategy, num_clients)
 
@@ -483,13 +474,12 @@ def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
     finally:
         elapsed = time.time() - started
         summary = hetero_summary(run, strategy, num_clients, elapsed, error)
-        write_round_files(out_dir, strategy)
         plot_accuracy_per_round(
             out_dir / "accuracy_per_round.png",
             {run["method"]: [(h["round"], h["mean_client_accuracy"]) for h in strategy.history]},
             f"{run['method']} on {run['dataset']} ({num_clients} clients)",
         )
-        write_json(out_dir / "summary.json", summary)
+        write_results(out_dir, summary, strategy.history, strategy.rounds)
         log(INFO, "Results written to %s", out_dir)
     log(
         INFO,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fl_app.run.config import TOPO_WEIGHTINGS
+from fl_app.run.config import check_choice
 from strategies.hetero_base import HeteroStrategy, counts_problem
 
 
@@ -30,8 +30,7 @@ def merge_relations(
     nobody reports gets s₀. Only then is each row normalised over all classes: R̄[j, k] = softmax_{k≠j}(S̃[j, k]/τ).
     Because the softmax comes after the merge, which classes happen to share a client does not shape R̄.
     """
-    if weighting not in TOPO_WEIGHTINGS:
-        raise ValueError(f"topo-weighting='{weighting}': allowed values are {list(TOPO_WEIGHTINGS)}")
+    check_choice("topo-weighting", weighting)
     relations, counts = np.asarray(relations, dtype=np.float64), np.asarray(counts, dtype=np.float64)
     c = relations.shape[-1]
     off = ~np.eye(c, dtype=bool)
@@ -74,11 +73,8 @@ class FedTopoStrategy(HeteroStrategy):
 
     def __init__(self, *args, tau: float, weighting: str = "support", kappa: float = 0.0, **kw):
         super().__init__(*args, **kw)
-        if weighting not in TOPO_WEIGHTINGS:
-            raise ValueError(f"topo-weighting='{weighting}': allowed values are {list(TOPO_WEIGHTINGS)}")
         self.tau, self.weighting, self.kappa = tau, weighting, kappa
         self.global_arrays = {"topology": uniform_topology(self.num_classes).astype(np.float32)}
-        self.support = np.zeros((self.num_classes, self.num_classes))
 
     def expected_upload(self):
         return {"relations": (self.num_classes, self.num_classes), "counts": (self.num_classes,)}
@@ -94,5 +90,5 @@ class FedTopoStrategy(HeteroStrategy):
             return
         relations = np.stack([u["relations"] for _, u, _ in uploads])
         counts = np.stack([u["counts"] for _, u, _ in uploads])
-        merged, _, self.support = merge_relations(relations, counts, self.tau, self.weighting, self.kappa)
+        merged, _, _ = merge_relations(relations, counts, self.tau, self.weighting, self.kappa)
         self.global_arrays = {"topology": merged.astype(np.float32)}

@@ -10,6 +10,7 @@ import torch
 from flwr.common.logger import log
 from torch import nn
 
+from fl_app.run.config import check_choice
 from strategies.hetero_base import HeteroStrategy, absent_rows_problem, counts_problem
 
 
@@ -119,9 +120,6 @@ class PrototypeGenerator(nn.Module):
         return self.mlp(self.embedding.weight)
 
 
-TGP_MARGINS = ("class-gap", "max-pair")
-
-
 def adaptive_margin(centers: torch.Tensor, held: torch.Tensor, cap: float, rule: str = "class-gap") -> float:
     """FedTGP's margin δ from the class centres Q_c (mean client prototype of each held class), capped at τ.
 
@@ -129,8 +127,7 @@ def adaptive_margin(centers: torch.Tensor, held: torch.Tensor, cap: float, rule:
     class centre, then the largest of those: δ = min(max_c min_{c'≠c} ||Q_c − Q_c'||, τ). ``max-pair`` (the formula
     as printed in the paper): δ = min(max_{c,c'} ||Q_c − Q_c'||, τ), the widest gap between any two centres, which is
     never smaller and grows with the most distant pair of classes."""
-    if rule not in TGP_MARGINS:
-        raise ValueError(f"tgp-margin='{rule}': allowed values are {list(TGP_MARGINS)}")
+    check_choice("tgp-margin", rule)
     q = centers[held]
     if len(q) < 2:
         return 0.0
@@ -197,8 +194,6 @@ class FedTgpStrategy(_ClassMeanStrategy):
         **kw,
     ):
         super().__init__(*args, **kw)
-        if margin_rule not in TGP_MARGINS:
-            raise ValueError(f"tgp-margin='{margin_rule}': allowed values are {list(TGP_MARGINS)}")
         self.margin_rule, self.server_lr, self.server_batch_size = margin_rule, server_lr, server_batch_size
         with torch.random.fork_rng():  # seeded init without touching the caller's global generator
             torch.manual_seed(self.seed)

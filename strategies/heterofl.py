@@ -12,7 +12,6 @@ from fl_app.supernet.subnets import CachedSubnet
 from strategies.feast import FeastStrategy
 
 RUNNING_STATS = ("running_mean", "running_var")
-CLASSIFIER = ("classifier.weight", "classifier.bias")
 
 
 def rate_tiers(cfg: SupernetConfig) -> list[CachedSubnet]:

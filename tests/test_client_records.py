@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from flwr.app import MessageType
 
-from fl_app.run.outputs import ClientRecords, write_round_files
+from fl_app.run.outputs import ClientRecords, metrics_with_round_costs, write_round_files
 from fl_app.supernet.space import count_macs, load_supernet_config
 from fl_app.supernet.training_costs import train_costs, training_flops
 
@@ -82,7 +82,8 @@ def test_round_files_carry_the_flops_column_and_clients_csv(tmp_path):
     records = ClientRecords({0: 5e5}, {0: 100}, {0: 10})
     records.wrap(FakeGrid([reply(10, **{"train-flops": 7.0})])).send_and_receive([sent(10)])
     log = SimpleNamespace(train_loss=1.0, bytes_down=5, bytes_up=6, row=lambda r: {"round": r, "bytes_down": 5})
-    write_round_files(tmp_path, [{"round": 1, "tier_macs": 1, "test_accuracy": 0.5}], {1: log}, records)
+    metrics = metrics_with_round_costs([{"round": 1, "tier_macs": 1, "test_accuracy": 0.5}], {1: log})
+    write_round_files(tmp_path, metrics, {1: log}, records)
     with open(tmp_path / "rounds.csv") as handle:
         assert list(csv.DictReader(handle)) == [{"round": "1", "bytes_down": "5", "client_train_flops": "7.0"}]
     with open(tmp_path / "metrics.csv") as handle:

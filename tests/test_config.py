@@ -162,8 +162,26 @@ def test_faulty_partitions_beyond_the_federation_are_refused():
         Federation.build(run, 4).client_budgets(run, {})
 
 
-def test_topology_weightings_have_one_source():
-    from fl_app.run.config import TOPO_WEIGHTINGS
-    from strategies import fedtopo
+def test_strategies_and_clients_reject_what_the_registry_rejects():
+    """Allowed values live in the registry: code called without a validated run config raises its very error."""
+    import numpy as np
+    import torch
 
-    assert fedtopo.TOPO_WEIGHTINGS is TOPO_WEIGHTINGS is KEYS["topo-weighting"].choices
+    from clients.fedtopo import fedtopo_upload
+    from fl_app.models.hetero import family_names
+    from strategies.fedtopo import merge_relations
+    from strategies.fedtopo_baselines import adaptive_margin
+
+    calls = {
+        "topo-weighting": lambda v: merge_relations(np.zeros((1, 3, 3)), np.ones((1, 3)), 0.5, v),
+        "tgp-margin": lambda v: adaptive_margin(torch.zeros(3, 2), torch.ones(3, dtype=torch.bool), 1.0, v),
+        "topo-source": lambda v: fedtopo_upload(None, None, 3, v, 0, 0),
+        "model-family": family_names,
+    }
+    for key, call in calls.items():
+        with pytest.raises(ValueError) as from_registry:
+            validate_run_config({"method": "fedtopo", key: "bogus"})
+        with pytest.raises(ValueError) as from_code:
+            call("bogus")
+        assert f"{key}='bogus': allowed values are {list(KEYS[key].choices)}" in str(from_registry.value)
+        assert str(from_code.value) == f"{key}='bogus': allowed values are {list(KEYS[key].choices)}"

@@ -102,8 +102,8 @@ def test_declared_budgets_shape_the_gamma_allocation_on_server_and_client(flower
     from fl_app.models.elastic_resnet import ElasticResNet
     from fl_app.run.config import validate_run_config
     from fl_app.run.payload import state_to_record
-    from fl_app.server_app import make_supernet_strategy
     from fl_app.supernet.federation import Federation, client_data, dataset_for, partition_rows
+    from fl_app.supernet_app import make_supernet_strategy
 
     run = validate_run_config({"gamma": 1.0, "dirichlet-alpha": 1.0, "clients-per-round": 4})
     fed = Federation.build(run, 4)

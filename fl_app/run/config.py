@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from fl_app.data.images import DATA_SOURCES, DATASETS
 from fl_app.data.partition import PARTITIONERS
+from fl_app.models.hetero import MODEL_FAMILIES
 from fl_app.run.payload import PAYLOAD_DTYPES
 from fl_app.supernet.evaluation import POPULATION_TIERS
 
@@ -24,6 +25,7 @@ METHODS = SUPERNET_METHODS + ("fedtopo", "local", "lg-fedavg", "fd", "fedproto",
 TRAIN_SUBNETS = ("max", "min", "random")
 TOPO_WEIGHTINGS = ("support", "mean")
 TOPO_SOURCES = ("prototypes", "logits")
+TGP_MARGINS = ("class-gap", "max-pair")
 
 
 MAX_CLIENTS = 100_000  # upper bound of every client/partition count in the run config
@@ -211,7 +213,7 @@ KEYS: dict[str, Key] = {
         "cpu",
         "backbones of client i = family[i % 8]: 'cpu' small nets or 'paper' (CNN-4, "
         "GoogLeNet, MobileNetV2, ResNet-18/34/50/101/152)",
-        ("cpu", "paper"),
+        MODEL_FAMILIES,
     ),
     "feature-dim": Key(
         64, "common feature dimension every backbone projects to before its head", check=Range(1, 65_536)
@@ -256,7 +258,7 @@ KEYS: dict[str, Key] = {
         "FedTGP margin δ before the cap: 'class-gap' = largest of the per-class "
         "nearest-centre distances (authors' code), 'max-pair' = largest centre distance (paper's "
         "formula)",
-        ("class-gap", "max-pair"),
+        TGP_MARGINS,
     ),
     "tgp-server-lr": Key(
         0.01, "FedTGP: SGD learning rate of the prototype generator", check=Range(0.0, 10.0, low_open=True)
@@ -345,6 +347,17 @@ def _type_ok(value, default) -> bool:
     return isinstance(value, str)
 
 
+def _not_allowed(key: str, value) -> str:
+    return f"{key}={value!r}: allowed values are {list(KEYS[key].choices)}"
+
+
+def check_choice(key: str, value) -> None:
+    """Raise the run config's own error unless ``value`` is one of ``key``'s allowed values: for code that can be
+    called without a validated run config (strategies, clients, tests) and reads the allowed values from here."""
+    if value not in KEYS[key].choices:
+        raise ValueError(_not_allowed(key, value))
+
+
 def validate_run_config(raw: dict) -> RunConfig:
     """Check every key and value, parse the list-valued keys; raise ``ValueError`` naming each bad key and what it
     accepts (all of them at once)."""
@@ -365,7 +378,7 @@ def validate_run_config(raw: dict) -> RunConfig:
         if isinstance(spec.default, float):
             value = float(value)
         if spec.choices and value not in spec.choices:
-            errors.append(f"{key}={value!r}: allowed values are {list(spec.choices)}")
+            errors.append(_not_allowed(key, value))
         if spec.check and not spec.check(value):
             errors.append(f"{key}={value!r}: must be {spec.rule}")
         if spec.parse:

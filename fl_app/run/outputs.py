@@ -13,8 +13,6 @@ import os
 import time
 from pathlib import Path
 
-import torch
-
 RESULT_FILES = ("metrics.csv", "rounds.csv", "summary.json", "supernet.pt", "accuracy_vs_macs.png", "checkpoint.pt")
 
 
@@ -87,16 +85,26 @@ def metrics_with_round_costs(metrics_rows: list[dict], rounds: dict) -> list[dic
 def write_round_files(
     out_dir: Path, metrics_rows: list[dict], rounds: dict, clients: "ClientRecords | None" = None
 ) -> None:
-    """metrics.csv and rounds.csv (with the clients' training FLOPs per round) and clients.csv, with every round
-    finished so far. Called after each round (each file replaced atomically), so a run that dies keeps every finished
-    round; the run's end writes them once more."""
-    write_csv(out_dir / "metrics.csv", metrics_with_round_costs(metrics_rows, rounds))
+    """metrics.csv (``metrics_rows``: evaluated rounds), rounds.csv (every round's log, with the clients' training
+    FLOPs when ``clients`` records them) and clients.csv, with every round finished so far. Called after each round
+    (each file replaced atomically), so a run that dies keeps every finished round; ``write_results`` writes them once
+    more at the end."""
+    write_csv(out_dir / "metrics.csv", metrics_rows)
     write_csv(
         out_dir / "rounds.csv",
         [{**log_.row(r), **(clients.round_columns(r) if clients else {})} for r, log_ in sorted(rounds.items())],
     )
     if clients is not None:
         write_csv(out_dir / "clients.csv", clients.rows())
+
+
+def write_results(
+    out_dir: Path, summary: dict, metrics_rows: list[dict], rounds: dict, clients: "ClientRecords | None" = None
+) -> None:
+    """A run's result files at its end, also when it failed (the summary says so): the round files, then
+    summary.json (written last: a run folder with a summary is finished)."""
+    write_round_files(out_dir, metrics_rows, rounds, clients)
+    write_json(out_dir / "summary.json", summary)
 
 
 # reply metric -> (clients.csv column, how successive rounds combine)
@@ -183,10 +191,6 @@ class RecordingGrid:
 
     def __getattr__(self, name):
         return getattr(self._grid, name)
-
-
-def save_checkpoint(path: Path, blob: dict) -> None:
-    _atomic_write(path, lambda p: torch.save(blob, p))
 
 
 def _pyplot():

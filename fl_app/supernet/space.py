@@ -203,10 +203,6 @@ def count_macs(cfg: SupernetConfig, arch: Subnet, n_classes: int | None = None) 
     return count_costs(cfg, arch, n_classes)[0]
 
 
-def count_params(cfg: SupernetConfig, arch: Subnet, n_classes: int | None = None) -> int:
-    return count_costs(cfg, arch, n_classes)[1]
-
-
 # -- width-sliced variants (HeteroFL / FedRolex) ---------------------------------------------------------------------
 WIDTH_RATES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
 

@@ -1,0 +1,320 @@
+"""Server and client wiring of the supernet family: FEAST and the methods built on the supernet (SuperFedNAS,
+DeepFedNAS, HeteroFL, FedRolex, FedAvg on the smallest model). The server routes, aggregates, evaluates tiers and
+writes results (``run_feast``); clients train what they are routed (``train_feast``)."""
+
+from __future__ import annotations
+
+import time
+from functools import lru_cache
+from logging import INFO
+
+import torch
+from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from clients.feast import SubnetPlan, plan_subnets, train_subnets
+from clients.local_training import LocalSettings
+from fl_app.data.images import DATASETS
+from fl_app.models.elastic_resnet import ElasticResNet
+from fl_app.run.checkpoint import (
+    load_round_checkpoint,
+    restore_rng,
+    save_verified,
+    supernet_fingerprint,
+    write_round_checkpoint,
+)
+from fl_app.run.config import RunConfig
+from fl_app.run.lr_schedule import lr_schedule
+from fl_app.run.outputs import (
+    ClientRecords,
+    memory_mb,
+    metrics_with_round_costs,
+    plot_accuracy_vs_macs,
+    prepare_output_dir,
+    write_results,
+    write_round_files,
+)
+from fl_app.run.payload import record_to_state, state_to_record
+from fl_app.run.seeds import derived_seed
+from fl_app.supernet.evaluation import TierEvaluator
+from fl_app.supernet.federation import Federation, client_data, dataset_for, partition_rows, server_splits
+from fl_app.supernet.slicing import slice_state, subnet_shapes
+from fl_app.supernet.space import Subnet, load_supernet_config, width_sliced_config
+from fl_app.supernet.training_costs import train_costs
+from strategies.feast import FeastStrategy
+from strategies.fedavg_min import FedAvgMinStrategy
+from strategies.heterofl import FedRolexStrategy, HeteroFLStrategy
+from strategies.rounds import round_totals
+from strategies.superfednas import SuperFedNASStrategy
+
+
+# -- server ------------------------------------------------------------------------------------------------------
+def make_supernet_strategy(
+    run: RunConfig,
+    fed: Federation,
+    budgets: dict[int, float],
+    node_of_partition: dict[int, int],
+    examples_of_partition: dict[int, int] | None = None,
+) -> FeastStrategy:
+    common = dict(
+        clients_per_round=run.clients_per_round(len(budgets)),
+        seed=run["seed"],
+        routing=run["routing"],
+        payload_dtype=run["payload-dtype"],
+        weighting=run["aggregation-weights"],
+        min_reply_fraction=run["min-reply-fraction"],
+        lr_of_round=lr_schedule(run),
+        examples_of_partition=examples_of_partition,
+    )
+    args = (fed.cfg, fed.cache, budgets, node_of_partition)
+    method = run["method"]
+    if method in ("superfednas", "deepfednas"):
+        return SuperFedNASStrategy(
+            *args,
+            num_rounds=run["num-server-rounds"],
+            budget_constrained=run["budget-constrained"],
+            subnet_source="space" if method == "superfednas" else "cache",
+            beta0=run["maxnet-beta0"],
+            beta_final=run["maxnet-final"],
+            decay_fraction=run["maxnet-decay-fraction"],
+            **{**common, "routing": False},
+        )
+    strategy_class = {
+        "feast": FeastStrategy,
+        "heterofl": HeteroFLStrategy,
+        "fedrolex": FedRolexStrategy,
+        "fedavg-min": FedAvgMinStrategy,
+    }[method]
+    return strategy_class(*args, **common)
+
+
+def strategy_tiers(run: RunConfig, fed: Federation, strategy: FeastStrategy):
+    """Reporting tiers: the width rates for width-sliced methods, the single fixed model for fedavg-min,
+    cached subnets otherwise."""
+    if isinstance(strategy, HeteroFLStrategy):
+        return strategy.tiers
+    if isinstance(strategy, FedAvgMinStrategy):
+        return fed.cache.entries[:1]
+    return fed.tiers(run)
+
+
+def prepare_feast(run: RunConfig) -> None:
+    """Decode the dataset and build the subnet shapes (the meta-device model) before the nodes have answered."""
+    cfg = load_supernet_config(run["supernet"], n_classes=DATASETS[run["dataset"]].num_classes)
+    dataset_for(run, cfg)
+    subnet_shapes(cfg, cfg.max_subnet())
+
+
+def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
+    """FEAST and the methods built on the supernet: route, train, aggregate, evaluate tiers, write results."""
+    num_clients = len(nodes)
+    fed = Federation.build(run, num_clients)
+    budgets = fed.client_budgets(
+        run, {pid: info["budget-macs"] for pid, info in nodes.items() if "budget-macs" in info}
+    )
+    examples = {
+        pid: len(rows)
+        for pid, rows in enumerate(partition_rows(run, num_clients, [budgets[p] for p in range(num_clients)]))
+    }
+    strategy = make_supernet_strategy(
+        run, fed, budgets, {pid: info["node_id"] for pid, info in nodes.items()}, examples
+    )
+    tiers = strategy_tiers(run, fed, strategy)
+    resumed = load_round_checkpoint(run["resume-from"], run, num_clients) if run["resume-from"] else None
+    out_dir = prepare_output_dir(run["output-dir"], run["method"], run["dataset"], run["seed"])
+
+    train, test = dataset_for(run, fed.cfg)
+    splits = server_splits(run, train)
+    torch.manual_seed(run["seed"])
+    initial = ElasticResNet(strategy.model_cfg).state_dict()
+    initial = {k: v for k, v in initial.items() if not k.endswith("num_batches_tracked")}
+    log(
+        INFO,
+        "%s on %s: %d clients, budgets %s MMACs, tiers %s MMACs, output %s",
+        run["method"],
+        run["dataset"],
+        num_clients,
+        [round(b / 1e6, 2) for b in budgets.values()],
+        [round(t.macs / 1e6, 2) for t in tiers],
+        out_dir,
+    )
+    evaluator = TierEvaluator(
+        strategy.model_cfg,
+        tiers,
+        budgets.values(),
+        train.subset(splits.calibration),
+        train.subset(splits.validation),
+        test,
+        run["eval-every"],
+        run["num-server-rounds"],
+        record_to_state,
+        population_tier=run["population-tier"],
+    )
+    first_round = 1
+    if resumed is not None:
+        strategy.restore_state(resumed["strategy"])
+        evaluator.rows, evaluator.last = resumed["metrics"]["rows"], resumed["metrics"]["last"]
+        initial, first_round = resumed["global_state"], resumed["round"] + 1
+        restore_rng(resumed["rng"])
+        log(INFO, "Resuming from %s after round %d", run["resume-from"], resumed["round"])
+
+    round_started = time.time()
+
+    def metrics_rows() -> list[dict]:  # metrics.csv: the evaluated tiers with their round's loss and bytes
+        return metrics_with_round_costs(evaluator.rows, strategy.rounds)
+
+    def round_done(server_round: int) -> None:
+        nonlocal round_started
+        log_ = strategy.rounds[server_round]
+        log_.seconds, round_started = time.time() - round_started, time.time()
+        log_.server_rss_mb, log_.server_peak_rss_mb = memory_mb()
+        log(
+            INFO,
+            "round %d: %.1fs, server memory %.0f MiB (peak %.0f)",
+            server_round,
+            log_.seconds,
+            log_.server_rss_mb,
+            log_.server_peak_rss_mb,
+        )
+        write_round_files(out_dir, metrics_rows(), strategy.rounds, clients)
+        every = run["checkpoint-every"]
+        if every and server_round % every == 0 and server_round < run["num-server-rounds"]:
+            path = write_round_checkpoint(
+                out_dir,
+                server_round,
+                run,
+                num_clients,
+                strategy.global_state,
+                strategy.checkpoint_state(),
+                {"rows": evaluator.rows, "last": evaluator.last},
+            )
+            log(INFO, "Checkpoint after round %d: %s", server_round, path)
+
+    started = time.time()
+    clients = ClientRecords(budgets, examples, {pid: info["node_id"] for pid, info in nodes.items()})
+
+    def summary_of(error: str | None) -> dict:
+        return {
+            "method": run["method"],
+            "dataset": run["dataset"],
+            "rounds": run["num-server-rounds"],
+            "seed": run["seed"],
+            "completed": error is None,
+            "error": error,
+            "supernet": fed.cfg.name,
+            "num_clients": num_clients,
+            "clients_per_round": run.clients_per_round(num_clients),
+            "tiers": evaluator.last.get("tiers", []),
+            "population_weighted_accuracy": evaluator.last.get("population_weighted_accuracy"),
+            **round_totals(strategy.rounds),
+            "budgets": [budgets[p] for p in sorted(budgets)],
+            "wall_seconds": round(time.time() - started, 1),
+            "resumed_after_round": first_round - 1,
+            "run_config": run.to_dict(),
+        }
+
+    try:
+        result = strategy.start(
+            clients.wrap(grid),
+            state_to_record(initial),
+            num_rounds=run["num-server-rounds"],
+            timeout=run["round-timeout"],
+            evaluate_fn=evaluator,
+            first_round=first_round,
+            round_done=round_done,
+        )
+    except Exception as failure:  # keep what the finished rounds and the failed one counted, then fail the run
+        summary = summary_of(f"{type(failure).__name__}: {failure}")
+        write_results(out_dir, summary, metrics_rows(), strategy.rounds, clients)
+        raise
+    elapsed = time.time() - started
+
+    final_state = strategy.global_state or record_to_state(result.arrays)
+    summary = summary_of(None)
+    save_verified(
+        out_dir / "supernet.pt",
+        {
+            "supernet": strategy.model_cfg.to_dict(),
+            "state_dict": {k: torch.from_numpy(v) for k, v in final_state.items()},
+            "run_config": run.to_dict(),
+            "num_clients": num_clients,
+            "budgets": summary["budgets"],
+        },
+        supernet_fingerprint(run),
+    )
+    plot_accuracy_vs_macs(
+        out_dir / "accuracy_vs_macs.png",
+        {run["method"]: [(t["macs"], t["accuracy"]) for t in summary["tiers"]]},
+        f"{run['method']} on {run['dataset']} ({run['num-server-rounds']} rounds)",
+    )
+    write_results(out_dir, summary, metrics_rows(), strategy.rounds, clients)
+    tiers_text = ", ".join(f"{t['macs'] / 1e6:.2f}M: {100 * t['accuracy']:.1f}%" for t in summary["tiers"])
+    log(
+        INFO,
+        "Done in %.0fs. Tier accuracy: %s; population-weighted %.1f%%",
+        elapsed,
+        tiers_text,
+        100 * (summary["population_weighted_accuracy"] or 0),
+    )
+    log(INFO, "Results written to %s", out_dir)
+
+
+# -- client ------------------------------------------------------------------------------------------------------
+@lru_cache(maxsize=2)
+def _federation(run_items: tuple, num_partitions: int) -> Federation:
+    return Federation.build(RunConfig(dict(run_items)), num_partitions)
+
+
+def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
+    """FEAST and the supernet / width-sliced baselines: the server says what is routed and, for the baselines,
+    which single subnet to train; FEAST clients plan their max/min/random step themselves. Stateless between rounds
+    (``context`` unused): everything arrives with the message."""
+    started = time.perf_counter()
+    fed = _federation(tuple(sorted(run.values.items())), num)
+    config = msg.content.config_records["config"]
+    dtype = str(config["payload-dtype"])
+    cfg = width_sliced_config(fed.cfg) if config.get("model", "supernet") == "width-sliced" else fed.cfg
+    bounds = Subnet(config["bounds-d"], config["bounds-e"], config["bounds-w"])
+
+    model = ElasticResNet(cfg, bounds)
+    received = record_to_state(msg.content.array_records["arrays"], dtype)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in received.items()}, strict=False)
+    model.set_width_scaler(float(config.get("width-rate", 1.0)))
+    if "arch-d" in config:
+        arch = Subnet(config["arch-d"], config["arch-e"], config["arch-w"])
+        plan, returned = SubnetPlan(arch, None, []), subnet_shapes(cfg, arch)
+    else:
+        plan = plan_subnets(fed.cache, float(config["budget-macs"]), bounds, run.train_subnets)
+        returned = {k: v.shape for k, v in received.items()}
+    data = client_data(run, pid, num, config.get("partition-budgets"))  # declared budgets shape the split
+    labels = sorted(int(c) for c in torch.unique(data.labels))
+    logit_mask = None
+    if config.get("mask-labels", False):  # HeteroFL: only the classifier rows of labels held here are trained
+        logit_mask = torch.zeros(cfg.n_classes, dtype=torch.bool)
+        logit_mask[labels] = True
+    settings = LocalSettings.from_run(
+        run, float(config["lr"]), derived_seed(run["seed"], int(config["server-round"]), pid)
+    )
+    metrics = train_subnets(model, plan, data, settings, logit_mask)
+
+    # send back exactly what was received, cut to the trained subnet when one was assigned
+    trained = slice_state(model.state_dict(), {k: v for k, v in returned.items() if k in received})
+    reply = RecordDict(
+        {
+            "arrays": state_to_record(trained, dtype),
+            "metrics": MetricRecord(
+                {
+                    "num-examples": len(data),
+                    "partition-id": pid,
+                    "labels": labels,
+                    **metrics,
+                    **train_costs(
+                        cfg, plan.largest, plan.smallest, plan.between, metrics["local-steps"] * settings.batch_size
+                    ),
+                    "client-seconds": time.perf_counter() - started,
+                }
+            ),
+        }
+    )
+    return Message(reply, reply_to=msg)
