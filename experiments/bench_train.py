@@ -30,6 +30,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CLIENTS = 8  # the README's default federation
+# where a module lived before fl_app's subpackages, so that --base can measure a checkout from before them
+FORMERLY = {"fl_app.run.config": "fl_app.config", "fl_app.supernet.federation": "fl_app.federation"}
+FORMERLY["fl_app.data.images"] = "fl_app.data"
+
+
+def _module(name: str):
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError:
+        return importlib.import_module(FORMERLY[name])
 
 
 def _timed(fn, repeats: int, clock=time.perf_counter) -> float:
@@ -74,18 +86,14 @@ def machine_peaks(device, repeats: int = 3, size: int = 1024, dtype=None) -> dic
 
 def default_levels(supernet: str, clients: int) -> list[float]:
     """The distinct client budgets (MACs) of the default run config with ``clients`` clients, cheapest first."""
-    from fl_app.run.config import validate_run_config
-    from fl_app.supernet.federation import Federation
-
-    run = validate_run_config({"supernet": supernet})
-    return sorted({float(b) for b in Federation.build(run, clients).budgets})
+    run = _module("fl_app.run.config").validate_run_config({"supernet": supernet})
+    return sorted({float(b) for b in _module("fl_app.supernet.federation").Federation.build(run, clients).budgets})
 
 
 def _data(n: int, num_classes: int, hw: int, seed: int = 0):
     import torch
 
-    from fl_app.data.images import ImageData
-
+    ImageData = _module("fl_app.data.images").ImageData
     gen = torch.Generator().manual_seed(seed)
     return ImageData(
         torch.randint(0, 256, (n, 3, hw, hw), dtype=torch.uint8, generator=gen),
@@ -296,13 +304,10 @@ def profile_step(step, steps: int) -> dict:
 def worker(args) -> dict:
     import torch
 
-    from fl_app.run.config import validate_run_config
-    from fl_app.supernet.federation import Federation
-
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    run = validate_run_config({"supernet": args.supernet})
-    fed = Federation.build(run, DEFAULT_CLIENTS)
+    run = _module("fl_app.run.config").validate_run_config({"supernet": args.supernet})
+    fed = _module("fl_app.supernet.federation").Federation.build(run, DEFAULT_CLIENTS)
     levels = args.levels or sorted({float(b) for b in fed.budgets})
     # the peak in the precision the step computes in: bf16 matmuls/convolutions under --bf16
     result = {
