@@ -92,21 +92,23 @@ def pretrain_log_path(args: argparse.Namespace) -> str:
     return os.path.join(RESULTS_DIR if is_committed_checkpoints(args.out) else args.out, "pretrain_log.jsonl")
 
 
+# pretraining settings with a plain flag (--steps and --init have their own), default from pretrain.DEFAULTS
+PRETRAIN_FLAGS = {
+    "batch": "sequences per step",
+    "lr": "AdamW peak learning rate",
+    "questions": "question/answer turns after each passage, each about a different fact",
+    "recall_prob": "share of passages whose facts all have the asked attribute (binding drills)",
+    "answer_weight": "extra loss weight of answer tokens (0: every token counts once)",
+    "context_weight": "loss weight of the passage and question tokens (1: plain LM loss, 0: answers only)",
+    "curriculum": "share of the steps over which facts per passage grow from 1 to 6 (0: all from the start)",
+    "seed": "seed of the init and the training passages",
+}
+
+
 def pretrain_settings(args: argparse.Namespace, name: str) -> dict[str, Any]:
     """The pretraining settings the command line gives model `name` (--steps may differ per model)."""
     steps = args.steps[name] if isinstance(args.steps, dict) else args.steps
-    return dict(
-        steps=steps,
-        seed=args.seed,
-        batch=args.batch,
-        lr=args.lr,
-        init=args.init,
-        questions=args.questions,
-        recall_prob=args.recall_prob,
-        answer_weight=args.answer_weight,
-        context_weight=args.context_weight,
-        curriculum=args.curriculum,
-    )
+    return dict(steps=steps, init=args.init, **{key: getattr(args, key) for key in PRETRAIN_FLAGS})
 
 
 def parse_steps(text: str, models: list[str]) -> int | dict[str, int]:
@@ -253,45 +255,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--steps", default=str(P["steps"]), help="steps for all models, or NAME=STEPS pairs separated by commas"
     )
-    p.add_argument("--batch", type=int, default=P["batch"], help="sequences per step")
-    p.add_argument("--lr", type=float, default=P["lr"], help="AdamW peak learning rate")
     p.add_argument(
         "--init",
         choices=INITS,
         default=P["init"],
         help="hf: HF's N(0, 0.02) init, tied embeddings; torch: PyTorch's default scales, untied",
     )
-    p.add_argument(
-        "--questions",
-        type=int,
-        default=P["questions"],
-        help="question/answer turns after each passage, each about a different fact",
-    )
-    p.add_argument(
-        "--recall-prob",
-        type=float,
-        default=P["recall_prob"],
-        help="share of passages whose facts all have the asked attribute (binding drills)",
-    )
-    p.add_argument(
-        "--answer-weight",
-        type=float,
-        default=P["answer_weight"],
-        help="extra loss weight of answer tokens (0: every token counts once)",
-    )
-    p.add_argument(
-        "--context-weight",
-        type=float,
-        default=P["context_weight"],
-        help="loss weight of the passage and question tokens (1: plain LM loss, 0: answers only)",
-    )
-    p.add_argument(
-        "--curriculum",
-        type=float,
-        default=P["curriculum"],
-        help="share of the steps over which facts per passage grow from 1 to 6 (0: all from the start)",
-    )
-    p.add_argument("--seed", type=int, default=P["seed"], help="seed of the init and the training passages")
+    for key, what in PRETRAIN_FLAGS.items():
+        p.add_argument("--" + key.replace("_", "-"), type=type(P[key]), default=P[key], help=what)
     p.add_argument(
         "--out",
         required=True,

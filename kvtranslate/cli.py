@@ -12,7 +12,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows '(default: ...)' after every flag's help, except required flags and flags without a default."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.required or action.default in (None, False, argparse.SUPPRESS):
+        # identity, not equality: a default of 0 or 0.0 is shown
+        if action.required or action.default is None or action.default is False or action.default == argparse.SUPPRESS:
             return action.help
         return super()._get_help_string(action)
 

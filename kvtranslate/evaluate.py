@@ -9,7 +9,7 @@ Modes (the bounds and the translated cache go through the same scoring code):
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -56,6 +56,15 @@ def prefix_and_tails(
     return kv, kv_mask, [e["tgt"][n:] + e["question"] for e, n in zip(examples, lengths)]
 
 
+def context_batches(
+    data: list[EncodedItem], mode: str, pair: ModelPair, translator: KVTranslator | None, frac: float, batch: int
+) -> Iterator[tuple[list[EncodedItem], KV | None, Tensor | None, list[list[int]]]]:
+    """(examples, kv, kv_mask, tails) of `prefix_and_tails` for consecutive batches of `data`."""
+    for i in range(0, len(data), batch):
+        chunk = data[i : i + batch]
+        yield (chunk, *prefix_and_tails(mode, chunk, pair, translator, frac))
+
+
 @torch.no_grad()
 def closed_set_correct(
     data: list[EncodedItem],
@@ -67,9 +76,7 @@ def closed_set_correct(
 ) -> list[bool]:
     """Per example: whether the highest-likelihood option is the answer."""
     correct = []
-    for i in range(0, len(data), batch):
-        chunk = data[i : i + batch]
-        kv, kv_mask, tails = prefix_and_tails(mode, chunk, pair, translator, frac)
+    for chunk, kv, kv_mask, tails in context_batches(data, mode, pair, translator, frac, batch):
         scores = option_logprobs(
             pair.target, kv, kv_mask, tails, [e["options"] for e in chunk], pair.target_tok.pad_token_id
         )
@@ -95,9 +102,7 @@ def extractive_f1(
     """Mean SQuAD F1 and exact match of the greedy answers, and the answers."""
     f1s, ems, predictions = [], [], []
     tok = pair.target_tok
-    for i in range(0, len(data), batch):
-        chunk = data[i : i + batch]
-        kv, kv_mask, tails = prefix_and_tails(mode, chunk, pair, translator, frac)
+    for chunk, kv, kv_mask, tails in context_batches(data, mode, pair, translator, frac, batch):
         answers = greedy_answers(pair.target, kv, kv_mask, tails, tok.pad_token_id, tok.eos_token_id)
         for a, e in zip(answers, chunk):
             text = tok.decode(a)
@@ -206,7 +211,7 @@ def translate_and_prefill(
     source_raw = [(layer.keys.clone(), layer.values.clone()) for layer in source_cache.layers]
 
     @torch.no_grad()
-    def translate():
+    def translate() -> DynamicCache:
         index = torch.tensor([align_offsets(src_off, tgt_off)], device=target.device)
         kv_src = extract_kv(source, DynamicCache(ddp_cache_data=source_raw), s_mask)
         batch = dict(tgt_ids=t_ids, tgt_mask=t_mask, index=index)
@@ -214,7 +219,7 @@ def translate_and_prefill(
         return inject_kv(target, kv, t_mask)
 
     @torch.no_grad()
-    def prefill():
+    def prefill() -> DynamicCache:
         # the fairest prefill: logits for the last position only, as a server filling a cache would run it
         return target(input_ids=t_ids, attention_mask=t_mask, use_cache=True, logits_to_keep=1).cache
 

@@ -79,3 +79,30 @@ def test_saved_translator_loads_back_with_the_same_outputs(tmp_path):
         for (k1, v1), (k2, v2) in zip(translator(feats, emb)[0], loaded(feats, emb)[0]):
             assert torch.equal(k1, k2) and torch.equal(v1, v2)
     assert loaded_cfg["window"] == 2
+
+
+def test_cli_convention_help_on_every_flag_and_comma_lists(capsys, tmp_path):
+    """Every flag of every subcommand has a help text, lists are one comma-separated argument, and a bad list item
+    is named before anything loads."""
+    from kvtranslate.__main__ import build_parser, parse_steps
+
+    parser = build_parser()
+    subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert set(subcommands) == {"pretrain", "train", "eval", "demo"}
+    for name, sub in subcommands.items():
+        assert sub.prog == f"python -m kvtranslate {name}"
+        for action in sub._actions:
+            assert action.help, f"{name} {action.option_strings} has no help"
+    args = parser.parse_args(["pretrain", "--models", "tiny-gpt2,tiny-opt", "--out", str(tmp_path)])
+    assert args.models == ["tiny-gpt2", "tiny-opt"]
+    assert parse_steps("tiny-gpt2=3,tiny-opt=5", ["tiny-gpt2", "tiny-opt"]) == {"tiny-gpt2": 3, "tiny-opt": 5}
+    assert parse_steps("7", ["tiny-gpt2"]) == 7
+    for argv, flag in (
+        (["eval", "--source", "a", "--target", "b", "--out", str(tmp_path / "e"), "--modes", "direct,foo"], "--modes"),
+        (["demo", "--out", str(tmp_path / "d"), "--pairs", "tiny-gpt2:tiny-opt"], "--pairs"),
+        (["pretrain", "--models", "tiny-gpt2,tiny-llama", "--out", str(tmp_path / "p")], "--models"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        assert stop.value.code == 2 and flag in capsys.readouterr().err
+    assert not any((tmp_path / d).exists() for d in ("e", "d", "p"))
