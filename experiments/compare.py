@@ -2,7 +2,7 @@
 and ``ablations.toml`` run by ``experiments.runner``; every other option is the runner's.
 
     python -m experiments.compare --out experiments/results/compare-seeds
-    python -m experiments.compare --out /tmp/ablations --ablations --seeds 0 --set num-server-rounds=4
+    python -m experiments.compare --out /tmp/ablations --ablations --seeds 0 --run-config "num-server-rounds=4"
 
 Same as ``python -m experiments.runner run experiments/suites/compare.toml --out DIR ...``: each (method, seed) is
 one `flwr run`; finished runs are reused only when their settings match, and a folder holding runs with other
@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from experiments import runner
 
-SUITES = Path(__file__).resolve().parent / "suites"
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10"
+SUITE, ABLATIONS = "compare.toml", "ablations.toml"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return runner.suite_parser("experiments.compare", __doc__, ABLATIONS)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ablations", action="store_true", help="run suites/ablations.toml instead")
-    args, rest = parser.parse_known_args(argv)
-    suite = SUITES / ("ablations.toml" if args.ablations else "compare.toml")
-    return runner.main(["run", str(suite), *rest])
+    return runner.run_named_suite(build_parser(), SUITE, ABLATIONS, argv)
 
 
 if __name__ == "__main__":

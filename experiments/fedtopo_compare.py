@@ -3,7 +3,7 @@
 `flwr run` with 20 simulated SuperNodes; every other option is the runner's.
 
     python -m experiments.fedtopo_compare --out experiments/results/fedtopo-seeds
-    python -m experiments.fedtopo_compare --out /tmp/fedtopo --seeds 0 --set num-server-rounds=4
+    python -m experiments.fedtopo_compare --out /tmp/fedtopo --seeds 0 --run-config "num-server-rounds=4"
 
 ``--out`` is required: nothing is written to the committed results unless that folder is named, and finished runs
 there are reused or refused, never deleted.
@@ -15,15 +15,16 @@ import argparse
 import sys
 
 from experiments import runner
-from experiments.compare import SUITES
+
+SUITE, ABLATIONS = "fedtopo.toml", "fedtopo-ablations.toml"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return runner.suite_parser("experiments.fedtopo_compare", __doc__, ABLATIONS)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ablations", action="store_true", help="run suites/fedtopo-ablations.toml instead")
-    args, rest = parser.parse_known_args(argv)
-    suite = SUITES / ("fedtopo-ablations.toml" if args.ablations else "fedtopo.toml")
-    return runner.main(["run", str(suite), *rest])
+    return runner.run_named_suite(build_parser(), SUITE, ABLATIONS, argv)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ the suite's run config (experiments/suites/fedtopo.toml: its base file and metho
 simulated SuperNodes per run (experiments.runner) does not fit the time at hand; the tables come from the same
 report code (``fl_app.report``: means with 95% t-intervals, differences paired by seed).
 
-    python -m experiments.fedtopo_inprocess --out experiments/results/fedtopo-inprocess --seeds 0 1 2 \
-        --set num-server-rounds=8 eval-every=4 --no-extra
+    python -m experiments.fedtopo_inprocess --out experiments/results/fedtopo-inprocess --seeds 0,1,2 \
+        --run-config "num-server-rounds=8 eval-every=4" --no-extra
 
 Each run lives in OUT/runs/<label>/seed<N>/ (the app's outputs and a run.json in the runner's format); a finished
 run whose run config equals the request is reused, so a stopped invocation continues where it stopped. Runs go
@@ -26,6 +26,7 @@ import torch
 from experiments.in_process_grid import run_in_process
 from experiments.runner import COMPLETED, RUN_RECORD, git_state
 from fl_app.report import write_suite_tables
+from fl_app.run.cli import comma_list, run_config_overrides, tool_parser
 from fl_app.run.config import validate_run_config
 from fl_app.run.outputs import write_json
 
@@ -49,26 +50,34 @@ def suite_runs(seeds: list[int], extra: bool, overrides: dict | None = None) -> 
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+def build_parser() -> argparse.ArgumentParser:
+    parser = tool_parser("experiments.fedtopo_inprocess", __doc__)
+    parser.add_argument("--out", required=True, type=Path, help="suite folder: runs/<label>/seed<N>/ and the tables")
+    # nargs="+": the space-separated spelling of committed results READMEs (--seeds 0 1 2) still works
+    parser.add_argument(
+        "--seeds", type=comma_list(int, "seeds"), nargs="+", help="seeds, comma-separated (default: 0,1,2)"
+    )
     parser.add_argument("--clients", type=int, default=20, help="number of clients (the suite's num-supernodes)")
     parser.add_argument("--no-extra", action="store_true", help=f"skip {list(EXTRA_METHODS)}")
     parser.add_argument(
-        "--set",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="run-config overrides of every run (TOML values: num-server-rounds=8 lr-schedule='cosine')",
+        "--run-config",
+        type=run_config_overrides,
+        help="run-config overrides of every run, Flower's syntax: \"num-server-rounds=8 lr-schedule='cosine'\"",
     )
-    args = parser.parse_args(argv)
-    overrides = tomllib.loads("\n".join(args.set))
+    # the spelling before --run-config, still in committed results READMEs: --set KEY=VALUE ...
+    parser.add_argument("--set", nargs="+", default=[], help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    overrides = {**(run_config_overrides(" ".join(args.set)) if args.set else {}), **(args.run_config or {})}
+    seeds = [seed for group in args.seeds for seed in group] if args.seeds else [0, 1, 2]
     args.out = args.out.resolve()  # the app wants an absolute output-dir
     torch.set_num_threads(1)
     commit, dirty = git_state()
     folders = []
-    for label, seed, values in suite_runs(args.seeds, not args.no_extra, overrides):
+    for label, seed, values in suite_runs(seeds, not args.no_extra, overrides):
         folder = args.out / "runs" / label / f"seed{seed}"
         run_config = {**values, "output-dir": str(folder)}
         record_path = folder / RUN_RECORD

@@ -8,20 +8,22 @@ At each budget three answers are compared: the reporting tier below it (what a t
 largest cached subnet under it (``fl_app.extract --from-cache``) and the search's pick (``fl_app.extract``; its first
 generation holds the cached subnets under the budget). Choices use validation accuracy only; every test accuracy is
 measured once per subnet, for this report. Writes ``frontier.csv`` (one row per subnet), ``budgets.csv`` (one row per
-budget) and the same as the Markdown table ``budgets.md``, ``frontier.png`` and ``summary.json``, and prints the
-summary.
+budget) and the same as the Markdown table ``budgets.md``, ``frontier.png`` and ``summary.json``; prints a line per
+budget as it goes and the budgets table on stderr, and the summary as JSON on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from fl_app.extract import choose, load_trained
+from fl_app.run.cli import print_json, tool_parser
 from fl_app.run.outputs import write_csv, write_json
 from fl_app.supernet.evaluation import evaluate_subnet
 from fl_app.supernet.federation import dataset_for, server_splits
@@ -100,14 +102,19 @@ def plot(path: Path, cached: list[dict], tiers: list[dict], searched: list[dict]
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    parser = tool_parser("experiments.frontier", __doc__)
     parser.add_argument("--checkpoint", type=Path, required=True, help="supernet.pt of a run")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="folder for the tables, the plot and summary.json")
     parser.add_argument("--per-gap", type=int, default=2, help="budgets inside each gap between reporting tiers")
-    parser.add_argument("--population", type=int, default=12)
-    parser.add_argument("--generations", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--population", type=int, default=12, help="search: candidates per generation")
+    parser.add_argument("--generations", type=int, default=5, help="search: generations")
+    parser.add_argument("--seed", type=int, default=0, help="search: random seed")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.out.resolve() == args.checkpoint.resolve().parent:
         parser.error("--out must not be the run's own folder")
@@ -173,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "seconds": round(time.time() - t0, 1),
             }
         )
-        print(json.dumps(comparison[-1]), flush=True)
+        print(json.dumps(comparison[-1]), file=sys.stderr, flush=True)  # progress: one budget at a time
 
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "frontier.csv", cached + tiers + searched)
@@ -205,7 +212,8 @@ def main(argv: list[str] | None = None) -> dict:
         "machine_seconds": round(time.time() - started, 1),
     }
     write_json(args.out / "summary.json", summary)
-    print(json.dumps(summary))
+    print(budgets_markdown(comparison), file=sys.stderr)
+    print_json(summary)
     return summary
 
 

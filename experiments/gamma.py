@@ -10,14 +10,20 @@ DeepFedNAS in the same cell.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from experiments import runner
-from experiments.compare import SUITES
+
+SUITE = "gamma.toml"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return runner.suite_parser("experiments.gamma", __doc__)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return runner.main(["run", str(SUITES / "gamma.toml"), *(sys.argv[1:] if argv is None else argv)])
+    return runner.run_named_suite(build_parser(), SUITE, argv=argv)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,13 @@ python -m experiments.make_sample --source ../shared/data/cifar10 --train-per-cl
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from fl_app.data.images import SAMPLE_DIR
+from fl_app.run.cli import print_json, tool_parser
 
 
 def stratified_rows(labels: np.ndarray, per_class: int, rng: np.random.Generator) -> np.ndarray:
@@ -25,14 +25,20 @@ def stratified_rows(labels: np.ndarray, per_class: int, rng: np.random.Generator
     return np.sort(np.concatenate(picked))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--source", type=Path, default=Path("../shared/data/cifar10"))
-    parser.add_argument("--out", type=Path, default=SAMPLE_DIR)
-    parser.add_argument("--train-per-class", type=int, default=2000)
-    parser.add_argument("--test-per-class", type=int, default=400)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+def build_parser() -> argparse.ArgumentParser:
+    parser = tool_parser("experiments.make_sample", __doc__)
+    parser.add_argument(
+        "--source", type=Path, default=Path("../shared/data/cifar10"), help="CIFAR-10 folder with train/test.parquet"
+    )
+    parser.add_argument("--out", type=Path, default=SAMPLE_DIR, help="folder of the sample (the bundled one)")
+    parser.add_argument("--train-per-class", type=int, default=2000, help="training images per class")
+    parser.add_argument("--test-per-class", type=int, default=400, help="test images per class")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the stratified draw")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     rng = np.random.default_rng(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     report = {}
@@ -42,7 +48,7 @@ def main() -> None:
         subset = table.take(rows)
         pq.write_table(subset, args.out / f"{split}.parquet")  # keeps the HF feature metadata
         report[split] = {"rows": subset.num_rows, "bytes": (args.out / f"{split}.parquet").stat().st_size}
-    print(json.dumps(report))
+    print_json(report, [{"split": split, **values} for split, values in report.items()])
 
 
 if __name__ == "__main__":

@@ -12,11 +12,11 @@ Markdown table ``traffic.md`` (pasted as is into experiments/README.md), and pri
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 
+from fl_app.run.cli import print_json, tool_parser
 from fl_app.run.config import SUPERNET_METHODS, validate_run_config
 from fl_app.run.outputs import write_csv
 from fl_app.run.payload import payload_bytes
@@ -81,12 +81,16 @@ def traffic_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True)
+def build_parser() -> argparse.ArgumentParser:
+    parser = tool_parser("experiments.method_traffic", __doc__)
+    parser.add_argument("--out", type=Path, required=True, help="folder for traffic.csv and traffic.md")
     parser.add_argument("--rounds", type=int, default=20, help="rounds averaged over")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    parser.add_argument("--seed", type=int, default=0, help="seed of budgets and sampling")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = build_parser().parse_args(argv)
     rows = []
     for scale_name, scale in SCALES.items():
         for method in SUPERNET_METHODS:
@@ -102,7 +106,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "traffic.csv", rows)
     (args.out / "traffic.md").write_text(traffic_markdown(rows))
-    print(json.dumps(rows))
+    print_json(rows, rows)
     return rows
 
 

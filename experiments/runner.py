@@ -46,10 +46,13 @@ from pathlib import Path
 from typing import Callable
 
 from fl_app.report import settings, write_suite_tables
+from fl_app.run.cli import add_command, comma_list, run_config_overrides, tool_parser
 from fl_app.run.config import METHODS, validate_run_config
 from fl_app.run.outputs import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
+SUITES = ROOT / "experiments" / "suites"
+DEFAULT_DATA = ROOT.parent / "shared" / "data" / "cifar10"  # the real CIFAR-10 beside the checkout
 RUN_RECORD = "run.json"
 RUN_LOG = "run.log"
 COMPLETED = "finished:completed"
@@ -70,17 +73,6 @@ class Suite:
     reference: str | None = None
     run_timeout: float = 3600.0
     description: str = ""
-
-
-def parse_assignments(items: list[str]) -> dict:
-    """['num-server-rounds=40', "method='feast'"] -> run-config values (TOML syntax, as in a suite file)."""
-    values = {}
-    for item in items:
-        try:
-            values.update(tomllib.loads(item))
-        except tomllib.TOMLDecodeError as error:
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE in TOML syntax (strings quoted): {error}") from None
-    return values
 
 
 def load_suite(
@@ -451,46 +443,78 @@ def run_suite(
     return {"runs": runs, "failed": failed}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_suite_options(command: argparse.ArgumentParser) -> None:
+    """The options of running a suite (its file aside), shared by ``run``, ``plan`` and the wrapper scripts."""
+    command.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="suite folder (the runner writes only here, never to a default location)",
+    )
+    command.add_argument(
+        "--rerun-changed",
+        action="store_true",
+        help="train runs whose finished folder has other settings into new folders",
+    )
+    command.add_argument(
+        "--allow-mixed-commits", action="store_true", help="let one table hold runs made at different commits"
+    )
+    command.add_argument(
+        "--seeds", type=comma_list(int, "seeds"), help="seeds replacing the suite's, e.g. 0,1 (unset: the suite's)"
+    )
+    command.add_argument(
+        "--methods",
+        type=comma_list(str, "labels"),
+        help="the suite's labels (or method names) to run, e.g. feast,fedavg-min (unset: all)",
+    )
+    command.add_argument(
+        "--run-config",
+        type=run_config_overrides,
+        help="run-config values over the suite's [base], Flower's syntax: \"num-server-rounds=40 lr=0.1\"",
+    )
+    # the spelling before --run-config, still in committed results READMEs: --set KEY=VALUE ...
+    command.add_argument("--set", nargs="+", default=[], help=argparse.SUPPRESS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = tool_parser("experiments.runner", __doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, text in (
         ("run", "train what is missing, then write the tables"),
         ("plan", "print what would be reused, trained or refused; trains nothing"),
     ):
-        command = sub.add_parser(name, help=text)
-        command.add_argument("suite", type=Path)
-        command.add_argument(
-            "--out",
-            type=Path,
-            required=True,
-            help="suite folder (the runner writes only here, never to a default location)",
-        )
-        command.add_argument(
-            "--rerun-changed",
-            action="store_true",
-            help="train runs whose finished folder has other settings into new folders",
-        )
-        command.add_argument(
-            "--allow-mixed-commits", action="store_true", help="let one table hold runs made at different commits"
-        )
-        command.add_argument("--seeds", help="comma list replacing the suite's seeds, e.g. 0,1")
-        command.add_argument("--methods", help="comma list of the suite's labels (or method names) to run")
-        command.add_argument(
-            "--set",
-            nargs="*",
-            default=[],
-            metavar="KEY=VALUE",
-            help="run-config values over the suite's [base], TOML syntax: num-server-rounds=40",
-        )
+        command = add_command(sub, name, text)
+        command.add_argument("suite", type=Path, help="suite file, e.g. experiments/suites/smoke.toml")
+        add_suite_options(command)
+    return parser
+
+
+def suite_parser(module: str, doc: str, ablations: str | None = None) -> argparse.ArgumentParser:
+    """The parser of a script that runs one suite of ``SUITES`` (``--ablations``: the file ``ablations``)."""
+    parser = tool_parser(module, doc)
+    if ablations:
+        parser.add_argument("--ablations", action="store_true", help=f"run suites/{ablations} instead")
+    add_suite_options(parser)
+    return parser
+
+
+def run_named_suite(
+    parser: argparse.ArgumentParser, suite: str, ablations: str | None = None, argv: list[str] | None = None
+) -> int:
+    """``python -m experiments.runner run SUITES/<suite> ARGV`` (``--ablations``: ``SUITES/<ablations>``), after
+    ``parser`` (from ``suite_parser``) has checked ARGV."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    chosen = ablations if getattr(args, "ablations", False) else suite
+    return main(["run", str(SUITES / chosen), *(a for a in argv if a != "--ablations")])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    overrides = {**(run_config_overrides(" ".join(args.set)) if args.set else {}), **(args.run_config or {})}
     try:
-        suite = load_suite(
-            args.suite,
-            [int(s) for s in args.seeds.split(",")] if args.seeds else None,
-            args.methods.split(",") if args.methods else None,
-            parse_assignments(args.set),
-        )
+        suite = load_suite(args.suite, args.seeds, args.methods, overrides)
         if args.command == "plan":
             for run in plan(suite, args.out.resolve(), args.rerun_changed):
                 print(f"{run.action:<6} {run.name} seed={run.seed} -> {run.folder}")

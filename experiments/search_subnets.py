@@ -11,11 +11,11 @@ The supernet's minimum and maximum subnets are always included as the cache's en
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 
+from fl_app.run.cli import print_json, tool_parser
 from fl_app.supernet.space import Subnet, SupernetConfig, count_costs, load_supernet_config
 from fl_app.supernet.subnets import CachedSubnet, random_subnet, write_cache
 
@@ -64,20 +64,23 @@ def search(cfg: SupernetConfig, num_targets: int, seed: int, population: int = 3
     return sorted(entries, key=lambda c: c.macs)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    parser = tool_parser("experiments.search_subnets", __doc__)
     parser.add_argument("--supernet", default="cpu", help="cpu, paper or a JSON path")
     parser.add_argument("--targets", type=int, default=20, help="number of MAC targets, log-spaced min..max")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True, type=Path)
-    args = parser.parse_args()
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the search")
+    parser.add_argument("--out", required=True, type=Path, help="the cache CSV to write")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     cfg = load_supernet_config(args.supernet)
     entries = search(cfg, args.targets, args.seed)
     write_cache(args.out, entries)
-    print(
-        json.dumps(
-            {"subnets": len(entries), "min_macs": entries[0].macs, "max_macs": entries[-1].macs, "out": str(args.out)}
-        )
+    print_json(
+        {"subnets": len(entries), "min_macs": entries[0].macs, "max_macs": entries[-1].macs, "out": str(args.out)},
+        [{"macs": e.macs, "params": e.params} for e in entries],
     )
 
 

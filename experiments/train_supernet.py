@@ -9,21 +9,25 @@ run's usual outputs, among them ``supernet.pt`` (the input of ``fl_app.extract``
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from experiments.compare import DEFAULT_DATA
 from experiments.flower_env import local_flower_env
 from experiments.flower_runs import flwr_run
+from experiments.runner import DEFAULT_DATA
+from fl_app.run.cli import print_json, tool_parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = tool_parser("experiments.train_supernet", __doc__)
+    parser.add_argument("--out", type=Path, required=True, help="output folder of the run (must not hold results)")
+    parser.add_argument("--rounds", type=int, default=40, help="federated rounds (num-server-rounds)")
+    parser.add_argument("--seed", type=int, default=0, help="the run's seed")
+    parser.add_argument("--data-path", type=Path, default=DEFAULT_DATA, help="the real CIFAR-10 (parquet files)")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="output folder of the run (must not hold results)")
-    parser.add_argument("--rounds", type=int, default=40)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--data-path", type=Path, default=DEFAULT_DATA)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     run_config = {
         "method": "feast",
         "data-source": "local",
@@ -41,7 +45,7 @@ def main(argv: list[str] | None = None) -> dict:
             run_config, "num-supernodes=8 client-resources-num-cpus=1 init-args-num-cpus=1", env=env, timeout=4 * 3600
         )
     result = {"run_id": run_id, "status": status, "out": str(args.out.resolve())}
-    print(json.dumps(result))
+    print_json(result, [result])
     if status != "finished:completed":
         raise SystemExit(f"training run ended {status}")
     return result

@@ -2,8 +2,8 @@
 
 One function per step, usable from tests and scripts; the CLI wraps the same steps:
 
-    python -m fl_app.deploy certs deploy/certs                      # ca.crt, server.pem, server.key
-    python -m fl_app.deploy keys deploy/keys --nodes 2              # supernode-<i> / supernode-<i>.pub
+    python -m fl_app.deploy certs --out deploy/certs                # ca.crt, server.pem, server.key
+    python -m fl_app.deploy keys --out deploy/keys --nodes 2        # supernode-<i> / supernode-<i>.pub
     python -m fl_app.deploy superlink --certs deploy/certs --state deploy/superlink --port 9093
     python -m fl_app.deploy connection deployment --address 127.0.0.1:9093 --root-certificates deploy/certs/ca.crt
     python -m fl_app.deploy register deploy/keys/supernode-0.pub deploy/keys/supernode-1.pub --connection deployment
@@ -43,6 +43,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from fl_app.run.cli import add_command, comma_list, tool_parser
 from fl_app.run.config import MACS_RANGE, parse_macs_list
 from fl_app.run.files import write_new_file
 
@@ -686,8 +687,8 @@ def recipe(
         return "\n".join(lines)
     host_option = [] if superlink_host in LOOPBACK_NAMES else ["--host", superlink_host]
     lines += [
-        f"{me} {q(['certs', str(d / 'certs'), *host_option])}",
-        f"{me} {q(['keys', str(d / 'keys'), '--nodes', str(nodes)])}",
+        f"{me} {q(['certs', '--out', str(d / 'certs'), *host_option])}",
+        f"{me} {q(['keys', '--out', str(d / 'keys'), '--nodes', str(nodes)])}",
         q(["mkdir", "-p", str(d / "superlink")]),
         q(superlink_command(d / "superlink", d / "certs", superlink_port, superlink_host)) + " &",
         f"{me} "
@@ -726,21 +727,21 @@ def _exec_or_print(command: list[str], print_only: bool) -> None:
         os.execvp(command[0], command)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m fl_app.deploy",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="step", required=True)
+INSECURE_REMOTE_HELP = "with --insecure-local-test: allow a non-loopback address (unencrypted, unauthenticated)"
 
-    p = sub.add_parser("certs", help="local CA + SuperLink TLS certificate (ca.crt, server.pem, server.key)")
-    p.add_argument("out_dir")
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = tool_parser("fl_app.deploy", __doc__)
+    sub = parser.add_subparsers(dest="step", required=True, metavar="STEP")
+
+    p = add_command(sub, "certs", "local CA + SuperLink TLS certificate (ca.crt, server.pem, server.key)")
+    p.add_argument("--out", required=True, help="folder for the certificates and keys")
     p.add_argument(
         "--host",
-        action="append",
+        type=comma_list(str, "DNS names / IPs"),
         default=[],
-        help="extra DNS name / IP for the server certificate (repeatable); localhost and 127.0.0.1 are always included",
+        help="extra DNS names / IPs for the server certificate, comma-separated; localhost, 127.0.0.1 and ::1 are "
+        "always included",
     )
     p.add_argument("--days", type=int, default=365, help=f"certificate lifetime in days, 1-{MAX_CERT_DAYS}")
     p.add_argument(
@@ -750,70 +751,70 @@ def main(argv: list[str] | None = None) -> None:
         "(SuperNodes and the flwr CLI must then get the new ca.crt)",
     )
 
-    p = sub.add_parser("keys", help="SuperNode authentication key pairs (EC P-384, OpenSSH format)")
-    p.add_argument("out_dir")
-    p.add_argument("--nodes", type=int, required=True)
-    p.add_argument("--prefix", default="supernode")
-    p.add_argument("--start", type=int, default=0, help="first index in the file names (default 0)")
+    p = add_command(sub, "keys", "SuperNode authentication key pairs (EC P-384, OpenSSH format)")
+    p.add_argument("--out", required=True, help="folder for the key pairs")
+    p.add_argument("--nodes", type=int, required=True, help="number of key pairs")
+    p.add_argument("--prefix", default="supernode", help="file names: <prefix>-<index> and <prefix>-<index>.pub")
+    p.add_argument("--start", type=int, default=0, help="first index in the file names")
     p.add_argument("--force", action="store_true", help="replace existing key pairs (register the new public keys)")
 
-    p = sub.add_parser("superlink", help="run flower-superlink with TLS + SuperNode authentication (foreground)")
+    p = add_command(sub, "superlink", "run flower-superlink with TLS + SuperNode authentication (foreground)")
     p.add_argument("--certs", help="folder with ca.crt, server.pem, server.key")
     p.add_argument("--state", required=True, help="folder for the SuperLink database (state.db)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 to accept remote SuperNodes)")
-    p.add_argument("--port", type=int, default=DEFAULT_SUPERLINK_PORT)
+    p.add_argument("--port", type=int, default=DEFAULT_SUPERLINK_PORT, help="the SuperLink's port")
     p.add_argument(
         "--insecure-local-test", action="store_true", help="LOCAL TEST ONLY: no TLS and no SuperNode authentication"
     )
-    p.add_argument(
-        INSECURE_REMOTE_FLAG,
-        action="store_true",
-        help="with --insecure-local-test: allow a non-loopback address (unencrypted, unauthenticated)",
-    )
+    p.add_argument(INSECURE_REMOTE_FLAG, action="store_true", help=INSECURE_REMOTE_HELP)
     p.add_argument("--print", action="store_true", help="only print the command")
 
-    p = sub.add_parser("connection", help="write the `flwr` CLI's SuperLink connection into $FLWR_HOME/config.toml")
-    p.add_argument("name")
+    p = add_command(sub, "connection", "write the `flwr` CLI's SuperLink connection into $FLWR_HOME/config.toml")
+    p.add_argument("name", help="connection name, as in `flwr run . NAME`")
     p.add_argument("--address", required=True, help="SuperLink HOST:PORT")
     p.add_argument("--root-certificates", help="the CA certificate (ca.crt)")
     p.add_argument("--insecure", action="store_true", help="LOCAL TEST ONLY: plain HTTP")
     p.add_argument("--default", action="store_true", help="make it the default connection")
-    p.add_argument("--flwr-home", default=os.environ.get("FLWR_HOME", str(Path.home() / ".flwr")))
+    p.add_argument(
+        "--flwr-home",
+        default=os.environ.get("FLWR_HOME", str(Path.home() / ".flwr")),
+        help="the flwr CLI's home folder ($FLWR_HOME, else ~/.flwr)",
+    )
 
-    p = sub.add_parser("register", help="flwr supernode register for each public key")
-    p.add_argument("public_keys", nargs="+")
-    p.add_argument("--connection", required=True)
+    p = add_command(sub, "register", "flwr supernode register for each public key")
+    p.add_argument("public_keys", nargs="+", help="SuperNode public key files (<name>.pub)")
+    p.add_argument("--connection", required=True, help="connection name written by the connection step")
 
-    p = sub.add_parser("supernode", help="run one flower-supernode (foreground)")
+    p = add_command(sub, "supernode", "run one flower-supernode (foreground)")
     p.add_argument("--superlink", required=True, help="SuperLink HOST:PORT")
     p.add_argument("--ca", help="CA certificate (ca.crt)")
     p.add_argument("--key", help="this SuperNode's private key")
-    p.add_argument("--partition-id", type=int, required=True)
-    p.add_argument("--num-partitions", type=int, required=True)
-    p.add_argument("--budget-macs", type=float, help="FEAST: this node's MACs budget")
-    p.add_argument("--port", type=int, help="local ClientApp runtime API port (default 9094 + partition id)")
-    p.add_argument("--insecure-local-test", action="store_true", help="LOCAL TEST ONLY: no TLS, no authentication key")
+    p.add_argument("--partition-id", type=int, required=True, help="this node's data partition")
+    p.add_argument("--num-partitions", type=int, required=True, help="number of partitions (SuperNodes)")
+    p.add_argument("--budget-macs", type=float, help="FEAST: this node's MACs budget (unset: drawn by the server)")
     p.add_argument(
-        INSECURE_REMOTE_FLAG,
-        action="store_true",
-        help="with --insecure-local-test: allow a non-loopback address (unencrypted, unauthenticated)",
+        "--port", type=int, help=f"local ClientApp runtime API port (unset: {DEFAULT_SUPERNODE_PORT} + partition id)"
     )
+    p.add_argument("--insecure-local-test", action="store_true", help="LOCAL TEST ONLY: no TLS, no authentication key")
+    p.add_argument(INSECURE_REMOTE_FLAG, action="store_true", help=INSECURE_REMOTE_HELP)
     p.add_argument("--print", action="store_true", help="only print the command")
 
-    p = sub.add_parser("recipe", help="print the whole sequence of commands")
-    p.add_argument("--dir", default="deploy")
-    p.add_argument("--nodes", type=int, default=2)
-    p.add_argument("--connection", help="connection name (default: deployment, or local-test when insecure)")
+    p = add_command(sub, "recipe", "print the whole sequence of commands")
+    p.add_argument("--dir", default="deploy", help="folder the printed commands put certificates, keys and state in")
+    p.add_argument("--nodes", type=int, default=2, help="number of SuperNodes")
+    p.add_argument("--connection", help="connection name (unset: deployment, or local-test when insecure)")
     p.add_argument("--host", default="127.0.0.1", help="SuperLink host name/IP as the SuperNodes reach it")
-    p.add_argument("--port", type=int, default=DEFAULT_SUPERLINK_PORT)
-    p.add_argument("--budgets", help="comma-separated MACs budget per node (FEAST)")
-    p.add_argument("--insecure-local-test", action="store_true")
+    p.add_argument("--port", type=int, default=DEFAULT_SUPERLINK_PORT, help="the SuperLink's port")
+    p.add_argument("--budgets", help="comma-separated MACs budget per node (FEAST; unset: drawn by the server)")
     p.add_argument(
-        INSECURE_REMOTE_FLAG,
-        action="store_true",
-        help="with --insecure-local-test: allow a non-loopback address (unencrypted, unauthenticated)",
+        "--insecure-local-test", action="store_true", help="LOCAL TEST ONLY: no TLS and no SuperNode authentication"
     )
+    p.add_argument(INSECURE_REMOTE_FLAG, action="store_true", help=INSECURE_REMOTE_HELP)
+    return parser
 
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         _run_step(parser, args)
@@ -823,10 +824,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def _run_step(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.step == "certs":
-        for path in make_certs(args.out_dir, args.host, args.days, args.force).values():
+        for path in make_certs(args.out, args.host, args.days, args.force).values():
             print(path)
     elif args.step == "keys":
-        for private, public in make_node_keys(args.out_dir, args.nodes, args.prefix, args.start, args.force):
+        for private, public in make_node_keys(args.out, args.nodes, args.prefix, args.start, args.force):
             print(private, public)
     elif args.step == "superlink":
         if not args.insecure_local_test and not args.certs:

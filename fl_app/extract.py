@@ -14,13 +14,13 @@ file: the command never overwrites anything (its checkpoint included).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
 import torch
 
 from fl_app.run.checkpoint import INTEGRITY, load_verified
+from fl_app.run.cli import print_json, tool_parser
 from fl_app.run.config import validate_run_config
 from fl_app.supernet.evaluation import accuracy, extract_subnet, recalibrate_bn
 from fl_app.supernet.federation import dataset_for, server_splits
@@ -79,8 +79,8 @@ def refuse_to_overwrite(out: Path, checkpoint: Path) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    parser = tool_parser("fl_app.extract", __doc__)
     parser.add_argument("--checkpoint", required=True, type=Path, help="supernet.pt written by a run")
     parser.add_argument("--macs", required=True, type=float, help="inference budget in MACs, e.g. 5e6")
     parser.add_argument("--out", required=True, type=Path, help="new file for the standalone subnet")
@@ -88,11 +88,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--subnet-cache",
         default=None,
-        help="cache of --from-cache and of the search's first generation (default: the run's)",
+        help="cache of --from-cache and of the search's first generation ('cpu', 'paper' or a CSV path; "
+        "unset: the run's)",
     )
     parser.add_argument("--population", type=int, default=16, help="search: candidates per generation")
     parser.add_argument("--generations", type=int, default=6, help="search: generations")
     parser.add_argument("--seed", type=int, default=0, help="search: random seed")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     if not args.checkpoint.is_file():
@@ -136,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
         partial.unlink()
         parser.error(f"--out {args.out} appeared meanwhile; nothing written")
     os.replace(partial, args.out)
-    print(json.dumps(result))
+    print_json(result, [{k: result[k] for k in ("macs", "params", "val_accuracy", "accuracy", "source", "out")}])
     return result
 
 

@@ -2,14 +2,16 @@
 
     python -m fl_app.report ~/fl_app_runs/*
     python -m fl_app.report /tmp/smoke --reference feast --out /tmp/smoke/report --plots
+    python -m fl_app.report --update-readme README.md docs/*.md $(find experiments -name README.md)
 
 Runs that share everything but the seed are one row: the mean over seeds with its 95% t-interval. With
 ``--reference LABEL`` every other row also gets the paired difference against that label over the seeds both ran.
 Each row names the commit(s) its runs were made at; a table of runs from different commits is refused unless
 ``--allow-mixed-commits`` is given.
 
-Accuracy is the population-weighted accuracy for the supernet methods (each client scored with the best tier it can
-afford) and the mean client accuracy for the model-heterogeneous ones (each client's own model on its own test split).
+Accuracy is the population-weighted accuracy for the supernet methods (each client scored with a tier it can afford,
+see the run-config key ``population-tier``) and the mean client accuracy for the model-heterogeneous ones (each
+client's own model on its own test split).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fl_app.run.cli import tool_parser
 from fl_app.run.config import KEYS
 from fl_app.run.outputs import write_csv
 from fl_app.run.stats import Estimate, format_estimate, mean_ci, paired_difference, value_at_budget
@@ -591,19 +594,25 @@ def regenerate_readme(text: str, root: Path) -> str:
     return README_BLOCK.sub(lambda m: m.group(1) + readme_block(m.group("args"), root) + m.group(4), text)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    parser = tool_parser("fl_app.report", __doc__)
     parser.add_argument("paths", nargs="+", type=Path, help="run folders, suite folders, or folders holding runs")
-    parser.add_argument("--reference", help="label to take paired differences against")
-    parser.add_argument("--out", type=Path, help="write table.md and the CSV tables here")
+    parser.add_argument("--reference", help="label to take paired differences against (unset: no differences)")
+    parser.add_argument("--out", type=Path, help="write table.md and the CSV tables here (unset: print only)")
     parser.add_argument("--plots", action="store_true", help="with --out: also write the plots")
-    parser.add_argument("--allow-mixed-commits", action="store_true")
+    parser.add_argument(
+        "--allow-mixed-commits", action="store_true", help="let one table hold runs made at different commits"
+    )
     parser.add_argument(
         "--update-readme",
         action="store_true",
         help="the paths are markdown files: regenerate their <!-- report: ... --> tables in place",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.update_readme:
         root = Path(__file__).resolve().parents[1]
         for path in args.paths:

@@ -24,9 +24,9 @@ def test_pyproject_defaults_equal_config_defaults():
     validate_run_config(app_config)
 
 
-def test_readme_documents_every_key():
-    readme = (ROOT / "README.md").read_text()
-    missing = [key for key in KEYS if f"`{key}`" not in readme]
+def test_reference_documents_every_key():
+    reference = (ROOT / "docs" / "run-config.md").read_text()
+    missing = [key for key in KEYS if f"`{key}`" not in reference]
     assert not missing
 
 
@@ -141,9 +141,11 @@ def test_every_number_has_a_finite_range():
                         validate_run_config({key: bad})
 
 
-def test_readme_states_every_range():
+def test_reference_states_every_range():
     rows = {
-        line.split("`")[1]: line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `")
+        line.split("`")[1]: line
+        for line in (ROOT / "docs" / "run-config.md").read_text().splitlines()
+        if line.startswith("| `")
     }
     missing = [key for key, spec in KEYS.items() if spec.check and spec.rule not in rows.get(key, "")]
     assert not missing

@@ -67,11 +67,11 @@ def test_existing_ca_and_node_keys_are_never_silently_replaced(tmp_path, capsys)
     with pytest.raises(FileExistsError, match="supernode-1"):
         deploy.make_node_keys(tmp_path / "keys", 3)  # one new pair among existing ones: none is written
     with pytest.raises(SystemExit) as exit_:
-        deploy.main(["keys", str(tmp_path / "keys"), "--nodes", "1"])
+        deploy.main(["keys", "--out", str(tmp_path / "keys"), "--nodes", "1"])
     assert exit_.value.code == 2 and "already exist" in capsys.readouterr().err
     assert _snapshot(tmp_path / "certs") == certs and _snapshot(tmp_path / "keys") == keys
 
-    deploy.main(["certs", str(tmp_path / "certs"), "--force"])  # the explicit request replaces the whole set
+    deploy.main(["certs", "--out", str(tmp_path / "certs"), "--force"])  # the explicit request replaces the whole set
     replaced = _snapshot(tmp_path / "certs")
     assert all(replaced[name] != certs[name] for name in certs)
     assert _mode(tmp_path / "certs" / "server.key") == 0o600
@@ -162,8 +162,8 @@ def test_recipe_quotes_every_path(tmp_path):
     folder = tmp_path / "my deploy; touch $(echo pwned) 'x'"
     lines = deploy.recipe(folder, 2, budgets=[5e6, 7e6]).splitlines()
     parsed = [shlex.split(line.removesuffix(" &")) for line in lines if not line.startswith("#")]
-    assert ["python", "-m", "fl_app.deploy", "certs", str(folder / "certs")] in parsed
-    assert ["python", "-m", "fl_app.deploy", "keys", str(folder / "keys"), "--nodes", "2"] in parsed
+    assert ["python", "-m", "fl_app.deploy", "certs", "--out", str(folder / "certs")] in parsed
+    assert ["python", "-m", "fl_app.deploy", "keys", "--out", str(folder / "keys"), "--nodes", "2"] in parsed
     assert ["mkdir", "-p", str(folder / "superlink")] in parsed
     assert ["flwr", "supernode", "register", str(folder / "keys" / "supernode-1.pub"), "deployment"] in parsed
     superlink = next(tokens for tokens in parsed if tokens[0] == "flower-superlink")

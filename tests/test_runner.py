@@ -282,11 +282,11 @@ def test_wrappers_run_their_suites_through_the_runner(monkeypatch):
     monkeypatch.setattr(runner, "main", lambda argv: calls.append(argv) or 0)
     compare.main(["--ablations", "--out", "x", "--seeds", "0"])
     gamma.main(["--out", "y"])
-    fedtopo_compare.main(["--out", "z", "--set", "num-server-rounds=4"])
+    fedtopo_compare.main(["--out", "z", "--run-config", "num-server-rounds=4"])
     assert [(c[0], Path(c[1]).name, c[2:]) for c in calls] == [
         ("run", "ablations.toml", ["--out", "x", "--seeds", "0"]),
         ("run", "gamma.toml", ["--out", "y"]),
-        ("run", "fedtopo.toml", ["--out", "z", "--set", "num-server-rounds=4"]),
+        ("run", "fedtopo.toml", ["--out", "z", "--run-config", "num-server-rounds=4"]),
     ]
 
 
@@ -305,7 +305,7 @@ def test_command_line_changes_seeds_methods_and_values(tmp_path, capsys):
                 "3",
                 "--methods",
                 "feast,feast-kd0",
-                "--set",
+                "--run-config",
                 "num-server-rounds=40",
             ]
         )
@@ -313,5 +313,5 @@ def test_command_line_changes_seeds_methods_and_values(tmp_path, capsys):
     )
     printed = capsys.readouterr().out.splitlines()
     assert [line.split()[:3] for line in printed] == [["train", "feast", "seed=3"], ["train", "feast-kd0", "seed=3"]]
-    assert main(["plan", suite, "--out", str(tmp_path), "--set", "num-server-round=40"]) == 2
+    assert main(["plan", suite, "--out", str(tmp_path), "--run-config", "num-server-round=40"]) == 2
     assert "did you mean 'num-server-rounds'" in capsys.readouterr().err
