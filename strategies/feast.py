@@ -10,13 +10,12 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
 
 from fl_app.run.payload import RecordState, record_bytes, record_to_state, state_to_record
 from fl_app.supernet.slicing import slice_state, state_numel, subnet_shapes
 from fl_app.supernet.space import Subnet, SupernetConfig
 from fl_app.supernet.subnets import SubnetCache
-from strategies.rounds import LiveNodes, RoundLog, run_rounds, sample_partitions
+from strategies.rounds import LiveNodes, RoundLog, RoundLoop, sample_partitions
 from strategies.screening import (
     NON_NEGATIVE,
     MetricSpec,
@@ -29,7 +28,7 @@ from strategies.screening import (
 from strategies.sparse import sparse_average, update_problem
 
 
-class FeastStrategy(Strategy):
+class FeastStrategy(RoundLoop):
     def __init__(
         self,
         cfg: SupernetConfig,
@@ -225,34 +224,9 @@ class FeastStrategy(Strategy):
         self._returned = state_to_record(self.global_state)
         return self._returned, metrics
 
-    # -- the round loop ---------------------------------------------------------------------------------------
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn=None,
-        *,
-        first_round: int = 1,
-        round_done=None,
-    ) -> Result:
-        """Train rounds ``first_round``..``num_rounds`` (``strategies.rounds.run_rounds``) with central evaluation
-        by ``evaluate_fn``; client-side evaluation rounds are skipped: FEAST evaluates tiers centrally."""
+    # -- the round loop (``strategies.rounds.RoundLoop``): central evaluation by ``evaluate_fn`` -----------------
+    def prepare_rounds(self, timeout: float) -> None:
         self.nodes.query_timeout = min(timeout, 60.0)  # a new node answering its partition query
-        return run_rounds(
-            self,
-            grid,
-            initial_arrays,
-            num_rounds=num_rounds,
-            timeout=timeout,
-            train_config=train_config,
-            evaluate_fn=evaluate_fn,
-            first_round=first_round,
-            round_done=round_done,
-        )
 
     # -- evaluation is central (tiers on the server); no client-side evaluation rounds ------------------------
     def configure_evaluate(self, server_round, arrays, config, grid):

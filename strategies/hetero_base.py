@@ -16,10 +16,9 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
 
 from fl_app.run.payload import record_bytes, record_to_state, state_to_record
-from strategies.rounds import LiveNodes, RoundLog, run_rounds, sample_partitions
+from strategies.rounds import LiveNodes, RoundLog, RoundLoop, sample_partitions
 from strategies.screening import (
     MAX_WEIGHT,
     NON_NEGATIVE,
@@ -59,7 +58,7 @@ UPLOAD_RECORD, METRICS_RECORD = "upload", "metrics"
 
 
 # -- the shared skeleton -------------------------------------------------------------------------------------------
-class HeteroStrategy(Strategy):
+class HeteroStrategy(RoundLoop):
     """Per-client TRAIN messages carrying the method's broadcast; ``aggregate_uploads`` is the method's merge.
 
     Every reply is screened before anything touches global state (``reply_problem``): metrics against their specs,
@@ -325,33 +324,6 @@ class HeteroStrategy(Strategy):
         self.train_loss = {int(r): v for r, v in saved["train_loss"].items()}
         self.history = [dict(row) for row in saved["history"]]
         self.client_accuracy = {int(p): v for p, v in saved["client_accuracy"].items()}
-
-    # -- the round loop ---------------------------------------------------------------------------------------
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord | None = None,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn=None,
-        *,
-        first_round: int = 1,
-        round_done=None,
-    ) -> Result:
-        """Train and (every ``eval-every`` rounds) evaluate rounds ``first_round``..``num_rounds``; calls
-        ``round_done(round)`` after each (results written as the run goes, checkpoints)."""
-        return run_rounds(
-            self,
-            grid,
-            initial_arrays,
-            num_rounds=num_rounds,
-            timeout=timeout,
-            train_config=train_config,
-            first_round=first_round,
-            round_done=round_done,
-        )
 
     def summary(self) -> None:
         log(

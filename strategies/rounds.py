@@ -11,60 +11,68 @@ from logging import INFO, WARNING
 from typing import Iterable, Mapping
 
 import numpy as np
-from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
-from flwr.serverapp.strategy import Result
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
 
 
-def run_rounds(
-    strategy,
-    grid,
-    arrays,
-    *,
-    num_rounds: int,
-    timeout: float,
-    train_config: ConfigRecord | None = None,
-    evaluate_fn=None,
-    first_round: int = 1,
-    round_done=None,
-) -> Result:
-    """Flower's round loop, shared by every strategy here, able to continue from ``first_round`` with ``arrays`` as
-    the model after round ``first_round - 1``. Each round trains (``configure_train``, the grid, ``aggregate_train``,
-    whose arrays replace ``arrays`` unless it returns None: strategies without a global model), evaluates on the
-    clients when the strategy configures that, centrally when ``evaluate_fn(round, arrays)`` is given (also before
-    round 1), then calls ``round_done(round)`` (results written as the run goes, checkpoints)."""
-    log(INFO, "Starting %s at round %d of %d", type(strategy).__name__, first_round, num_rounds)
-    strategy.summary()
-    train_config = train_config or ConfigRecord()
-    result, started = Result(), time.time()
-    if evaluate_fn and first_round == 1:
-        evaluate_fn(0, arrays)
-    for server_round in range(first_round, num_rounds + 1):
-        log(INFO, "")
-        log(INFO, "[ROUND %s/%s]", server_round, num_rounds)
-        replies = grid.send_and_receive(
-            strategy.configure_train(server_round, arrays, train_config, grid), timeout=timeout
-        )
-        aggregated, metrics = strategy.aggregate_train(server_round, replies)
-        if aggregated is not None:
-            arrays = result.arrays = aggregated
-        result.train_metrics_clientapp[server_round] = metrics
-        log(INFO, "\t└──> %s", metrics)
-        messages = strategy.configure_evaluate(server_round, arrays, train_config, grid)
-        if messages:
-            evaluated = strategy.aggregate_evaluate(server_round, grid.send_and_receive(messages, timeout=timeout))
-            result.evaluate_metrics_clientapp[server_round] = evaluated
-            log(INFO, "\t└──> evaluation: %s", evaluated)
-        if evaluate_fn:
-            evaluated = evaluate_fn(server_round, arrays)
-            if evaluated is not None:
+class RoundLoop(Strategy):
+    """Flower's round loop, shared by every strategy here, that can continue from ``first_round`` with
+    ``initial_arrays`` as the model after round ``first_round - 1``. Each round trains (``configure_train``, the grid,
+    ``aggregate_train``, whose arrays replace the model unless it returns None: strategies without a global model),
+    evaluates on the clients when the strategy configures that, centrally when ``evaluate_fn(round, arrays)`` is
+    given (also before round 1), then calls ``round_done(round)`` (results written as the run goes, checkpoints)."""
+
+    def prepare_rounds(self, timeout: float) -> None:
+        """What a strategy sets up from the round timeout before its first round."""
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord | None = None,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn=None,
+        *,
+        first_round: int = 1,
+        round_done=None,
+    ) -> Result:
+        log(INFO, "Starting %s at round %d of %d", type(self).__name__, first_round, num_rounds)
+        self.prepare_rounds(timeout)
+        self.summary()
+        train_config = train_config or ConfigRecord()
+        result, arrays, started = Result(), initial_arrays, time.time()
+        if evaluate_fn and first_round == 1:
+            evaluate_fn(0, arrays)
+        for server_round in range(first_round, num_rounds + 1):
+            log(INFO, "")
+            log(INFO, "[ROUND %s/%s]", server_round, num_rounds)
+            replies = grid.send_and_receive(
+                self.configure_train(server_round, arrays, train_config, grid), timeout=timeout
+            )
+            aggregated, metrics = self.aggregate_train(server_round, replies)
+            if aggregated is not None:
+                arrays = result.arrays = aggregated
+            result.train_metrics_clientapp[server_round] = metrics
+            log(INFO, "\t└──> %s", metrics)
+            messages = self.configure_evaluate(server_round, arrays, train_config, grid)
+            if messages:
+                evaluated = self.aggregate_evaluate(server_round, grid.send_and_receive(messages, timeout=timeout))
+                result.evaluate_metrics_clientapp[server_round] = evaluated
                 log(INFO, "\t└──> evaluation: %s", evaluated)
-                result.evaluate_metrics_serverapp[server_round] = evaluated
-        if round_done:
-            round_done(server_round)
-    log(INFO, "Strategy finished rounds %d-%d in %.1fs", first_round, num_rounds, time.time() - started)
-    return result
+            if evaluate_fn:
+                evaluated = evaluate_fn(server_round, arrays)
+                if evaluated is not None:
+                    log(INFO, "\t└──> evaluation: %s", evaluated)
+                    result.evaluate_metrics_serverapp[server_round] = evaluated
+            if round_done:
+                round_done(server_round)
+        log(INFO, "Strategy finished rounds %d-%d in %.1fs", first_round, num_rounds, time.time() - started)
+        return result
 
 
 def sample_partitions(partition_ids: Iterable[int], k: int, seed: int, server_round: int) -> list[int]:
