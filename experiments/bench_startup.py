@@ -132,6 +132,8 @@ IMPORTS = {
     "import_torch_s": "import torch",
     "import_flwr_simulation_s": "import flwr.simulation",
     "import_ray_s": "import ray",
+    "import_datasets_s": "import datasets",
+    # flwr-datasets imports its plotting helpers (seaborn, scipy.stats, matplotlib) whatever one asks of it
     "import_flwr_datasets_s": "import flwr_datasets.partitioner",
     "import_clientapp_s": "import fl_app.client_app",
 }

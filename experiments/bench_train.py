@@ -375,7 +375,7 @@ def _worker_command(args, root: Path) -> tuple[list[str], dict]:
         "--device",
         args.device,
         "--levels",
-        *[str(b) for b in args.levels],
+        ",".join(str(b) for b in args.levels),
     ]
     command += [
         flag
@@ -388,21 +388,33 @@ def _worker_command(args, root: Path) -> tuple[list[str], dict]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--supernet", default="cpu")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=5, help="client steps per timed call")
-    parser.add_argument("--repeats", type=int, default=3, help="timed calls per worker (median)")
-    parser.add_argument("--workers", type=int, default=1, help="worker processes per tree (alternating with --base)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--bf16", action="store_true", help="bf16 autocast around the client step")
-    parser.add_argument("--base", type=Path, help="a checkout of the code before a change, measured alternately")
-    parser.add_argument(
-        "--levels", type=float, nargs="*", default=[], help="budgets in MACs (default: the default run's levels)"
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.bench_train",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--skip-fedtopo", action="store_true")
+    parser.add_argument("--supernet", default="cpu", help="named supernet (default: cpu)")
+    parser.add_argument("--batch", type=int, default=32, help="batch size of the client step (default: 32)")
+    parser.add_argument("--steps", type=int, default=5, help="client steps per timed call (default: 5)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per worker, median (default: 3)")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="worker processes per tree, alternating with --base (default: 1)"
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each worker (default: 1)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast around the client step (default: off)")
+    parser.add_argument(
+        "--base", type=Path, help="a checkout of the code before a change, measured alternately (default: none)"
+    )
+    parser.add_argument(
+        "--levels",
+        type=lambda text: [float(v) for v in text.split(",") if v],
+        default=[],
+        help="comma-separated budgets in MACs (default: the default run's levels)",
+    )
+    parser.add_argument("--profile", action="store_true", help="also where the time goes (default: off)")
+    parser.add_argument("--skip-fedtopo", action="store_true", help="skip the FedTopo-family step (default: off)")
+    parser.add_argument("--out", type=Path, help="also write the JSON line to this file (default: none)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -449,7 +461,25 @@ def main(argv: list[str] | None = None) -> dict:
             )
     result["load_average"] = {"start": load_start, "end": _load()}
     print(json.dumps(result))
+    print(_table(result), file=sys.stderr)
+    if args.out:
+        args.out.write_text(json.dumps(result) + "\n")
     return result
+
+
+def _table(result: dict) -> str:
+    """Per budget level and tree: images per CPU-second, achieved GFLOP/s and its ratio to the matmul peak."""
+    trees = [name for name in ("old", "new") if name in result]
+    lines = [f"{'budget MMAC':>11} " + " ".join(f"{t + ' img/s':>10} {'GFLOP/s':>8} {'/peak':>6}" for t in trees)]
+    for i, row in enumerate(result[trees[0]]["feast"]):
+        cells = [result[t]["feast"][i] for t in trees]
+        line = f"{row['budget_macs'] / 1e6:>11.2f} "
+        line += " ".join(f"{c['images_per_s']:>10.1f} {c['gflops']:>8.2f} {c['ratio']:>6.3f}" for c in cells)
+        if "speedup" in result:
+            line += f"  x{result['speedup'][i]:.2f}"
+        lines.append(line)
+    lines.append("peak GFLOP/s (matmul): " + ", ".join(f"{t} {result[t]['peak']['matmul_gflops']}" for t in trees))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The faster paths compute what the plain ones do: channels-last activations give the same logits and gradients
-as the contiguous layout (up to float rounding), and the foreach optimizer/clipping give bit-identical training."""
+as the contiguous layout (up to float rounding); the foreach optimizer/clipping, whole tensors where a subnet uses all
+of them and in-place activations give bit-identical training."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import torch
 
 from clients.feast import LocalSettings, plan_subnets, train_subnets
 from fl_app.data.images import ImageData
-from fl_app.models.elastic_resnet import ElasticResNet
+from fl_app.models import elastic_resnet
+from fl_app.models.elastic_resnet import ElasticResNet, prefix
 
 
 def _forward_backward(cfg, bounds, arch, x, memory_format):
@@ -41,7 +43,9 @@ def test_channels_last_matches_contiguous_layout(cpu_cfg, cpu_cache):
     assert all(t.is_contiguous() for t in state_cl.values())
 
 
-def test_foreach_optimizer_and_clipping_are_bit_identical(cpu_cfg, cpu_cache, monkeypatch):
+def _trainer(cpu_cfg, cpu_cache):
+    """A function that trains a fresh seeded model for three FEAST steps (max, min, random subnet) and returns its
+    state: the max subnet uses whole tensors of the routed model, the others prefix slices."""
     gen = torch.Generator().manual_seed(2)
     data = ImageData(
         torch.randint(0, 256, (24, 3, 32, 32), dtype=torch.uint8, generator=gen),
@@ -61,8 +65,9 @@ def test_foreach_optimizer_and_clipping_are_bit_identical(cpu_cfg, cpu_cache, mo
         cutmix_alpha=0.0,
         seed=0,
     )
-    bounds = cpu_cache.route_bounds(5e6)
-    plan = plan_subnets(cpu_cache, 5e6, bounds, ("max", "min", "random"))
+    budget = 1e6  # a routed model whose largest cached subnet is the whole of it
+    bounds = cpu_cache.route_bounds(budget)
+    plan = plan_subnets(cpu_cache, budget, bounds, ("max", "min", "random"))
 
     def trained():
         torch.manual_seed(0)
@@ -70,9 +75,30 @@ def test_foreach_optimizer_and_clipping_are_bit_identical(cpu_cfg, cpu_cache, mo
         train_subnets(model, plan, data, settings)
         return model.state_dict()
 
+    assert plan.largest == bounds and plan.smallest is not None and plan.between
+    return trained
+
+
+def test_foreach_optimizer_and_clipping_are_bit_identical(cpu_cfg, cpu_cache, monkeypatch):
+    trained = _trainer(cpu_cfg, cpu_cache)
     fast = trained()
     sgd, clip = torch.optim.SGD, torch.nn.utils.clip_grad_norm_
     monkeypatch.setattr(torch.optim, "SGD", lambda *a, foreach=None, **kw: sgd(*a, foreach=False, **kw))
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, foreach=None, **kw: clip(*a, foreach=False, **kw))
     plain = trained()
+    assert all(torch.equal(fast[k], plain[k]) for k in fast)
+
+
+def test_whole_tensors_and_in_place_activations_train_bit_identically(cpu_cfg, cpu_cache, monkeypatch):
+    weight = torch.zeros(8, 4, 3, 3)
+    assert prefix(weight, 8, 4) is weight  # nothing cut: the tensor itself, no slice in the autograd graph
+    assert prefix(weight, 8, 2).shape == (8, 2, 3, 3) and prefix(weight, 5).shape == (5, 4, 3, 3)
+    trained = _trainer(cpu_cfg, cpu_cache)
+    fast = trained()
+    # the plain arithmetic: every tensor through a slice view, every activation out of place
+    relu = torch.nn.functional.relu
+    monkeypatch.setattr(elastic_resnet, "prefix", lambda t, *sizes: t[tuple(slice(0, n) for n in sizes)])
+    monkeypatch.setattr(torch.nn.functional, "relu", lambda x, inplace=False: relu(x))
+    plain = trained()
+    assert fast.keys() == plain.keys()
     assert all(torch.equal(fast[k], plain[k]) for k in fast)

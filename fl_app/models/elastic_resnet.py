@@ -21,6 +21,14 @@ import torch.nn.functional as F
 from fl_app.supernet.space import Subnet, SupernetConfig
 
 
+def prefix(tensor: torch.Tensor, *sizes: int) -> torch.Tensor:
+    """The leading ``sizes`` of ``tensor``'s first dimensions: the tensor itself when that is all of it, since the
+    backward of a slice view copies the gradient into a zero tensor of the full size even when nothing is cut."""
+    if tensor.shape[: len(sizes)] == sizes:
+        return tensor
+    return tensor[tuple(slice(0, size) for size in sizes)]
+
+
 class DynamicConv2d(nn.Module):
     """Conv without bias whose output channels are chosen per call and input channels follow the input."""
 
@@ -31,7 +39,7 @@ class DynamicConv2d(nn.Module):
         self.rate = 1.0  # HeteroFL's scaler: a width-r model divides conv outputs by r while training
 
     def forward(self, x: torch.Tensor, out_channels: int, stride: int = 1) -> torch.Tensor:
-        weight = self.weight[:out_channels, : x.shape[1]]
+        weight = prefix(self.weight, out_channels, x.shape[1])
         out = F.conv2d(x, weight, stride=stride, padding=weight.shape[-1] // 2)
         return out / self.rate if self.training and self.rate != 1.0 else out
 
@@ -49,10 +57,10 @@ class DynamicBatchNorm2d(nn.BatchNorm2d):
         use_batch_stats = self.training or self.running_mean is None
         return F.batch_norm(
             x,
-            self.running_mean[:c] if self.running_mean is not None else None,
-            self.running_var[:c] if self.running_var is not None else None,
-            self.weight[:c],
-            self.bias[:c],
+            prefix(self.running_mean, c) if self.running_mean is not None else None,
+            prefix(self.running_var, c) if self.running_var is not None else None,
+            prefix(self.weight, c),
+            prefix(self.bias, c),
             use_batch_stats,
             factor,
             self.eps,
@@ -72,14 +80,16 @@ class Block(nn.Module):
             self.shortcut_conv = None
 
     def forward(self, x: torch.Tensor, mid: int, out: int) -> torch.Tensor:
-        h = F.relu(self.bn1(self.conv1(x, mid, self.stride)))
+        # in place where autograd allows it (BatchNorm's backward reads its input, not its output): fewer
+        # allocations per step, the same values
+        h = F.relu(self.bn1(self.conv1(x, mid, self.stride)), inplace=True)
         h = self.bn2(self.conv2(h, out))
         if self.shortcut_conv is None:
             shortcut = x
         else:
             pooled = F.avg_pool2d(x, self.stride) if self.stride > 1 else x
             shortcut = self.shortcut_bn(self.shortcut_conv(pooled, out))
-        return F.relu(h + shortcut)
+        return F.relu(h.add_(shortcut), inplace=True)
 
 
 class ElasticResNet(nn.Module):
@@ -113,13 +123,14 @@ class ElasticResNet(nn.Module):
         arch = arch or self.bounds
         cfg = self.cfg
         x = x.contiguous(memory_format=self.memory_format)
-        x = F.relu(self.stem_bn(self.stem_conv(x, cfg.stem_channels(arch), cfg.stem_stride)))
+        x = F.relu(self.stem_bn(self.stem_conv(x, cfg.stem_channels(arch), cfg.stem_stride)), inplace=True)
         for s, blocks in enumerate(self.stages):
             out, mid = cfg.stage_channels(arch, s), cfg.mid_channels(arch, s)
             for block in blocks[: 1 + arch.d[s]]:
                 x = block(x, mid, out)
         x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
-        return F.linear(x, self.classifier.weight[:, : x.shape[1]], self.classifier.bias)
+        weight = self.classifier.weight
+        return F.linear(x, weight if weight.shape[1] == x.shape[1] else weight[:, : x.shape[1]], self.classifier.bias)
 
     def set_width_scaler(self, rate: float) -> None:
         for module in self.modules():
