@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 from experiments.in_process_grid import run_in_process
-from experiments.runner import COMPLETED, RUN_RECORD, git_state
+from experiments.runner import COMPLETED, RUN_RECORD, add_run_config_option, git_state, run_config_of
 from fl_app.report import write_suite_tables
-from fl_app.run.cli import comma_list, run_config_overrides, tool_parser
+from fl_app.run.cli import comma_list, tool_parser
 from fl_app.run.config import validate_run_config
 from fl_app.run.outputs import write_json
 
@@ -59,19 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--clients", type=int, default=20, help="number of clients (the suite's num-supernodes)")
     parser.add_argument("--no-extra", action="store_true", help=f"skip {list(EXTRA_METHODS)}")
-    parser.add_argument(
-        "--run-config",
-        type=run_config_overrides,
-        help="run-config overrides of every run, Flower's syntax: \"num-server-rounds=8 lr-schedule='cosine'\"",
-    )
-    # the spelling before --run-config, still in committed results READMEs: --set KEY=VALUE ...
-    parser.add_argument("--set", nargs="+", default=[], help=argparse.SUPPRESS)
+    add_run_config_option(parser, "run-config values of every run")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    overrides = {**(run_config_overrides(" ".join(args.set)) if args.set else {}), **(args.run_config or {})}
+    overrides = run_config_of(args)
     seeds = [seed for group in args.seeds for seed in group] if args.seeds else [0, 1, 2]
     args.out = args.out.resolve()  # the app wants an absolute output-dir
     torch.set_num_threads(1)

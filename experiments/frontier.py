@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_app.extract import choose, load_trained
+from fl_app.extract import add_search_options, choose, load_trained
 from fl_app.run.cli import print_json, tool_parser
 from fl_app.run.outputs import write_csv, write_json
 from fl_app.supernet.evaluation import evaluate_subnet
@@ -107,9 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint", type=Path, required=True, help="supernet.pt of a run")
     parser.add_argument("--out", type=Path, required=True, help="folder for the tables, the plot and summary.json")
     parser.add_argument("--per-gap", type=int, default=2, help="budgets inside each gap between reporting tiers")
-    parser.add_argument("--population", type=int, default=12, help="search: candidates per generation")
-    parser.add_argument("--generations", type=int, default=5, help="search: generations")
-    parser.add_argument("--seed", type=int, default=0, help="search: random seed")
+    add_search_options(parser, population=12, generations=5)
     return parser
 
 

@@ -467,13 +467,21 @@ def add_suite_options(command: argparse.ArgumentParser) -> None:
         type=comma_list(str, "labels"),
         help="the suite's labels (or method names) to run, e.g. feast,fedavg-min (unset: all)",
     )
-    command.add_argument(
-        "--run-config",
-        type=run_config_overrides,
-        help="run-config values over the suite's [base], Flower's syntax: \"num-server-rounds=40 lr=0.1\"",
+    add_run_config_option(command, "run-config values over the suite's [base]")
+
+
+def add_run_config_option(parser: argparse.ArgumentParser, text: str) -> None:
+    """``--run-config "key=value ..."`` (Flower's syntax); read it with ``run_config_of``."""
+    parser.add_argument(
+        "--run-config", type=run_config_overrides, help=f'{text}, Flower\'s syntax: "num-server-rounds=8 lr=0.1"'
     )
     # the spelling before --run-config, still in committed results READMEs: --set KEY=VALUE ...
-    command.add_argument("--set", nargs="+", default=[], help=argparse.SUPPRESS)
+    parser.add_argument("--set", nargs="+", default=[], help=argparse.SUPPRESS)
+
+
+def run_config_of(args: argparse.Namespace) -> dict:
+    """The run-config values of ``--run-config`` (and of the older ``--set``)."""
+    return {**(run_config_overrides(" ".join(args.set)) if args.set else {}), **(args.run_config or {})}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -512,7 +520,7 @@ def run_named_suite(
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    overrides = {**(run_config_overrides(" ".join(args.set)) if args.set else {}), **(args.run_config or {})}
+    overrides = run_config_of(args)
     try:
         suite = load_suite(args.suite, args.seeds, args.methods, overrides)
         if args.command == "plan":

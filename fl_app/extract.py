@@ -91,10 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="cache of --from-cache and of the search's first generation ('cpu', 'paper' or a CSV path; "
         "unset: the run's)",
     )
-    parser.add_argument("--population", type=int, default=16, help="search: candidates per generation")
-    parser.add_argument("--generations", type=int, default=6, help="search: generations")
-    parser.add_argument("--seed", type=int, default=0, help="search: random seed")
+    add_search_options(parser, population=16, generations=6)
     return parser
+
+
+def add_search_options(parser: argparse.ArgumentParser, population: int, generations: int) -> None:
+    """The evolutionary search's options (``choose``), shared with ``experiments.frontier``."""
+    parser.add_argument("--population", type=int, default=population, help="search: candidates per generation")
+    parser.add_argument("--generations", type=int, default=generations, help="search: generations")
+    parser.add_argument("--seed", type=int, default=0, help="search: random seed")
 
 
 def main(argv: list[str] | None = None) -> dict:
