@@ -35,7 +35,7 @@ from clients.fedtopo_baselines import FdLoss, class_means_upload, head_upload, l
 from clients.local_training import LocalSettings
 from fl_app.data.images import DATASETS, ImageData, load_dataset, split_train, stratified_holdout
 from fl_app.data.partition import make_partitioner, partition_indices
-from fl_app.models.hetero import architecture_of, client_model
+from fl_app.models.hetero import architecture_of, client_model, forward_macs
 from fl_app.run.checkpoint import (
     CHECKPOINT_FILE,
     capture_rng,
@@ -49,9 +49,16 @@ from fl_app.run.checkpoint import (
 from fl_app.run.config import RunConfig
 from fl_app.run.device import preferred_device
 from fl_app.run.lr_schedule import lr_schedule
-from fl_app.run.outputs import plot_accuracy_per_round, prepare_output_dir, write_results, write_round_files
+from fl_app.run.outputs import (
+    ClientRecords,
+    plot_accuracy_per_round,
+    prepare_output_dir,
+    write_results,
+    write_round_files,
+)
 from fl_app.run.payload import record_to_state, state_to_record
 from fl_app.run.seeds import derived_seed
+from fl_app.supernet.training_costs import model_train_costs
 from strategies.fedtopo import FedTopoStrategy
 from strategies.fedtopo_baselines import FdStrategy, FedProtoStrategy, FedTgpStrategy, LgFedAvgStrategy, LocalStrategy
 from strategies.hetero_base import HeteroStrategy
@@ -305,6 +312,7 @@ def train_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Cont
     shares (never the weights, except LG-FedAvg's head). A broadcast that fails ``broadcast_problem`` is refused
     (the client raises: the server counts a failure) before the model is touched; a model that is no longer finite
     after training is not saved, so the node keeps its last good model."""
+    started = time.perf_counter()
     config = msg.content.config_records["config"]
     server_round = int(config["server-round"])
     train, _ = client_data(run, pid, num)
@@ -318,10 +326,13 @@ def train_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Cont
     model = load_client_model(run, pid, context.state, num, config, context.node_config)
     seed = derived_seed(run["seed"], server_round, pid)
     loss_fn = method.loss(run, model, global_arrays)
-    metrics = local_train(model, train, LocalSettings.from_run(run, float(config["lr"]), seed), loss_fn)
+    settings = LocalSettings.from_run(run, float(config["lr"]), seed)
+    metrics = local_train(model, train, settings, loss_fn)
     if not model_is_finite(model):
         raise FloatingPointError(f"client {pid}: training diverged in round {server_round}; the model is not saved")
     upload = method.upload(run, model, train, seed, loss_fn)
+    samples = metrics["local-steps"] * settings.batch_size
+    costs = hetero_train_costs(run, pid, tuple(train.images.shape[1:]), samples)
     save_client_model(model, context.state)
     save_dir, _ = client_model_dirs(config, context.node_config)
     if save_dir:
@@ -330,11 +341,26 @@ def train_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Cont
         RecordDict(
             {
                 "upload": state_to_record(upload, dtype),
-                "metrics": MetricRecord({"num-examples": len(train), "partition-id": pid, **metrics}),
+                "metrics": MetricRecord(
+                    {
+                        "num-examples": len(train),
+                        "partition-id": pid,
+                        **metrics,
+                        **costs,
+                        "client-seconds": time.perf_counter() - started,
+                    }
+                ),
             }
         ),
         reply_to=msg,
     )
+
+
+def hetero_train_costs(run: RunConfig, pid: int, image_shape: tuple[int, ...], samples: int) -> dict:
+    """Reply metrics of what this client's training cost (clients.csv): FLOPs from its model's forward MACs."""
+    family = run["model-family"]
+    macs = forward_macs(family, architecture_of(family, pid), _num_classes(run), run["feature-dim"], image_shape)
+    return model_train_costs(macs, macs, samples)
 
 
 # -- server --------------------------------------------------------------------------------------------------------
@@ -414,8 +440,8 @@ def write_hetero_checkpoint(out_dir: Path, server_round: int, run: RunConfig, st
 
 
 def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
-    """Run a model-heterogeneous method end to end. metrics.csv and rounds.csv are rewritten after every round;
-    summary.json and accuracy_per_round.png at the end, also when a round fails (``completed: false`` and the
+    """Run a model-heterogeneous method end to end. metrics.csv, rounds.csv and clients.csv are rewritten after every
+    round; summary.json and accuracy_per_round.png at the end, also when a round fails (``completed: false`` and the
     error, before the error is raised again).
 
     With ``checkpoint-every`` N > 0, the server writes checkpoint.pt (its whole state: global arrays, FedTGP's
@@ -432,6 +458,12 @@ def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
     )
     out_dir = prepare_output_dir(run["output-dir"], run["method"], run["dataset"], run["seed"])
     strategy = build_strategy(run, node_of_partition)
+    family, rows = run["model-family"], client_rows(run, num_clients)
+    clients = ClientRecords(
+        node_of_partition,
+        architecture={pid: architecture_of(family, pid) for pid in node_of_partition},
+        num_examples={pid: len(rows[pid][0]) for pid in node_of_partition},
+    )
     first_round = 1
     if run["checkpoint-every"]:
         strategy.client_config["client-models-dir"] = str(out_dir / MODELS_DIR)
@@ -454,14 +486,14 @@ def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
     )
 
     def round_done(server_round: int) -> None:
-        write_round_files(out_dir, strategy.history, strategy.rounds)
+        write_round_files(out_dir, strategy.history, strategy.rounds, clients)
         if run["checkpoint-every"] and server_round % run["checkpoint-every"] == 0:
             write_hetero_checkpoint(out_dir, server_round, run, strategy, num_clients)
 
     started, error = time.time(), None
     try:
         strategy.start(
-            grid,
+            clients.wrap(grid),
             state_to_record({}),
             num_rounds=run["num-server-rounds"],
             timeout=run["round-timeout"],
@@ -479,7 +511,7 @@ def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
             {run["method"]: [(h["round"], h["mean_client_accuracy"]) for h in strategy.history]},
             f"{run['method']} on {run['dataset']} ({num_clients} clients)",
         )
-        write_results(out_dir, summary, strategy.history, strategy.rounds)
+        write_results(out_dir, summary, strategy.history, strategy.rounds, clients)
         log(INFO, "Results written to %s", out_dir)
     log(
         INFO,

@@ -192,7 +192,9 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
             log(INFO, "Checkpoint after round %d: %s", server_round, path)
 
     started = time.time()
-    clients = ClientRecords(budgets, examples, {pid: info["node_id"] for pid, info in nodes.items()})
+    clients = ClientRecords(
+        {pid: info["node_id"] for pid, info in nodes.items()}, budget_macs=budgets, num_examples=examples
+    )
 
     def summary_of(error: str | None) -> dict:
         return {

@@ -42,7 +42,9 @@ class FakeGrid:
 
 
 def test_client_records_sum_last_and_max_over_rounds():
-    records = ClientRecords({0: 5e5, 1: 2e6, 2: 1e7}, {0: 100, 1: 200, 2: 300}, {0: 10, 1: 11, 2: 12})
+    records = ClientRecords(
+        {0: 10, 1: 11, 2: 12}, budget_macs={0: 5e5, 1: 2e6, 2: 1e7}, num_examples={0: 100, 1: 200, 2: 300}
+    )
     grid = records.wrap(
         FakeGrid(
             [
@@ -79,7 +81,7 @@ def test_client_records_sum_last_and_max_over_rounds():
 
 
 def test_round_files_carry_the_flops_column_and_clients_csv(tmp_path):
-    records = ClientRecords({0: 5e5}, {0: 100}, {0: 10})
+    records = ClientRecords({0: 10}, budget_macs={0: 5e5}, num_examples={0: 100})
     records.wrap(FakeGrid([reply(10, **{"train-flops": 7.0})])).send_and_receive([sent(10)])
     log = SimpleNamespace(train_loss=1.0, bytes_down=5, bytes_up=6, row=lambda r: {"round": r, "bytes_down": 5})
     metrics = metrics_with_round_costs([{"round": 1, "tier_macs": 1, "test_accuracy": 0.5}], {1: log})

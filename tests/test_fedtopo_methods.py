@@ -3,6 +3,7 @@ for the strategies, direct calls of the client function, and a two-round in-proc
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 
@@ -22,6 +23,7 @@ from fl_app.hetero_app import (
     load_client_model,
     train_hetero,
 )
+from fl_app.models.hetero import architecture_of, forward_macs
 from fl_app.run.config import validate_run_config
 from fl_app.run.payload import record_bytes, record_to_state, state_to_record
 from strategies.fedtopo import merge_relations, uniform_topology
@@ -233,6 +235,24 @@ def test_every_method_runs_a_two_round_simulation(flower_ids, tmp_path, method):
     if method == "fedtopo":  # exactly S (C×C) and the counts per sampled client and round
         one = record_bytes(state_to_record({"relations": np.zeros((10, 10)), "counts": np.zeros(10)}))
         assert summary["bytes_up"] == 2 * 3 * one
+    # clients.csv: one row per partition, what the server knows of it and what its replies reported
+    with open(out / "clients.csv") as handle:
+        rows = {int(r["partition_id"]): r for r in csv.DictReader(handle)}
+    rows_of = client_rows(run, NUM_CLIENTS)
+    family = run["model-family"]
+    for pid, row in rows.items():
+        sampled = sum(pid in _sampled(run, r) for r in (1, 2))
+        assert row["architecture"] == architecture_of(family, pid) and int(row["num_examples"]) == len(rows_of[pid][0])
+        assert int(row["rounds_sampled"]) == int(row["rounds_answered"]) == sampled
+        if sampled:  # every step trains a full batch here: 6 FLOPs per forward MAC per trained sample
+            macs = forward_macs(family, row["architecture"], 10, run["feature-dim"], (3, 32, 32))
+            steps = sampled * run["max-local-steps"]
+            assert float(row["train_flops"]) == pytest.approx(6 * macs * steps * run["batch-size"])
+            assert float(row["trained_macs"]) == macs > 0 and float(row["client_seconds"]) > 0
+            assert math.isfinite(float(row["last_train_loss"]))
+        else:
+            assert float(row["train_flops"]) == 0 and math.isnan(float(row["last_train_loss"]))
+    assert sorted(rows) == list(range(NUM_CLIENTS))
 
 
 def _sampled(run, server_round):

@@ -10,8 +10,11 @@ init) and ``cpu`` (eight small, genuinely different architectures that train in 
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 MODEL_FAMILIES = ("cpu", "paper")
 
@@ -193,3 +196,16 @@ def build_model(family: str, name: str, num_classes: int, feature_dim: int) -> H
 
 def client_model(family: str, client: int, num_classes: int, feature_dim: int) -> HeteroNet:
     return build_model(family, architecture_of(family, client), num_classes, feature_dim)
+
+
+@lru_cache(maxsize=None)
+def forward_macs(family: str, name: str, num_classes: int, feature_dim: int, image_shape: tuple[int, ...]) -> float:
+    """Multiply-accumulates of one sample's forward pass through model ``name``, counted by PyTorch's FLOP counter
+    (convolutions and matrix products; 2 FLOPs per MAC) on a copy built on the meta device: no weights, no time,
+    and no draw from the random generators training uses."""
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        model = build_model(family, name, num_classes, feature_dim)
+    model.eval()
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(torch.zeros((1, *image_shape), device="meta"))
+    return counter.get_total_flops() / 2

@@ -121,15 +121,17 @@ CLIENT_METRICS = {
 class ClientRecords:
     """clients.csv (one row per partition) and the clients' training FLOPs per round, read from the training
     messages a strategy sends and the replies it receives (``wrap(grid)``). Reply values are untrusted: only
-    finite, non-negative numbers are recorded; they are statistics, never used for training or aggregation."""
+    finite, non-negative numbers are recorded; they are statistics, never used for training or aggregation.
 
-    def __init__(self, budgets: dict[int, float], examples: dict[int, int], node_of_partition: dict[int, int]):
+    ``columns`` are what the server knows of each partition before training, column -> partition id -> value
+    (e.g. ``budget_macs``, ``num_examples``), in the order they appear after ``partition_id``."""
+
+    def __init__(self, node_of_partition: dict[int, int], **columns: dict):
         self.partition_of_node = {node: pid for pid, node in node_of_partition.items()}
         self.clients = {
             pid: {
                 "partition_id": pid,
-                "budget_macs": budgets.get(pid),
-                "num_examples": examples.get(pid),
+                **{column: values.get(pid) for column, values in columns.items()},
                 "rounds_sampled": 0,
                 "rounds_answered": 0,
                 **{column: math.nan if how != "sum" else 0.0 for column, how in CLIENT_METRICS.values()},

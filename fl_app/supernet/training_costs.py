@@ -26,10 +26,16 @@ def train_costs(cfg: SupernetConfig, largest, smallest, between: list, samples: 
     step_macs = count_macs(cfg, largest) + (count_macs(cfg, smallest) if smallest is not None else 0)
     if between:
         step_macs += sum(count_macs(cfg, arch) for arch in between) / len(between)
+    return model_train_costs(step_macs, count_macs(cfg, largest), samples)
+
+
+def model_train_costs(step_macs: float, trained_macs: float, samples: int) -> dict:
+    """Reply metrics of one round of local training of any model: FLOPs of ``samples`` samples through steps of
+    ``step_macs`` forward MACs, the MACs of the largest model trained, this process's peak memory."""
     cuda_peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else 0.0
     return {
         "train-flops": training_flops(step_macs, samples),
-        "trained-macs": float(count_macs(cfg, largest)),
+        "trained-macs": float(trained_macs),
         "peak-rss-mb": memory_mb()[1],
         "cuda-peak-mb": cuda_peak,
     }
