@@ -53,7 +53,11 @@ def absent_rows_problem(name: str, values: np.ndarray, counts: np.ndarray) -> st
     return None
 
 
-TRAIN_METRIC_KEYS = {"train-loss": NON_NEGATIVE, "local-steps": MetricSpec("int", low=0, required=False)}
+TRAIN_METRIC_KEYS = {
+    "train-loss": NON_NEGATIVE,
+    "local-steps": MetricSpec("int", low=0, required=False),
+    "client-seconds": NON_NEGATIVE,
+}
 UPLOAD_RECORD, METRICS_RECORD = "upload", "metrics"
 
 
@@ -210,6 +214,7 @@ class HeteroStrategy(RoundLoop):
             metrics = reply.content.metric_records[METRICS_RECORD]
             uploads.append((pid, upload, float(metrics["num-examples"])))
             losses.append(float(metrics.get("train-loss", math.nan)))
+            log_.client_seconds += float(metrics.get("client-seconds", 0.0))
         log_.accepted = [pid for pid, _, _ in uploads]
         log_.close(server_round, len(uploads), self.min_reply_fraction, self._sent_bytes)
         before = dict(self.global_arrays)

@@ -253,6 +253,11 @@ def test_every_method_runs_a_two_round_simulation(flower_ids, tmp_path, method):
         else:
             assert float(row["train_flops"]) == 0 and math.isnan(float(row["last_train_loss"]))
     assert sorted(rows) == list(range(NUM_CLIENTS))
+    with open(out / "rounds.csv") as handle:  # the same replies, summed per round
+        per_round = list(csv.DictReader(handle))
+    for round_column, client_column in (("client_seconds", "client_seconds"), ("client_train_flops", "train_flops")):
+        total = sum(float(r[client_column]) for r in rows.values())
+        assert sum(float(r[round_column]) for r in per_round) == pytest.approx(total) and total > 0
 
 
 def _sampled(run, server_round):
