@@ -48,7 +48,6 @@ from fl_app.run.checkpoint import (
 )
 from fl_app.run.config import RunConfig
 from fl_app.run.device import preferred_device
-from fl_app.run.lr_schedule import lr_schedule
 from fl_app.run.outputs import (
     ClientRecords,
     plot_accuracy_per_round,
@@ -62,6 +61,7 @@ from fl_app.supernet.training_costs import model_train_costs
 from strategies.fedtopo import FedTopoStrategy
 from strategies.fedtopo_baselines import FdStrategy, FedProtoStrategy, FedTgpStrategy, LgFedAvgStrategy, LocalStrategy
 from strategies.hetero_base import HeteroStrategy
+from strategies.rounds import round_options
 
 
 # -- the methods: one row each ----------------------------------------------------------------------------------
@@ -372,13 +372,9 @@ def build_strategy(run: RunConfig, node_of_partition: dict[int, int]):
     method = HETERO_METHOD_TABLE[run["method"]]
     rows = client_rows(run, len(node_of_partition))
     common = dict(
-        clients_per_round=run.clients_per_round(len(node_of_partition)),
-        seed=run["seed"],
+        **round_options(run, len(node_of_partition)),
         num_rounds=run["num-server-rounds"],
         eval_every=run["eval-every"],
-        payload_dtype=run["payload-dtype"],
-        min_reply_fraction=run["min-reply-fraction"],
-        lr_of_round=lr_schedule(run),
         feature_dim=run["feature-dim"],
         train_size_of_partition={pid: len(rows[pid][0]) for pid in node_of_partition},
         test_size_of_partition={pid: len(rows[pid][1]) for pid in node_of_partition},

@@ -25,7 +25,6 @@ from fl_app.run.checkpoint import (
     write_round_checkpoint,
 )
 from fl_app.run.config import RunConfig
-from fl_app.run.lr_schedule import lr_schedule
 from fl_app.run.outputs import (
     ClientRecords,
     memory_mb,
@@ -45,7 +44,7 @@ from fl_app.supernet.training_costs import train_costs
 from strategies.feast import FeastStrategy
 from strategies.fedavg_min import FedAvgMinStrategy
 from strategies.heterofl import FedRolexStrategy, HeteroFLStrategy
-from strategies.rounds import round_totals
+from strategies.rounds import round_options, round_totals
 from strategies.superfednas import SuperFedNASStrategy
 
 
@@ -58,13 +57,9 @@ def make_supernet_strategy(
     examples_of_partition: dict[int, int] | None = None,
 ) -> FeastStrategy:
     common = dict(
-        clients_per_round=run.clients_per_round(len(budgets)),
-        seed=run["seed"],
+        **round_options(run, len(budgets)),
         routing=run["routing"],
-        payload_dtype=run["payload-dtype"],
         weighting=run["aggregation-weights"],
-        min_reply_fraction=run["min-reply-fraction"],
-        lr_of_round=lr_schedule(run),
         examples_of_partition=examples_of_partition,
     )
     args = (fed.cfg, fed.cache, budgets, node_of_partition)

@@ -17,6 +17,21 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from fl_app.run.config import RunConfig
+from fl_app.run.lr_schedule import lr_schedule
+
+
+def round_options(run: RunConfig, num_partitions: int) -> dict:
+    """The keyword arguments every strategy here takes from the run config: sampling, wire format, reply quorum and
+    the learning rate each round's clients get."""
+    return dict(
+        clients_per_round=run.clients_per_round(num_partitions),
+        seed=run["seed"],
+        payload_dtype=run["payload-dtype"],
+        min_reply_fraction=run["min-reply-fraction"],
+        lr_of_round=lr_schedule(run),
+    )
+
 
 class RoundLoop(Strategy):
     """Flower's round loop, shared by every strategy here, that can continue from ``first_round`` with
