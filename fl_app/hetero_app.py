@@ -52,6 +52,7 @@ from fl_app.run.outputs import (
     ClientRecords,
     plot_accuracy_per_round,
     prepare_output_dir,
+    summary_head,
     write_results,
     write_round_files,
 )
@@ -386,12 +387,7 @@ def hetero_summary(run: RunConfig, strategy, num_clients: int, seconds: float, e
     rounds = strategy.rounds
     last = next((h for h in reversed(strategy.history) if not math.isnan(h["mean_client_accuracy"])), {})
     return {
-        "method": run["method"],
-        "dataset": run["dataset"],
-        "rounds": run["num-server-rounds"],
-        "seed": run["seed"],
-        "completed": error is None,
-        "error": error,
+        **summary_head(run, error),
         "rounds_done": max(strategy.train_loss, default=0),
         "num_clients": num_clients,
         "clients_per_round": run.clients_per_round(num_clients),

@@ -31,6 +31,7 @@ from fl_app.run.outputs import (
     metrics_with_round_costs,
     plot_accuracy_vs_macs,
     prepare_output_dir,
+    summary_head,
     write_results,
     write_round_files,
 )
@@ -193,12 +194,7 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
 
     def summary_of(error: str | None) -> dict:
         return {
-            "method": run["method"],
-            "dataset": run["dataset"],
-            "rounds": run["num-server-rounds"],
-            "seed": run["seed"],
-            "completed": error is None,
-            "error": error,
+            **summary_head(run, error),
             "supernet": fed.cfg.name,
             "num_clients": num_clients,
             "clients_per_round": run.clients_per_round(num_clients),

@@ -98,6 +98,18 @@ def write_round_files(
         write_csv(out_dir / "clients.csv", clients.rows())
 
 
+def summary_head(run, error: str | None) -> dict:
+    """The first keys of every run's summary.json: what ran, and whether it finished (else the error)."""
+    return {
+        "method": run["method"],
+        "dataset": run["dataset"],
+        "rounds": run["num-server-rounds"],
+        "seed": run["seed"],
+        "completed": error is None,
+        "error": error,
+    }
+
+
 def write_results(
     out_dir: Path, summary: dict, metrics_rows: list[dict], rounds: dict, clients: "ClientRecords | None" = None
 ) -> None:
