@@ -244,9 +244,9 @@ def retention_study_table(study):
     differences = [
         [f"`{name}`", f"`{b}`", ", ".join(map(str, v["seeds"]))]
         + [mean_ci(v, f"{key}_minus_{b}") for key in ("heldout_phrasing_retention", "long_retention")]
-        for b in baselines
+        for i, b in enumerate(baselines)
         for name, v in variants.items()
-        if f"heldout_phrasing_retention_minus_{b}" in v
+        if f"heldout_phrasing_retention_minus_{b}" in v and name not in baselines[:i]
     ]
     return (
         f"`{study['source']}` -> `{study['target']}`, mean ± 95% t-interval over seeds:\n\n"
@@ -275,6 +275,45 @@ def retention_study_table(study):
             differences,
         )
     )
+
+
+def spread_verdict(m):
+    """Whether a paired difference's 95% interval excludes zero."""
+    if m is None or m["ci95"] is None:
+        return "one seed: no interval"
+    if abs(m["mean"]) <= m["ci95"]:
+        return "within seed-to-seed spread"
+    return "beyond seed-to-seed spread, " + ("higher" if m["mean"] > 0 else "lower")
+
+
+def retention_verdict(study, goal=0.9):
+    """Generated sentences: the best retention each set reached against the goal, and per baseline which variants
+    differ from it beyond seed-to-seed spread (the paired interval excludes 0)."""
+    if study is None:
+        return "Not run yet."
+    variants = study["variants"]
+    lines = []
+    for key, what in (("heldout_phrasing_retention", "held-out phrasings"), ("long_retention", "long contexts")):
+        name, v = max(variants.items(), key=lambda kv: kv[1][key]["mean"])
+        reached = "reached" if v[key]["mean"] >= goal else "not reached"
+        lines.append(
+            f"- F1 retention on {what}: best `{name}` with {mean_ci(v, key)} over seeds "
+            f"{', '.join(map(str, v['seeds']))}; goal {goal}: **{reached}**."
+        )
+    baselines = study.get("baselines") or [next(iter(variants))]
+    for i, b in enumerate(baselines):
+        for name, v in variants.items():
+            if name in baselines[:i]:  # already given the other way round
+                continue
+            held, long_ctx = v.get(f"heldout_phrasing_retention_minus_{b}"), v.get(f"long_retention_minus_{b}")
+            if held is None:
+                continue
+            lines.append(
+                f"- `{name}` minus `{b}`: held-out phrasings {mean_ci(v, f'heldout_phrasing_retention_minus_{b}')} "
+                f"({spread_verdict(held)}), long contexts {mean_ci(v, f'long_retention_minus_{b}')} "
+                f"({spread_verdict(long_ctx)})."
+            )
+    return "\n".join(lines)
 
 
 def checkpoints_table():
@@ -405,7 +444,7 @@ def headline(summary, real, study=None):
         name, v = max(study["variants"].items(), key=lambda kv: kv[1]["heldout_phrasing_retention"]["mean"])
         r, long_ctx = v["heldout_phrasing_retention"], v["long_retention"]
         parts.append(
-            f"trained on varied phrasings (`{name}`, {len(v['seeds'])} seeds) it keeps "
+            f"the retention study's best translator on held-out phrasings (`{name}`, {len(v['seeds'])} seeds) keeps "
             f"{fmt(r['mean'], 2)} ± {fmt(r['ci95'], 2)} on held-out phrasings and {fmt(long_ctx['mean'], 2)} ± "
             f"{fmt(long_ctx['ci95'], 2)} on long contexts"
         )
@@ -439,6 +478,7 @@ def render(demo=DEMO):
     )
     blocks["heldout"] = heldout_table(os.path.join(EXPERIMENTS, "heldout_tiny-gpt2__tiny-qwen2.json"))
     blocks["retention-study"] = retention_study_table(study)
+    blocks["retention-verdict"] = retention_verdict(study)
     return blocks
 
 
