@@ -14,50 +14,42 @@ PROG = "python -m kvtranslate"
 FORMATTER = HelpFormatter
 
 
+# training settings with a plain flag (--kind and --gating have choices), default from train.TRAIN_DEFAULTS
+TRAIN_FLAGS = {
+    "steps": "training steps",
+    "batch": "passages per step",
+    "lr": "AdamW learning rate (warm-up, linear decay)",
+    "k_layers": "source layers read per target layer",
+    "hidden": "hidden width of each expert / projector",
+    "window": "target tokens whose embedding lookup the translator reads: each token and window-1 before it",
+    "embed_dim": "target embeddings wider than this are first projected to it (one shared map)",
+    "n_experts": "experts per target layer (mot)",
+    "top_k": "experts kept per token with --gating topk",
+    "w_rec": "KV reconstruction weight",
+    "w_ccl": "context correction loss weight (0 = off)",
+    "w_hidden": "CCL hidden-state term weight",
+    "w_kl": "CCL next-token KL term weight",
+    "ccl_start": "fraction of the steps trained on reconstruction only before the CCL joins",
+    "w_balance": "router load-balancing weight",
+    "n_train": "training passages",
+    "phrase_mix": "share of training facts phrased with random words of the training templates (variety)",
+    "seed": "seed of the training passages, init and sampling",
+}
+
+
+def add_flags(p: argparse.ArgumentParser, helps: dict[str, str], defaults: dict[str, Any]) -> None:
+    """One --key-name flag per entry of `helps`, typed and defaulted from `defaults`."""
+    for key, what in helps.items():
+        p.add_argument("--" + key.replace("_", "-"), type=type(defaults[key]), default=defaults[key], help=what)
+
+
 def add_train_args(p: argparse.ArgumentParser) -> None:
     from .train import TRAIN_DEFAULTS as D
     from .translators import GATINGS, KINDS
 
     p.add_argument("--kind", choices=KINDS, default=D["kind"], help="translator type")
-    p.add_argument("--steps", type=int, default=D["steps"], help="training steps")
-    p.add_argument("--batch", type=int, default=D["batch"], help="passages per step")
-    p.add_argument("--lr", type=float, default=D["lr"], help="AdamW learning rate (warm-up, linear decay)")
-    p.add_argument("--k-layers", type=int, default=D["k_layers"], help="source layers read per target layer")
-    p.add_argument("--hidden", type=int, default=D["hidden"], help="hidden width of each expert / projector")
-    p.add_argument(
-        "--window",
-        type=int,
-        default=D["window"],
-        help="target tokens whose embedding lookup the translator reads: each token and window-1 before it",
-    )
-    p.add_argument(
-        "--embed-dim",
-        type=int,
-        default=D["embed_dim"],
-        help="target embeddings wider than this are first projected to it (one shared map)",
-    )
-    p.add_argument("--n-experts", type=int, default=D["n_experts"], help="experts per target layer (mot)")
     p.add_argument("--gating", choices=GATINGS, default=D["gating"], help="router of the mot experts")
-    p.add_argument("--top-k", type=int, default=D["top_k"], help="experts kept per token with --gating topk")
-    p.add_argument("--w-rec", type=float, default=D["w_rec"], help="KV reconstruction weight")
-    p.add_argument("--w-ccl", type=float, default=D["w_ccl"], help="context correction loss weight (0 = off)")
-    p.add_argument("--w-hidden", type=float, default=D["w_hidden"], help="CCL hidden-state term weight")
-    p.add_argument("--w-kl", type=float, default=D["w_kl"], help="CCL next-token KL term weight")
-    p.add_argument(
-        "--ccl-start",
-        type=float,
-        default=D["ccl_start"],
-        help="fraction of the steps trained on reconstruction only before the CCL joins",
-    )
-    p.add_argument("--w-balance", type=float, default=D["w_balance"], help="router load-balancing weight")
-    p.add_argument("--n-train", type=int, default=D["n_train"], help="training passages")
-    p.add_argument(
-        "--phrase-mix",
-        type=float,
-        default=D["phrase_mix"],
-        help="share of training facts phrased with random words of the training templates (variety)",
-    )
-    p.add_argument("--seed", type=int, default=D["seed"], help="seed of the training passages, init and sampling")
+    add_flags(p, TRAIN_FLAGS, D)
 
 
 def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -261,8 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=P["init"],
         help="hf: HF's N(0, 0.02) init, tied embeddings; torch: PyTorch's default scales, untied",
     )
-    for key, what in PRETRAIN_FLAGS.items():
-        p.add_argument("--" + key.replace("_", "-"), type=type(P[key]), default=P[key], help=what)
+    add_flags(p, PRETRAIN_FLAGS, P)
     p.add_argument(
         "--out",
         required=True,
