@@ -121,8 +121,9 @@ def main(argv: list[str] | None = None) -> dict:
     }
     cores = os.cpu_count() or 1
     if args.plain_only:
-        # a Ray actor holding all cores gets OMP_NUM_THREADS = cores, and the client trains with that many threads
-        torch.set_num_threads(cores)
+        # as many threads as the Flower run's client: its actor trains with OMP_NUM_THREADS threads, which Ray sets to
+        # the actor's CPUs (all cores here) unless the environment already sets it
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", cores)))
         print(json.dumps(plain_feast(values, args.clients, args.state_out)))
         return {}
 

@@ -203,7 +203,8 @@ def parts_alone(repeats: int, clients: int, threads: int) -> dict:
 
 def plain_loop(app: Path, rounds: int, clients: int) -> dict:
     """The same rounds as a plain loop in one fresh process (``experiments.bench_overhead --plain-only``: the app's
-    own functions, no Flower), with as many threads as the Flower run's single client."""
+    own functions, no Flower), with as many threads as the Flower run's single client (``OMP_NUM_THREADS`` if set,
+    else all cores)."""
     values = {"num-server-rounds": rounds, "eval-every": rounds, "checkpoint-every": 0}
     command = [sys.executable, "-m", "experiments.bench_overhead", "--plain-only", "--rounds", str(rounds)]
     command += ["--clients", str(clients), "--run-config", json.dumps(values)]
@@ -259,6 +260,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     # one client at a time with all cores, as bench_overhead's ``flower_s`` (its plain loop uses as many threads)
     result["flower"] = {} if args.skip_flower else flower_timeline(args.app.resolve(), args.rounds, args.clients, cores)
+    print("flower:", json.dumps(result["flower"]), file=sys.stderr, flush=True)
     if not args.skip_flower:
         result["plain"] = plain_loop(args.app.resolve(), args.rounds, args.clients)
         flower, plain = result["flower"], result["plain"]

@@ -5,6 +5,13 @@ measured peak for the same kind of work on the same threads.
     python -m experiments.bench_train --base /work/base    # before/after: the old tree's step, interleaved
     python -m experiments.bench_train --profile            # plus where the time goes (torch.profiler)
 
+The committed results (``/work/exp``: a checkout of the commit before the change measured):
+
+    python -m experiments.bench_train --base /work/exp --workers 3 --steps 4 --repeats 3 \
+        --out experiments/results/bench/train.json
+    python -m experiments.bench_train --profile --workers 1 --steps 4 --repeats 2 --skip-fedtopo \
+        --levels 490304,1339631,13538882 --out experiments/results/bench/train_profile.json
+
 FEAST: the client step of ``clients.feast.train_subnets`` (local max + min + one random in-between subnet with
 in-place KD, crop/flip augmentation, SGD) at every budget level of the default run (8 clients, Zipf budgets), on the
 sub-supernet routed to that budget. FedTopo family: ``clients.fedtopo.local_train`` with the topology loss on the
@@ -14,7 +21,7 @@ timed in the same process with the same threads, in fp32 (bf16 with ``--bf16``).
 
 With ``--base``, each repeat runs one worker process on the old tree and one on this tree, alternating, and the
 medians over repeats are reported side by side (``speedup`` = new / old images/s), so both sides see the same load.
-Prints one JSON line (and the load average at start and end, since the machine may be shared).
+Prints one JSON line (and the load average at start and end, since the machine may be shared) and a table on stderr.
 """
 
 from __future__ import annotations
