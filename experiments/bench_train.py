@@ -97,7 +97,8 @@ def default_levels(supernet: str, clients: int) -> list[float]:
     return sorted({float(b) for b in _module("fl_app.supernet.federation").Federation.build(run, clients).budgets})
 
 
-def _data(n: int, num_classes: int, hw: int, seed: int = 0):
+def random_images(n: int, num_classes: int, hw: int, seed: int = 0):
+    """``n`` seeded random uint8 images with random labels."""
     import torch
 
     ImageData = _module("fl_app.data.images").ImageData
@@ -108,8 +109,9 @@ def _data(n: int, num_classes: int, hw: int, seed: int = 0):
     )
 
 
-def _settings(batch: int, steps: int, seed: int = 0):
-    from clients.feast import LocalSettings
+def step_settings(batch: int, steps: int, seed: int = 0):
+    """The benchmarked client step: one epoch capped at ``steps`` batches, crop/flip, no Mixup/CutMix, KD 0.5."""
+    from clients.feast import LocalSettings  # clients.feast has it in every checkout --base may name
 
     return LocalSettings(
         epochs=1,
@@ -181,9 +183,9 @@ def feast_step(cfg, cache, budget: float, batch: int, device, bf16: bool):
 
     def step(n: int):
         if n not in data_by_steps:
-            data_by_steps[n] = _data(n * batch, cfg.n_classes, cfg.initial_input_hw)
+            data_by_steps[n] = random_images(n * batch, cfg.n_classes, cfg.initial_input_hw)
         with _autocast(device, bf16):
-            train_subnets(model, plan, data_by_steps[n], _settings(batch, n))
+            train_subnets(model, plan, data_by_steps[n], step_settings(batch, n))
 
     return step, plan
 
@@ -204,9 +206,9 @@ def fedtopo_step(batch: int, device, bf16: bool):
 
     def step(n: int):
         if n not in data_by_steps:
-            data_by_steps[n] = _data(n * batch, 10, 32)
+            data_by_steps[n] = random_images(n * batch, 10, 32)
         with _autocast(device, bf16):
-            local_train(model, data_by_steps[n], _settings(batch, n), loss_fn)
+            local_train(model, data_by_steps[n], step_settings(batch, n), loss_fn)
 
     return step, architecture_of("cpu", 0)
 

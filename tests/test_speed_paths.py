@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from clients.feast import LocalSettings, plan_subnets, train_subnets
-from fl_app.data.images import ImageData
+from clients.feast import plan_subnets, train_subnets
+from experiments.bench_train import random_images, step_settings
 from fl_app.models import elastic_resnet
 from fl_app.models.elastic_resnet import ElasticResNet, prefix
 
@@ -46,25 +46,8 @@ def test_channels_last_matches_contiguous_layout(cpu_cfg, cpu_cache):
 def _trainer(cpu_cfg, cpu_cache):
     """A function that trains a fresh seeded model for three FEAST steps (max, min, random subnet) and returns its
     state: the max subnet uses whole tensors of the routed model, the others prefix slices."""
-    gen = torch.Generator().manual_seed(2)
-    data = ImageData(
-        torch.randint(0, 256, (24, 3, 32, 32), dtype=torch.uint8, generator=gen),
-        torch.randint(0, 10, (24,), generator=gen),
-    )
-    settings = LocalSettings(
-        epochs=1,
-        max_steps=3,
-        batch_size=8,
-        lr=0.05,
-        momentum=0.9,
-        weight_decay=5e-4,
-        kd_ratio=0.5,
-        crop_flip=True,
-        randaugment=False,
-        mixup_alpha=0.0,
-        cutmix_alpha=0.0,
-        seed=0,
-    )
+    data = random_images(24, cpu_cfg.n_classes, 32, seed=2)
+    settings = step_settings(batch=8, steps=3)  # the benchmark's step: crop/flip, no Mixup/CutMix, KD 0.5
     budget = 1e6  # a routed model whose largest cached subnet is the whole of it
     bounds = cpu_cache.route_bounds(budget)
     plan = plan_subnets(cpu_cache, budget, bounds, ("max", "min", "random"))
