@@ -2,7 +2,11 @@
 part measured on its own.
 
     python -m experiments.bench_startup                     # 10 rounds, 8 clients, one client at a time
-    python -m experiments.bench_startup --rounds 25 --repeats 3 --out experiments/results/bench/startup.json
+    python -m experiments.bench_startup --rounds 25 --repeats 3      # the default run's 25 rounds
+
+The committed result (one thread, as on a shared machine: OMP_NUM_THREADS=1 MKL_NUM_THREADS=1):
+
+    python -m experiments.bench_startup --rounds 10 --repeats 2 --out experiments/results/bench/startup.json
 
 Timeline: one `flwr run --stream` of the FEAST default run config (``--rounds`` rounds, evaluation at the last one, no
 checkpoints) against a fresh local SuperLink, with the simulation's DEBUG log, whose lines carry the simulation
