@@ -2,7 +2,7 @@
 an older checkout and on this tree, one after the other, each against its own fresh local SuperLink.
 
     python -m experiments.bench_default_run --base /path/to/older/checkout            # old, then new
-    python -m experiments.bench_default_run --base /path/to/older/checkout --order new old
+    python -m experiments.bench_default_run --base /path/to/older/checkout --order new,old
 
 Each run is `experiments.flower_runs.flwr_run` from the tree's own folder (its code is the FAB that runs). Reports
 per tree the wall time, the ServerApp's round loop, the sum of the clients' own seconds, the final tier accuracies
@@ -42,10 +42,22 @@ with tempfile.TemporaryDirectory() as tmp, local_flower_env() as env:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.bench_default_run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--base", type=Path, required=True, help="an older checkout of this project")
-    parser.add_argument("--order", nargs="+", default=["old", "new"], choices=["old", "new"])
+    parser.add_argument(
+        "--order",
+        type=lambda text: text.split(","),
+        default=["old", "new"],
+        help="comma-separated trees in the order they run, each old or new (default: old,new)",
+    )
+    parser.add_argument("--out", type=Path, help="also write the JSON lines to this file (default: none)")
     args = parser.parse_args(argv)
+    if not args.order or any(name not in ("old", "new") for name in args.order):
+        parser.error(f"--order {','.join(args.order)}: each item must be old or new")
     trees = {"old": args.base.resolve(), "new": ROOT}
     results = []
     for name in args.order:
@@ -68,6 +80,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             }
         )
         print(json.dumps(results[-1]), flush=True)
+    for row in results:
+        print(f"{row['tree']:<4} wall {row['wall_s']:>7.1f} s  clients {row['client_s']:>7.1f} s", file=sys.stderr)
+    if args.out:
+        args.out.write_text("".join(json.dumps(row) + "\n" for row in results))
     return results
 
 

@@ -105,11 +105,18 @@ def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = Non
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--run-config", default="", help="extra run-config overrides, TOML 'k=v' pairs as JSON dict")
-    parser.add_argument("--no-parallel", action="store_true", help="skip the parallel-clients Flower run")
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.bench_overhead",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--rounds", type=int, default=10, help="server rounds (default: 10)")
+    parser.add_argument("--clients", type=int, default=8, help="simulated clients (default: 8)")
+    parser.add_argument("--run-config", default="", help="extra run-config values as a JSON object (default: none)")
+    parser.add_argument(
+        "--no-parallel", action="store_true", help="skip the parallel-clients Flower run (default: off)"
+    )
+    parser.add_argument("--out", type=Path, help="also write the JSON line to this file (default: none)")
     parser.add_argument("--plain-only", action="store_true", help=argparse.SUPPRESS)  # the plain side, internal
     parser.add_argument("--state-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -186,6 +193,12 @@ def main(argv: list[str] | None = None) -> dict:
     if "flower_parallel_s" in result:
         result["ratio_parallel"] = round(result["flower_parallel_s"] / result["plain_s"], 3)
     print(json.dumps(result))
+    print(
+        "\n".join(f"{k:<20} {result[k]}" for k in ("plain_s", "flower_s", "flower_parallel_s", "ratio") if k in result),
+        file=sys.stderr,
+    )
+    if args.out:
+        args.out.write_text(json.dumps(result) + "\n")
     return result
 
 
