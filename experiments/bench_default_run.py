@@ -4,6 +4,10 @@ an older checkout and on this tree, one after the other, each against its own fr
     python -m experiments.bench_default_run --base /path/to/older/checkout            # old, then new
     python -m experiments.bench_default_run --base /path/to/older/checkout --order new,old
 
+The committed result (``/work/exp``: a checkout of a104ce2): the two pairs one after the other,
+``--base /work/exp --out A`` and ``--base /work/exp --order new,old --out B``, concatenated into
+experiments/results/bench/default_run.json.
+
 Each run is `experiments.flower_runs.flwr_run` from the tree's own folder (its code is the FAB that runs). Reports
 per tree the wall time, the ServerApp's round loop, the sum of the clients' own seconds, the final tier accuracies
 and the load average before and after (on a shared machine wall times follow the load: alternate the order).
