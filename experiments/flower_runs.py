@@ -58,8 +58,9 @@ def flwr_run(
                 subprocess.run(
                     command, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True, timeout=timeout, check=False
                 )
-            except subprocess.TimeoutExpired:
-                # the run goes on in the SuperLink after its CLI is killed: stop it, so the next one runs alone
+            except (subprocess.TimeoutExpired, KeyboardInterrupt):
+                # the run goes on in the SuperLink after its CLI is killed or interrupted: stop it, so the next one
+                # runs alone and nothing keeps writing into the run's output folder
                 started = re.search(r"Successfully started run (\d+)", log_file.read_text(errors="replace"))
                 if started:
                     subprocess.run(

@@ -37,6 +37,7 @@ import argparse
 import itertools
 import json
 import math
+import signal
 import subprocess
 import sys
 import time
@@ -517,7 +518,13 @@ def run_named_suite(
     return main(["run", str(SUITES / chosen), *(a for a in argv if a != "--ablations")])
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
+    # a kill (SIGTERM) unwinds like Ctrl-C, so the run in progress is stopped in the SuperLink (flwr_run)
+    signal.signal(signal.SIGTERM, _interrupt)
     parser = build_parser()
     args = parser.parse_args(argv)
     overrides = run_config_of(args)
