@@ -53,10 +53,7 @@ def suite_runs(seeds: list[int], extra: bool, overrides: dict | None = None) -> 
 def build_parser() -> argparse.ArgumentParser:
     parser = tool_parser("experiments.fedtopo_inprocess", __doc__)
     parser.add_argument("--out", required=True, type=Path, help="suite folder: runs/<label>/seed<N>/ and the tables")
-    # nargs="+": the space-separated spelling of committed results READMEs (--seeds 0 1 2) still works
-    parser.add_argument(
-        "--seeds", type=comma_list(int, "seeds"), nargs="+", help="seeds, comma-separated (default: 0,1,2)"
-    )
+    parser.add_argument("--seeds", type=comma_list(int, "seeds"), help="seeds, comma-separated (default: 0,1,2)")
     parser.add_argument("--clients", type=int, default=20, help="number of clients (the suite's num-supernodes)")
     parser.add_argument("--no-extra", action="store_true", help=f"skip {list(EXTRA_METHODS)}")
     add_run_config_option(parser, "run-config values of every run")
@@ -66,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     overrides = run_config_of(args)
-    seeds = [seed for group in args.seeds for seed in group] if args.seeds else [0, 1, 2]
+    seeds = args.seeds or [0, 1, 2]
     args.out = args.out.resolve()  # the app wants an absolute output-dir
     torch.set_num_threads(1)
     commit, dirty = git_state()

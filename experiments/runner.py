@@ -476,13 +476,11 @@ def add_run_config_option(parser: argparse.ArgumentParser, text: str) -> None:
     parser.add_argument(
         "--run-config", type=run_config_overrides, help=f'{text}, Flower\'s syntax: "num-server-rounds=8 lr=0.1"'
     )
-    # the spelling before --run-config, still in committed results READMEs: --set KEY=VALUE ...
-    parser.add_argument("--set", nargs="+", default=[], help=argparse.SUPPRESS)
 
 
 def run_config_of(args: argparse.Namespace) -> dict:
-    """The run-config values of ``--run-config`` (and of the older ``--set``)."""
-    return {**(run_config_overrides(" ".join(args.set)) if args.set else {}), **(args.run_config or {})}
+    """The run-config values of ``--run-config`` (none given: {})."""
+    return dict(args.run_config or {})
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -35,8 +35,6 @@ TOOLS = (
     "experiments.train_supernet",
     "experiments.make_sample",
 )
-# flags that keep an older spelling because committed results READMEs use it (--seeds 0 1 2)
-SPACE_SEPARATED_KEPT = {("experiments.fedtopo_inprocess", "--seeds")}
 OTHER_OUTPUT_NAMES = {"--output", "--output-dir", "--out-dir", "--outdir", "-o"}
 
 
@@ -118,11 +116,10 @@ def test_tool_follows_the_command_line_convention(module):
             name = action.option_strings[-1] if action.option_strings else action.dest
             assert action.help, f"{each.prog} {name}: no help text"
             assert not set(action.option_strings) & OTHER_OUTPUT_NAMES, f"{each.prog} {name}: the output flag is --out"
-            if action.option_strings and action.nargs in ("+", "*"):
-                assert (module, name) in SPACE_SEPARATED_KEPT, (
-                    f"{each.prog} {name}: a list is one comma-separated argument"
-                )
+            assert not (action.option_strings and action.nargs in ("+", "*")), (
+                f"{each.prog} {name}: a list is one comma-separated argument"
+            )
             if action.option_strings and action.default is not None and not action.required:
                 assert "(default: " in formatter._expand_help(action), f"{each.prog} {name}: default not shown"
-            if name in ("--run-config", "--set"):
+            if name == "--run-config":
                 assert action.type is run_config_overrides, f"{each.prog} {name}: Flower's run-config syntax"
