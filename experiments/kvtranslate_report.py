@@ -4,8 +4,9 @@ Each table sits between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->`
 kvtranslate/README.md, kvtranslate/checkpoints/README.md and the kvtranslate paragraph of README.md. Sources:
 kvtranslate/results/summary.json and details.json (the demo); in experiments/results/kvtranslate/,
 bench_translate_real.json and bench_translate_tiny.json (experiments/bench_translate.py), heldout_*.json
-(experiments/translate_heldout.py) and retention_study_summary.json (experiments/kvtranslate_retention.py) where it
-exists; the checkpoints' own kvtranslate.json; kvtranslate/history/translator_trials.jsonl.
+(experiments/translate_heldout.py), the retention studies' summaries (STUDIES, experiments/kvtranslate_retention.py)
+and longcontext_probe.jsonl (experiments/kvtranslate_longcontext.py) where they exist; the checkpoints' own
+kvtranslate.json; kvtranslate/history/translator_trials.jsonl.
 
     python -m experiments.kvtranslate_report            # rewrites the READMEs' generated tables
     python -m experiments.kvtranslate_report --check    # exit 1 if a README is not up to date
@@ -27,6 +28,14 @@ CHECKPOINTS_README = os.path.join(REPO, "kvtranslate", "checkpoints", "README.md
 TOP_README = os.path.join(REPO, "README.md")  # only its kvtranslate-headline block
 DEMO = os.path.join(REPO, "kvtranslate", "results")
 EXPERIMENTS = os.path.join(REPO, "experiments", "results", "kvtranslate")
+# retention studies (experiments/kvtranslate_retention.py --out EXPERIMENTS/<stem>.jsonl): README block suffix ->
+# file stem; the last one that exists gives the top-level README's headline
+STUDIES = {"": "retention_study", "-1000-steps": "retention_study_1000_steps"}
+LONGCONTEXT_SETS = {
+    "long_heldout_phrasing": "long, held-out phrasings",
+    "long_training_phrasing": "long, training phrasings",
+    "heldout_phrasing": "short, held-out phrasings",
+}
 
 
 def load(path):
@@ -235,6 +244,7 @@ def retention_study_table(study):
                 "heldout_phrasing_retention",
                 "training_phrasing_retention",
                 "long_retention",
+                "long_training_phrasing_retention",
                 "heldout_phrasing_acc",
                 "heldout_phrasing_binding_acc",
             )
@@ -258,6 +268,7 @@ def retention_study_table(study):
                 "held-out phrasing F1 retention",
                 "training phrasing F1 retention",
                 "long-context F1 retention",
+                "long-context, training phrasing F1 retention",
                 "held-out phrasing acc",
                 "held-out phrasing binding acc",
             ],
@@ -314,6 +325,41 @@ def retention_verdict(study, goal=0.9):
                 f"({spread_verdict(long_ctx)})."
             )
     return "\n".join(lines)
+
+
+def longcontext_table(path):
+    """experiments/kvtranslate_longcontext.py's rows: per variant and set, direct and translated F1 overall, F1
+    retention by where the asked fact starts, and the translated K/V's error by the token's own position."""
+    if not os.path.isfile(path):
+        return "Not run yet (`python -m experiments.kvtranslate_longcontext`)."
+    runs = [json.loads(line) for line in open(path)]
+    sets = [r[k] for r in runs for k in LONGCONTEXT_SETS]
+    facts = list(dict.fromkeys(b for s in sets for b in s["by_position"]))
+    tokens = list(dict.fromkeys(b for s in sets for b in s.get("kv_error_by_token_position", {})))
+    rows = []
+    for r in runs:
+        for key, what in LONGCONTEXT_SETS.items():
+            s = r[key]
+            by_fact = [s["by_position"].get(b) for b in facts]
+            errors = s.get("kv_error_by_token_position", {})
+            rows.append(
+                [f"`{r['variant']}`", r["seed"], r["steps"], what, fmt(s["tokens"], 0), fmt(s["direct_f1"])]
+                + [fmt(s["f1"]), fmt(s["retention"])]
+                + ["–" if v is None else f"{fmt(v['f1'] / max(v['direct_f1'], 1e-9), 2)} ({v['n']})" for v in by_fact]
+                + [fmt(errors.get(b), 2) for b in tokens]
+            )
+    first = runs[0]
+    return (
+        f"`{first['source']}` -> `{first['target']}`. F1 retention by the target token where the asked fact starts "
+        "(passages in brackets), and the translated K/V's relative error (sum over layers of |translated - native|^2 "
+        "/ |native|^2) by the token's own position (– where the run predates that measure):\n\n"
+        + table(
+            ["translator", "seed", "steps", "set", "tokens", "direct F1", "translated F1", "F1 retention"]
+            + [f"retention, fact at {b}" for b in facts]
+            + [f"K/V error, tokens {b}" for b in tokens],
+            rows,
+        )
+    )
 
 
 def checkpoints_table():
@@ -468,17 +514,20 @@ def render(demo=DEMO):
         load(os.path.join(EXPERIMENTS, "bench_translate_real.json")),
         load(os.path.join(EXPERIMENTS, "bench_translate_tiny.json")),
     )
-    study = load(os.path.join(EXPERIMENTS, "retention_study_summary.json"))
+    studies = {name: load(os.path.join(EXPERIMENTS, f"{stem}_summary.json")) for name, stem in STUDIES.items()}
+    latest = next((s for s in reversed(list(studies.values())) if s), None)
     blocks["kvtranslate-headline"] = headline(
-        summary, load(os.path.join(EXPERIMENTS, "bench_translate_real.json")), study
+        summary, load(os.path.join(EXPERIMENTS, "bench_translate_real.json")), latest
     )
     blocks["checkpoints"] = checkpoints_table()
     blocks["translator-trials"] = translator_trials_table(
         os.path.join(REPO, "kvtranslate", "history", "translator_trials.jsonl")
     )
     blocks["heldout"] = heldout_table(os.path.join(EXPERIMENTS, "heldout_tiny-gpt2__tiny-qwen2.json"))
-    blocks["retention-study"] = retention_study_table(study)
-    blocks["retention-verdict"] = retention_verdict(study)
+    for name, study in studies.items():
+        blocks[f"retention-study{name}"] = retention_study_table(study)
+        blocks[f"retention-verdict{name}"] = retention_verdict(study)
+    blocks["longcontext-probe"] = longcontext_table(os.path.join(EXPERIMENTS, "longcontext_probe.jsonl"))
     return blocks
 
 

@@ -2,12 +2,14 @@
 per translator variant and seed, with confidence intervals over seeds.
 
 Each run trains one translator variant for one seed on the pair (training names and templates only), then scores
-direct reading and the translated cache on three fixed sets: held-out names with held-out fact/question templates
-(`heldout_phrasing`), held-out names with the training templates (`training_phrasing`) and long passages of 22
-facts (`long`). F1 retention = translated F1 / direct F1 on the same set. One JSON line per run is appended to
-OUT (default experiments/results/kvtranslate/retention_study.jsonl) and printed; the summary (`..._summary.json`,
-rewritten after the runs, or alone with `--summary`) gives per-variant means with 95% t-intervals over seeds and
-paired differences (same seed) to each of `--baselines`. A table of the summary goes to stderr.
+direct reading and the translated cache on four fixed sets: held-out names with held-out fact/question templates
+(`heldout_phrasing`), held-out names with the training templates (`training_phrasing`), long passages of 22
+facts (`long`, held-out names and templates) and the same long passages with the training templates
+(`long_training_phrasing`). F1 retention = translated F1 / direct F1 on the same set. One JSON line per run is
+appended to OUT (default experiments/results/kvtranslate/retention_study.jsonl) and printed; the summary
+(`..._summary.json`, rewritten after the runs, or alone with `--summary`) gives per-variant means with 95%
+t-intervals over seeds and paired differences (same seed) to each of `--baselines`. A table of the summary goes
+to stderr.
 
     python -m experiments.kvtranslate_retention --variants mot,mot:phrase_mix=0.5 --seeds 0,1,2
     python -m experiments.kvtranslate_retention --summary --baselines mot,mot:phrase_mix=0.5
@@ -29,15 +31,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kvtranslate.cli import HelpFormatter, comma_list, int_list, print_table  # noqa: E402
 from kvtranslate.corpus import make_dataset  # noqa: E402
-from kvtranslate.demo import long_items, position_limit  # noqa: E402
 from kvtranslate.evaluate import qa_scores  # noqa: E402
 from kvtranslate.models import ModelPair, load_pair, pick_device, set_threads  # noqa: E402
-from kvtranslate.pipeline import EncodedItem, encode_pair_items  # noqa: E402
+from kvtranslate.pipeline import EncodedItem, encode_pair_items, long_items, position_limit  # noqa: E402
 from kvtranslate.train import TRAIN_DEFAULTS, train_translator  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "kvtranslate")
 DEFAULT_OUT = os.path.join(RESULTS, "retention_study.jsonl")
-SETS = ("heldout_phrasing", "training_phrasing", "long")
+SETS = ("heldout_phrasing", "training_phrasing", "long", "long_training_phrasing")
 
 
 def parse_variant(text: str) -> dict[str, Any]:
@@ -60,6 +61,10 @@ def eval_sets(pair: ModelPair, n: int, n_long: int, seed: int = 99) -> dict[str,
         heldout_phrasing=make_dataset(n, seed=seed, split="eval", template_split="eval"),
         training_phrasing=make_dataset(n, seed=seed, split="eval", template_split="train"),
         long=long_items(n_long, seed + 1, tokenizers, position_limit(pair.target), 22),
+        # the same long passages phrased with the training templates: what length costs without the phrasing
+        long_training_phrasing=long_items(
+            n_long, seed + 1, tokenizers, position_limit(pair.target), 22, template_split="train"
+        ),
     )
     return {k: encode_pair_items(pair, v) for k, v in items.items()}
 
@@ -115,7 +120,12 @@ def mean_ci(entry: dict[str, Any], key: str) -> str:
 
 def print_summary(summary: dict[str, Any]) -> None:
     """Means +- 95% t-interval per variant, then the paired differences to each baseline (stderr)."""
-    keys = ("heldout_phrasing_retention", "training_phrasing_retention", "long_retention")
+    keys = (
+        "heldout_phrasing_retention",
+        "training_phrasing_retention",
+        "long_retention",
+        "long_training_phrasing_retention",
+    )
     print_table(
         ["variant", "seeds", *keys],
         [[v, ",".join(map(str, e["seeds"]))] + [mean_ci(e, k) for k in keys] for v, e in summary["variants"].items()],

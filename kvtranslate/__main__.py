@@ -33,6 +33,9 @@ TRAIN_FLAGS = {
     "w_balance": "router load-balancing weight",
     "n_train": "training passages",
     "phrase_mix": "share of training facts phrased with random words of the training templates (variety)",
+    "long_mix": "share of steps that read long training passages (7 to --long-facts facts, training phrasings)",
+    "long_batch": "passages per long step (about the tokens of a short batch)",
+    "long_facts": "most facts in a long training passage",
     "seed": "seed of the training passages, init and sampling",
 }
 

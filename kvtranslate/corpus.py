@@ -298,10 +298,34 @@ def make_dataset(
     ]
 
 
-def make_long_dataset(n: int, seed: int, split: str = "eval", n_facts: int = 24, n_options: int = 4) -> list[QAItem]:
-    """Long-context variant: many facts (tune n_facts so passages sit near the position limit)."""
+def make_long_dataset(
+    n: int,
+    seed: int,
+    split: str = "eval",
+    n_facts: int = 24,
+    n_options: int = 4,
+    template_split: str | None = None,
+    phrase_mix: float = 0.0,
+    min_facts: int | None = None,
+) -> list[QAItem]:
+    """Long-context variant: many facts (tune n_facts so passages sit near the position limit), about two per
+    person. With min_facts each passage draws its number of facts from min_facts..n_facts (a mix of lengths)."""
     rng = random.Random(seed)
-    return [make_item(rng, n_facts, split, n_options, max_people=n_facts // 2) for _ in range(n)]
+    items = []
+    for _ in range(n):
+        facts = n_facts if min_facts is None else rng.randint(min_facts, n_facts)  # no extra draw without it
+        items.append(
+            make_item(
+                rng,
+                facts,
+                split,
+                n_options,
+                max_people=max(1, facts // 2),
+                template_split=template_split,
+                phrase_mix=phrase_mix,
+            )
+        )
+    return items
 
 
 def tokenizer_training_text(n_passages: int = 4000, seed: int = 0) -> list[str]:

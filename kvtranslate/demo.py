@@ -19,9 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .corpus import QAItem, make_dataset, make_item, make_long_dataset, questions_about
+from .corpus import QAItem, make_dataset, make_item, questions_about
 from .evaluate import (
     closed_set_accuracy,
     extractive_f1,
@@ -31,7 +30,7 @@ from .evaluate import (
     time_translate_vs_prefill,
 )
 from .models import load_pair
-from .pipeline import encode_pair_items, save_translator
+from .pipeline import encode_pair_items, long_items, position_limit, save_translator
 from .train import train_translator
 
 Log = Callable[[str], Any]
@@ -60,27 +59,6 @@ FULL = dict(
     steps=1000, coverage_steps=600, n_train=3000, n_eval=300, n_long=100, n_inject=160, n_docs=40, long_facts=22
 )
 QUICK = dict(steps=15, coverage_steps=10, n_train=200, n_eval=40, n_long=16, n_inject=32, n_docs=4, long_facts=22)
-
-
-def position_limit(model: PreTrainedModel, cap: int = 256) -> int:
-    """Tokens a passage with its question and answer may take: the model's positions, at most `cap`."""
-    config = model.config
-    positions = config.max_position_embeddings if hasattr(config, "max_position_embeddings") else config.n_positions
-    return min(positions, cap)
-
-
-def long_items(
-    n: int, seed: int, tokenizers: list[PreTrainedTokenizerBase], limit: int, long_facts: int
-) -> list[QAItem]:
-    """Long passages that fit every model's position limit with room for question and answer."""
-    items, s = [], seed
-    while len(items) < n:
-        for item in make_long_dataset(4 * n, seed=s, split="eval", n_facts=long_facts):
-            text = item.passage + item.question + item.answer
-            if all(len(t(text, add_special_tokens=False)["input_ids"]) + 2 <= limit for t in tokenizers):
-                items.append(item)
-        s += 1
-    return items[:n]
 
 
 def run_pair(

@@ -11,10 +11,11 @@ from typing import Any, TypedDict
 
 import torch
 from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .align import align_tokens, padded_alignment
 from .cache import KV, prefill_kv
-from .corpus import QAItem, has_same_type_distractor
+from .corpus import QAItem, has_same_type_distractor, make_long_dataset
 from .models import ModelPair, kv_geometry
 from .scoring import pad_left
 from .tokenization import encode_item
@@ -70,6 +71,29 @@ def encode_pair_items(pair: ModelPair, items: list[QAItem]) -> list[EncodedItem]
             )
         )
     return out
+
+
+def position_limit(model: PreTrainedModel, cap: int = 256) -> int:
+    """Tokens a passage with its question and answer may take: the model's positions, at most `cap`."""
+    config = model.config
+    positions = config.max_position_embeddings if hasattr(config, "max_position_embeddings") else config.n_positions
+    return min(positions, cap)
+
+
+def long_items(
+    n: int, seed: int, tokenizers: list[PreTrainedTokenizerBase], limit: int, long_facts: int, **dataset: Any
+) -> list[QAItem]:
+    """Long passages that fit every model's position limit with room for question and answer; `dataset` goes to
+    corpus.make_long_dataset (split, template_split, phrase_mix, min_facts; default held-out names and
+    templates)."""
+    items, s = [], seed
+    while len(items) < n:
+        for item in make_long_dataset(4 * n, seed=s, n_facts=long_facts, **{"split": "eval", **dataset}):
+            text = item.passage + item.question + item.answer
+            if all(len(t(text, add_special_tokens=False)["input_ids"]) + 2 <= limit for t in tokenizers):
+                items.append(item)
+        s += 1
+    return items[:n]
 
 
 def collate(pair: ModelPair, examples: list[EncodedItem]) -> Batch:

@@ -19,7 +19,16 @@ from .cache import prefill_kv, prefix_kv
 from .corpus import make_dataset
 from .losses import context_correction_loss, kv_reconstruction_loss
 from .models import ModelPair, family_of
-from .pipeline import TRANSLATOR_DEFAULTS, EncodedItem, build_translator, collate, encode_pair_items, translate_batch
+from .pipeline import (
+    TRANSLATOR_DEFAULTS,
+    EncodedItem,
+    build_translator,
+    collate,
+    encode_pair_items,
+    long_items,
+    position_limit,
+    translate_batch,
+)
 from .translators import KVTranslator
 
 TRAIN_DEFAULTS: dict[str, Any] = dict(
@@ -36,6 +45,9 @@ TRAIN_DEFAULTS: dict[str, Any] = dict(
     injection_points=(0.25, 0.5, 0.75, 1.0),
     n_train=3000,
     phrase_mix=0.0,
+    long_mix=0.0,
+    long_batch=4,
+    long_facts=22,
     seed=0,
 )
 
@@ -71,6 +83,24 @@ def training_loss(
     return loss, parts
 
 
+def long_training_data(pair: ModelPair, cfg: dict[str, Any]) -> list[EncodedItem]:
+    """Long training passages: training names and templates (varied phrasings at phrase_mix too), 7 to long_facts
+    facts, up to the target's position limit; as many as the short ones that long_mix of the steps would read."""
+    n = max(cfg["long_batch"], round(cfg["n_train"] * cfg["long_mix"] * cfg["long_batch"] / cfg["batch"]))
+    tokenizers = [pair.source_tok, pair.target_tok]
+    items = long_items(
+        n,
+        cfg["seed"] + 2000,
+        tokenizers,
+        position_limit(pair.target),
+        cfg["long_facts"],
+        split="train",
+        phrase_mix=cfg["phrase_mix"],
+        min_facts=7,
+    )
+    return encode_pair_items(pair, items)
+
+
 def train_translator(
     pair: ModelPair, log: Callable[[str], Any] = print, **overrides: Any
 ) -> tuple[KVTranslator, list[dict[str, float]], dict[str, Any]]:
@@ -83,10 +113,16 @@ def train_translator(
         raise ValueError(f"batch and steps must be >= 1, got batch={cfg['batch']} steps={cfg['steps']}")
     if cfg["n_train"] < cfg["batch"]:
         raise ValueError(f"n_train must be >= batch ({cfg['batch']}), got {cfg['n_train']}")
+    if not 0.0 <= cfg["long_mix"] <= 1.0 or cfg["long_batch"] < 1 or cfg["long_facts"] < 7:
+        raise ValueError(
+            f"long_mix must be in [0, 1], long_batch >= 1 and long_facts >= 7, got long_mix={cfg['long_mix']} "
+            f"long_batch={cfg['long_batch']} long_facts={cfg['long_facts']}"
+        )
     torch.manual_seed(cfg["seed"])
     rng = random.Random(cfg["seed"])
     items = make_dataset(cfg["n_train"], seed=cfg["seed"] + 1000, split="train", phrase_mix=cfg["phrase_mix"])
     data = encode_pair_items(pair, items)
+    long_data = long_training_data(pair, cfg) if cfg["long_mix"] > 0 else []
     translator = build_translator(pair, cfg)
     for p in list(pair.source.parameters()) + list(pair.target.parameters()):
         p.requires_grad_(False)
@@ -103,7 +139,11 @@ def train_translator(
     history, start = [], time.time()
     bar = tqdm(range(cfg["steps"]), desc=f"train {cfg['kind']}", mininterval=5)
     for step in bar:
-        examples = rng.sample(data, cfg["batch"])
+        # a share long_mix of the steps reads long passages (fewer per batch: about as many tokens); no draw at 0
+        if long_data and rng.random() < cfg["long_mix"]:
+            examples = rng.sample(long_data, cfg["long_batch"])
+        else:
+            examples = rng.sample(data, cfg["batch"])
         frac = rng.choice(cfg["injection_points"])
         # CCL joins once reconstruction has converged: from scratch its gradients swamp the KV term
         step_cfg = cfg if step >= cfg["ccl_start"] * cfg["steps"] else {**cfg, "w_ccl": 0.0}
