@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from functools import lru_cache
-from logging import INFO
+from logging import DEBUG, INFO
 
 import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
@@ -263,7 +263,7 @@ def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Conte
     """FEAST and the supernet / width-sliced baselines: the server says what is routed and, for the baselines,
     which single subnet to train; FEAST clients plan their max/min/random step themselves. Stateless between rounds
     (``context`` unused): everything arrives with the message."""
-    started = time.perf_counter()
+    started, began = time.perf_counter(), time.time()
     fed = _federation(tuple(sorted(run.values.items())), num)
     config = msg.content.config_records["config"]
     dtype = str(config["payload-dtype"])
@@ -309,5 +309,14 @@ def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Conte
                 }
             ),
         }
+    )
+    # wall-clock span of this client's work, for the run's timeline (experiments.bench_default_run --timeline)
+    log(
+        DEBUG,
+        "client timeline: partition %d round %s from %.3f to %.3f",
+        pid,
+        config["server-round"],
+        began,
+        time.time(),
     )
     return Message(reply, reply_to=msg)

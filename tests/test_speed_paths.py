@@ -1,9 +1,15 @@
 """The faster paths compute what the plain ones do: channels-last activations give the same logits and gradients
 as the contiguous layout (up to float rounding); the foreach optimizer/clipping, whole tensors where a subnet uses all
-of them and in-place activations give bit-identical training."""
+of them and in-place activations give bit-identical training. The ClientApp and ServerApp load without
+flwr-datasets (seconds of imports per process), and the γ-allocation it no longer needs gives the partitions its
+flwr-datasets partitioner gives."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+import numpy as np
 import torch
 
 from clients.feast import plan_subnets, train_subnets
@@ -85,3 +91,42 @@ def test_whole_tensors_and_in_place_activations_train_bit_identically(cpu_cfg, c
     plain = trained()
     assert fast.keys() == plain.keys()
     assert all(torch.equal(fast[k], plain[k]) for k in fast)
+
+
+def test_apps_load_and_partition_without_flwr_datasets():
+    """The default run's processes (the simulation's validation load, every client actor, the server) import the apps
+    and draw the γ-allocated partitions without importing flwr-datasets or datasets (decoding the bundled sample the
+    first time does import ``datasets``; later processes read the decoded cache)."""
+    code = """
+import sys
+import numpy as np
+import fl_app.client_app, fl_app.server_app
+from fl_app.run.config import validate_run_config
+from fl_app.supernet.federation import Federation, pool_partitions
+run = validate_run_config({})
+assert run["partitioner"] == "gamma", run["partitioner"]
+labels = np.random.default_rng(0).integers(0, 10, 5000)
+parts = pool_partitions(run, labels, Federation.build(run, 8).budgets)
+assert len(parts) == 8 and sum(len(p) for p in parts) == 5000 - run["val-size"] - run["calib-size"]
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("datasets", "flwr_datasets", "seaborn", "scipy")))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_gamma_partitioner_on_a_dataset_deals_the_allocations_partitions():
+    """flwr-datasets' way (a Dataset, ``load_partition``) gives the rows that the app's own draw gives."""
+    from datasets import Dataset
+
+    from fl_app.data.partition import GammaAllocation, GammaPartitioner
+
+    labels = np.random.default_rng(3).integers(0, 10, 2000)
+    budgets = np.array([0.5, 0.5, 1.0, 2.6, 13.5]) * 1e6
+    partitioner = GammaPartitioner(budgets, gamma=1.0, alpha=0.5, seed=4)
+    partitioner.dataset = Dataset.from_dict({"label": labels, "row": np.arange(len(labels))})
+    drawn = GammaAllocation(budgets, gamma=1.0, alpha=0.5, seed=4).draw(labels)
+    assert partitioner.num_partitions == len(drawn) == 5
+    for pid, rows in enumerate(drawn):
+        assert np.asarray(partitioner.load_partition(pid)["row"]).tolist() == rows.tolist()
+    assert sorted(np.concatenate(drawn).tolist()) == list(range(len(labels)))

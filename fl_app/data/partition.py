@@ -1,10 +1,14 @@
-"""Client partitions through flwr-datasets partitioners, including FEAST's budget-coupled γ-allocation."""
+"""Client partitions: FEAST's budget-coupled γ-allocation (plain NumPy) and flwr-datasets' partitioners.
+
+flwr-datasets (with ``datasets``, seaborn, scipy and matplotlib) takes seconds to import in every process that loads
+the ClientApp, so it is imported only where a flwr-datasets partitioner is asked for: ``dirichlet``, ``iid`` and
+``GammaPartitioner``, the γ-allocation as a flwr-datasets ``Partitioner`` for use outside this app. The γ-allocation
+(``partitioner = "gamma"``, the default run's) draws the same partitions without it.
+"""
 
 from __future__ import annotations
 
 import numpy as np
-from datasets import Dataset
-from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Partitioner
 
 PARTITIONERS = ("gamma", "dirichlet", "iid")
 
@@ -23,7 +27,7 @@ def gamma_shares(budgets: np.ndarray, gamma: float, max_training_macs: float = 0
     return weights / weights.sum()
 
 
-class GammaPartitioner(Partitioner):
+class GammaAllocation:
     """Dirichlet label skew whose partition *sizes* follow the clients' budgets.
 
     The self-balancing Dirichlet split of flwr-datasets' ``DirichletPartitioner`` with target shares q_i instead of
@@ -43,36 +47,26 @@ class GammaPartitioner(Partitioner):
         budgets,
         gamma: float,
         alpha: float,
-        partition_by: str = "label",
         max_training_macs: float = 0.0,
         min_partition_size: int = 10,
         seed: int = 0,
         max_attempts: int = 100,
     ):
-        super().__init__()
         if gamma < 0:
             raise ValueError(f"gamma={gamma}: must be >= 0")
         if alpha <= 0:
             raise ValueError(f"dirichlet-alpha={alpha}: must be > 0")
         self.weights = gamma_weights(np.asarray(budgets), gamma, max_training_macs)
         self.shares = self.weights / self.weights.sum()
-        self.alpha, self.partition_by = alpha, partition_by
+        self.alpha = alpha
         self.min_partition_size, self.seed, self.max_attempts = min_partition_size, seed, max_attempts
-        self._indices: list[np.ndarray] | None = None
 
     @property
     def num_partitions(self) -> int:
         return len(self.shares)
 
-    def partition_indices(self) -> list[np.ndarray]:
-        if self._indices is None:
-            self._indices = self._draw(np.asarray(self.dataset[self.partition_by]))
-        return self._indices
-
-    def load_partition(self, partition_id: int) -> Dataset:
-        return self.dataset.select(self.partition_indices()[partition_id])
-
-    def _draw(self, labels: np.ndarray) -> list[np.ndarray]:
+    def draw(self, labels: np.ndarray) -> list[np.ndarray]:
+        """Sorted indices into ``labels`` of every partition."""
         rng = np.random.default_rng(self.seed)
         total = len(labels)
         # written so that uniform weights give flwr's values bit for bit: concentration α·1, target N/n
@@ -102,6 +96,14 @@ class GammaPartitioner(Partitioner):
         )
 
 
+def __getattr__(name: str):
+    if name == "GammaPartitioner":  # flwr-datasets is imported only by those who ask for it
+        from fl_app.data.gamma_partitioner import GammaPartitioner
+
+        return GammaPartitioner
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def make_partitioner(
     name: str,
     num_partitions: int,
@@ -110,21 +112,29 @@ def make_partitioner(
     gamma: float = 0.0,
     budgets=None,
     max_training_macs: float = 0.0,
-) -> Partitioner:
+):
+    """The run's partitioner: a ``GammaAllocation`` for ``gamma``, a flwr-datasets ``Partitioner`` otherwise."""
     if name == "gamma":
-        return GammaPartitioner(budgets, gamma, alpha, max_training_macs=max_training_macs, seed=seed)
+        return GammaAllocation(budgets, gamma, alpha, max_training_macs=max_training_macs, seed=seed)
     if name == "dirichlet":
+        from flwr_datasets.partitioner import DirichletPartitioner
+
         return DirichletPartitioner(
             num_partitions, "label", alpha, min_partition_size=10, self_balancing=True, seed=seed
         )
     if name == "iid":
+        from flwr_datasets.partitioner import IidPartitioner
+
         return IidPartitioner(num_partitions)
     raise ValueError(f"partitioner='{name}': allowed values are {list(PARTITIONERS)}")
 
 
-def partition_indices(labels: np.ndarray, partitioner: Partitioner) -> list[np.ndarray]:
-    """Indices into ``labels`` of every partition (partitioners work on a Dataset; an index column carries them)."""
+def partition_indices(labels: np.ndarray, partitioner) -> list[np.ndarray]:
+    """Indices into ``labels`` of every partition (flwr-datasets partitioners work on a Dataset; an index column
+    carries them)."""
+    if isinstance(partitioner, GammaAllocation):  # its indices directly: no Dataset, no select per partition
+        return list(partitioner.draw(np.asarray(labels)))
+    from datasets import Dataset
+
     partitioner.dataset = Dataset.from_dict({"label": labels, "row": np.arange(len(labels))})
-    if isinstance(partitioner, GammaPartitioner):  # its indices directly: no Dataset.select per partition
-        return list(partitioner.partition_indices())
     return [np.asarray(partitioner.load_partition(i)["row"]) for i in range(partitioner.num_partitions)]

@@ -35,7 +35,8 @@ class DynamicConv2d(nn.Module):
     def __init__(self, max_in: int, max_out: int, kernel_size: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(max_out, max_in, kernel_size, kernel_size))
-        nn.init.kaiming_normal_(self.weight, mode="fan_out", nonlinearity="relu")
+        if not self.weight.is_meta:  # a meta tensor has no values; its normal_ would import torch._dynamo (seconds)
+            nn.init.kaiming_normal_(self.weight, mode="fan_out", nonlinearity="relu")
         self.rate = 1.0  # HeteroFL's scaler: a width-r model divides conv outputs by r while training
 
     def forward(self, x: torch.Tensor, out_channels: int, stride: int = 1) -> torch.Tensor:
