@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from clients.local_training import GRAD_CLIP_NORM, LocalSettings, local_batches
+from clients.local_training import GRAD_CLIP_NORM, LocalSettings, MomentumSGD, local_batches
 from fl_app.data.augment import crop_flip, mix_batch, normalize, rand_augment, soft_cross_entropy
 from fl_app.data.images import ImageData
 from fl_app.models.elastic_resnet import ElasticResNet
@@ -59,9 +59,7 @@ def train_subnets(
     model.to(device)
     if logit_mask is not None:
         logit_mask = logit_mask.to(device)
-    optimizer = torch.optim.SGD(
-        model.parameters(), lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay, foreach=True
-    )
+    optimizer = MomentumSGD(model.parameters(), settings.lr, settings.momentum, settings.weight_decay)
     num_classes = model.cfg.n_classes
     model.train()
     steps, loss_sum = 0, 0.0
@@ -92,7 +90,7 @@ def train_subnets(
             student_loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP_NORM, foreach=True)
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()
         steps += 1
         loss_sum += loss.item()
     model.cpu()

@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import torch
 
+from clients import feast
 from clients.feast import plan_subnets, train_subnets
 from experiments.bench_train import random_images, step_settings
 from fl_app.models import elastic_resnet
@@ -69,13 +70,42 @@ def _trainer(cpu_cfg, cpu_cache):
 
 
 def test_foreach_optimizer_and_clipping_are_bit_identical(cpu_cfg, cpu_cache, monkeypatch):
+    """The client's own foreach SGD and foreach clipping train exactly as torch.optim.SGD and clipping one tensor at
+    a time (three steps, so momentum buffers start, continue, and start late for tensors the first step missed)."""
     trained = _trainer(cpu_cfg, cpu_cache)
     fast = trained()
-    sgd, clip = torch.optim.SGD, torch.nn.utils.clip_grad_norm_
-    monkeypatch.setattr(torch.optim, "SGD", lambda *a, foreach=None, **kw: sgd(*a, foreach=False, **kw))
+    clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(
+        feast,
+        "MomentumSGD",
+        lambda params, lr, momentum, weight_decay: torch.optim.SGD(
+            params, lr=lr, momentum=momentum, weight_decay=weight_decay, foreach=False
+        ),
+    )
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, foreach=None, **kw: clip(*a, foreach=False, **kw))
     plain = trained()
     assert all(torch.equal(fast[k], plain[k]) for k in fast)
+
+
+def test_momentum_sgd_matches_torch_sgd_when_tensors_join_late():
+    """Momentum buffers of tensors without a gradient in a step stay untouched, and a tensor's buffer starts at its
+    first gradient, as in torch.optim.SGD (foreach and one tensor at a time)."""
+    from clients.local_training import MomentumSGD
+
+    def run(make):
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(5, 3)) for _ in range(3)]
+        optimizer = make(params)
+        for step in range(4):
+            for i, p in enumerate(params):  # tensor i trains from step i on; tensor 0 skips step 2
+                p.grad = torch.randn(5, 3) if i <= step and (i, step) != (0, 2) else None
+            optimizer.step()
+        return [p.detach().clone() for p in params]
+
+    ours = run(lambda ps: MomentumSGD(ps, 0.05, 0.9, 5e-4))
+    for foreach in (True, False):
+        reference = run(lambda ps, f=foreach: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=5e-4, foreach=f))
+        assert all(torch.equal(a, b) for a, b in zip(ours, reference))
 
 
 def test_whole_tensors_and_in_place_activations_train_bit_identically(cpu_cfg, cpu_cache, monkeypatch):
