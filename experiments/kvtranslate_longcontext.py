@@ -10,7 +10,6 @@ line per variant is appended to OUT and printed; a table goes to stderr.
     python -m experiments.kvtranslate_longcontext --variants mot:phrase_mix=0.5,mot:phrase_mix=0.5:long_mix=0.25
 """
 
-import argparse
 import json
 import os
 import sys
@@ -21,12 +20,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.kvtranslate_retention import RESULTS, parse_variant  # noqa: E402
+from experiments.kvtranslate_retention import RESULTS, study_parser, study_setup  # noqa: E402
 from kvtranslate.cache import prefill_kv  # noqa: E402
-from kvtranslate.cli import HelpFormatter, comma_list, print_table  # noqa: E402
+from kvtranslate.cli import print_table  # noqa: E402
 from kvtranslate.corpus import QAItem, asked_fact, make_dataset  # noqa: E402
 from kvtranslate.evaluate import extractive_f1  # noqa: E402
-from kvtranslate.models import ModelPair, load_pair, pick_device, set_threads  # noqa: E402
+from kvtranslate.models import ModelPair  # noqa: E402
 from kvtranslate.pipeline import collate, encode_pair_items, long_items, position_limit, translate_batch  # noqa: E402
 from kvtranslate.scoring import f1_em  # noqa: E402
 from kvtranslate.train import train_translator  # noqa: E402
@@ -102,34 +101,19 @@ def by_bucket(buckets: list[str], values: list[float]) -> dict[str, tuple[float,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.kvtranslate_longcontext",
-        description=__doc__.split("\n")[0],
-        formatter_class=HelpFormatter,
-    )
-    parser.add_argument("--source", default="tiny-gpt2", help="source model (tiny name, folder or hub id)")
-    parser.add_argument("--target", default="tiny-qwen2", help="target model (tiny name, folder or hub id)")
-    parser.add_argument(
-        "--variants",
-        type=comma_list,
-        default="mot:phrase_mix=0.5,mot:phrase_mix=0.5:long_mix=0.25",
-        help="comma-separated variants as in experiments.kvtranslate_retention",
+    parser = study_parser(
+        "python -m experiments.kvtranslate_longcontext",
+        __doc__,
+        "mot:phrase_mix=0.5,mot:phrase_mix=0.5:long_mix=0.25",
+        "comma-separated variants as in experiments.kvtranslate_retention",
     )
     parser.add_argument("--seed", type=int, default=0, help="translator seed")
     parser.add_argument("--steps", type=int, default=300, help="translator training steps")
     parser.add_argument("--n", type=int, default=200, help="short held-out-phrasing passages")
     parser.add_argument("--n-long", type=int, default=120, help="long passages per phrasing")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda[:N] or auto")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch")
     parser.add_argument("--out", default=DEFAULT_OUT, help="JSON-lines file the rows are appended to")
     args = parser.parse_args(argv)
-    try:
-        variants = {v: parse_variant(v) for v in args.variants}
-        set_threads(args.threads)
-        device = pick_device(args.device)
-    except ValueError as e:
-        parser.error(str(e))
-    pair = load_pair(args.source, args.target, device)
+    variants, pair = study_setup(parser, args)
     sets = scored_sets(pair, args.n, args.n_long)
     rows = []
     for name, overrides in variants.items():
@@ -138,7 +122,12 @@ def main(argv: list[str] | None = None) -> None:
             pair, log=lambda line: None, steps=args.steps, seed=args.seed, **overrides
         )
         row: dict[str, Any] = dict(
-            source=args.source, target=args.target, variant=name, seed=args.seed, steps=args.steps, device=str(device)
+            source=args.source,
+            target=args.target,
+            variant=name,
+            seed=args.seed,
+            steps=args.steps,
+            device=str(pair.device),
         )
         for set_name, s in sets.items():
             translated = per_item_f1(s["data"], "translated", pair, translator)

@@ -139,26 +139,39 @@ def print_summary(summary: dict[str, Any]) -> None:
     print_table(["variant", "minus", *keys], rows)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.kvtranslate_retention",
-        description=__doc__.split("\n")[0],
-        formatter_class=HelpFormatter,
-    )
+def study_parser(prog: str, doc: str, variants: str, variants_help: str) -> argparse.ArgumentParser:
+    """The flags every translator-variant study shares: the pair, the variants, device and threads."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0], formatter_class=HelpFormatter)
     parser.add_argument("--source", default="tiny-gpt2", help="source model (tiny name, folder or hub id)")
     parser.add_argument("--target", default="tiny-qwen2", help="target model (tiny name, folder or hub id)")
-    parser.add_argument(
-        "--variants",
-        type=comma_list,
-        default="mot,single,shared-latent",
-        help="comma-separated variants: a kind with overrides after colons (mot:phrase_mix=0.5:w_ccl=3)",
+    parser.add_argument("--variants", type=comma_list, default=variants, help=variants_help)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda[:N] or auto")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch")
+    return parser
+
+
+def study_setup(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[dict[str, dict], ModelPair]:
+    """The parsed variants and the loaded pair; a bad variant, device or thread count is a usage error first."""
+    try:
+        variants = {v: parse_variant(v) for v in args.variants}
+        set_threads(args.threads)
+        device = pick_device(args.device)
+    except ValueError as e:
+        parser.error(str(e))
+    return variants, load_pair(args.source, args.target, device)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = study_parser(
+        "python -m experiments.kvtranslate_retention",
+        __doc__,
+        "mot,single,shared-latent",
+        "comma-separated variants: a kind with overrides after colons (mot:phrase_mix=0.5:w_ccl=3)",
     )
     parser.add_argument("--seeds", type=int_list, default="0,1,2", help="comma-separated translator seeds")
     parser.add_argument("--steps", type=int, default=TRAIN_DEFAULTS["steps"], help="translator training steps")
     parser.add_argument("--n", type=int, default=300, help="passages per short set")
     parser.add_argument("--n-long", type=int, default=100, help="long passages")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda[:N] or auto")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch")
     parser.add_argument("--out", default=DEFAULT_OUT, help="JSON-lines file the runs are appended to")
     parser.add_argument(
         "--baselines",
@@ -171,13 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.summary:
         summarise(args.out, args.baselines)
         return
-    try:
-        variants = {v: parse_variant(v) for v in args.variants}
-        set_threads(args.threads)
-        device = pick_device(args.device)
-    except ValueError as e:
-        parser.error(str(e))
-    pair = load_pair(args.source, args.target, device)
+    variants, pair = study_setup(parser, args)
     data = eval_sets(pair, args.n, args.n_long)
     direct = {k: qa_scores(d, "direct", pair)[0] for k, d in data.items()}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -192,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
                 seed=seed,
                 steps=args.steps,
                 overrides=overrides,
-                device=str(device),
+                device=str(pair.device),
             )
             for k, d in data.items():
                 scores = qa_scores(d, "translated", pair, translator)[0]

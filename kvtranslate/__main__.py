@@ -222,11 +222,13 @@ def cmd_demo(args: argparse.Namespace) -> None:
         device=args.device,
         sizes=sizes,
         pairs=args.pairs,
+        jobs=args.jobs,
     )
     print_table(["pair", *DEMO_TABLE], [[name] + [r.get(k) for k in DEMO_TABLE] for name, r in summary.items()])
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .demo import JOBS
     from .evaluate import MODES
     from .models import CHECKPOINT_DIR, INITS, TINY_SPECS
     from .pretrain import DEFAULTS as P
@@ -313,6 +315,13 @@ def build_parser() -> argparse.ArgumentParser:
     for key, what in DEMO_SIZES.items():
         p.add_argument("--" + key.replace("_", "-"), type=int, help=f"{what} (default: the full or quick run's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the translators and the evaluation passages")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=JOBS,
+        help="pairs run side by side, one process each with --threads threads (2: the main pair in one process, the "
+        "other pairs in the other; 1 on a machine shared with other work)",
+    )
     add_device_args(p)
     p.set_defaults(func=cmd_demo)
     return parser
@@ -352,6 +361,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser.error(f"--modes {unknown or '(empty)'}: choose from {','.join(MODES)}")
         if "translated" in args.modes and not args.translator:
             parser.error("--modes translated needs --translator DIR")
+    if args.command == "demo" and args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
     if args.command == "demo" and args.pairs is not None:
         from .demo import PAIRS
 

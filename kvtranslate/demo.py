@@ -11,11 +11,13 @@ injection-point study and a multi-agent run on the first pair. Writes OUT/summar
 
 import csv
 import json
+import multiprocessing
 import os
 import platform
 import random
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
 import torch
@@ -55,9 +57,13 @@ PAIRS: dict[tuple[str, str], dict[str, Any]] = {
     ("tiny-qwen2", "tiny-opt"): dict(variants=COMPARED, injection=(), multi_agent=False, main=False),
 }
 INJECTION_POINTS = (0.25, 0.5, 0.75, 1.0)
+# sized for <= 30 minutes on 2 cores with JOBS processes: the main pair (4 translators x `steps`, the injection
+# study, the multi-agent run) in one, the three other pairs (9 translators x `coverage_steps`) in the other, each
+# about 1,600 seconds of translator steps at the per-step times measured on the loaded machine (README, Demo)
 FULL = dict(
-    steps=1000, coverage_steps=600, n_train=3000, n_eval=300, n_long=100, n_inject=160, n_docs=40, long_facts=22
+    steps=1000, coverage_steps=450, n_train=3000, n_eval=300, n_long=100, n_inject=160, n_docs=40, long_facts=22
 )
+JOBS = 2  # the command line's default --jobs
 QUICK = dict(steps=15, coverage_steps=10, n_train=200, n_eval=40, n_long=16, n_inject=32, n_docs=4, long_facts=22)
 
 
@@ -209,6 +215,30 @@ def plot(details_by_pair: dict[str, dict[str, Any]], out_dir: str) -> None:
     plt.close(fig)
 
 
+def run_pair_logged(
+    source_name: str,
+    target_name: str,
+    cfg: dict[str, int],
+    out_dir: str,
+    seed: int,
+    log_path: str,
+    save_translators: bool,
+    device: str,
+    threads: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """run_pair in a worker process (demo --jobs): its log lines are appended to the run's demo_log.jsonl."""
+    torch.set_num_threads(threads)
+    with open(log_path, "a") as log_file:
+
+        def log(line: str) -> None:
+            print(line, flush=True)
+            log_file.write(line + "\n")
+            log_file.flush()
+
+        parts = PAIRS[(source_name, target_name)]
+        return run_pair(source_name, target_name, cfg, out_dir, seed, log, parts, save_translators, device)
+
+
 def pair_name(source: str, target: str) -> str:
     return f"{source}->{target}"
 
@@ -221,6 +251,7 @@ def run_demo(
     device: str | torch.device = "cpu",
     sizes: dict[str, int] | None = None,
     pairs: list[tuple[str, str]] | None = None,
+    jobs: int = 1,
 ) -> dict[str, dict[str, Any]]:
     """sizes: overrides of FULL / QUICK (steps, coverage_steps, n_eval, ...), recorded in summary.json's run.
     pairs: the (source, target) keys of PAIRS to run (default: all). With a subset, the other pairs an earlier
@@ -229,6 +260,8 @@ def run_demo(
     unknown = [p for p in selected if p not in PAIRS]
     if unknown:
         raise ValueError(f"--pairs {unknown} not among the demo's pairs: {[':'.join(p) for p in PAIRS]}")
+    if jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {jobs}")
     torch.manual_seed(seed)
     cfg = {**(QUICK if quick else FULL), **(sizes or {})}
     os.makedirs(out_dir, exist_ok=True)
@@ -253,20 +286,10 @@ def run_demo(
         log_file.write(line + "\n")
         log_file.flush()
 
-    log(json.dumps(dict(event="command", pairs=[pair_name(*p) for p in selected], seed=seed, config=cfg)))
+    log(json.dumps(dict(event="command", pairs=[pair_name(*p) for p in selected], seed=seed, config=cfg, jobs=jobs)))
     start, done = time.time(), []
-    for source_name, target_name in selected:
-        res, details = run_pair(
-            source_name,
-            target_name,
-            cfg,
-            out_dir,
-            seed,
-            log,
-            PAIRS[(source_name, target_name)],
-            save_translators,
-            device,
-        )
+
+    def finished(res: dict[str, Any], details: dict[str, Any]) -> None:
         summary[res["pair"]] = res
         details_by_pair[res["pair"]] = details
         done.append(res["pair"])
@@ -280,6 +303,7 @@ def run_demo(
             config=cfg,
             minutes=round(minutes, 2),
             threads=torch.get_num_threads(),
+            jobs=jobs,
             device=str(device),
             pairs=done,
             complete=len(order) == len(PAIRS),
@@ -289,6 +313,25 @@ def run_demo(
         write_results(
             {p: summary[p] for p in order}, {p: details_by_pair[p] for p in order}, meta, runs + [meta], out_dir
         )
+
+    common = (cfg, out_dir, seed)
+    if jobs == 1:
+        for source_name, target_name in selected:
+            parts = PAIRS[(source_name, target_name)]
+            finished(*run_pair(source_name, target_name, *common, log, parts, save_translators, device))
+    else:
+        # one process per pair at a time, each with the parent's thread count; the pairs' numbers do not depend on
+        # which process ran them (every translator and passage set is seeded)
+        threads = torch.get_num_threads()
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [
+                pool.submit(
+                    run_pair_logged, source_name, target_name, *common, log_path, save_translators, str(device), threads
+                )
+                for source_name, target_name in selected  # the main pair first: it is the longest
+            ]
+            for future in as_completed(futures):
+                finished(*future.result())
     log(json.dumps(dict(event="done", minutes=round((time.time() - start) / 60, 2))))
     log_file.close()
     return summary

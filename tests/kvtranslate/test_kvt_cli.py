@@ -100,6 +100,7 @@ def test_cli_convention_help_on_every_flag_and_comma_lists(capsys, tmp_path):
     for argv, flag in (
         (["eval", "--source", "a", "--target", "b", "--out", str(tmp_path / "e"), "--modes", "direct,foo"], "--modes"),
         (["demo", "--out", str(tmp_path / "d"), "--pairs", "tiny-gpt2:tiny-opt"], "--pairs"),
+        (["demo", "--out", str(tmp_path / "d"), "--jobs", "0"], "--jobs"),
         (["pretrain", "--models", "tiny-gpt2,tiny-llama", "--out", str(tmp_path / "p")], "--models"),
     ):
         with pytest.raises(SystemExit) as stop:
