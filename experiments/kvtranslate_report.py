@@ -488,11 +488,12 @@ def headline(summary, real, study=None):
         )
     if study:
         name, v = max(study["variants"].items(), key=lambda kv: kv[1]["heldout_phrasing_retention"]["mean"])
-        r, long_ctx = v["heldout_phrasing_retention"], v["long_retention"]
+        seeds = len(v["seeds"])
+        steps = ", ".join(f"{n:,}" for n in v.get("steps", []))
         parts.append(
-            f"the retention study's best translator on held-out phrasings (`{name}`, {len(v['seeds'])} seeds) keeps "
-            f"{fmt(r['mean'], 2)} ± {fmt(r['ci95'], 2)} on held-out phrasings and {fmt(long_ctx['mean'], 2)} ± "
-            f"{fmt(long_ctx['ci95'], 2)} on long contexts"
+            f"the retention study's best translator on held-out phrasings (`{name}`, {steps} steps, {seeds} "
+            f"seed{'s' if seeds > 1 else ''}) keeps {mean_ci(v, 'heldout_phrasing_retention')} on held-out "
+            f"phrasings and {mean_ci(v, 'long_retention')} on long contexts"
         )
     if real:
         parts.append(
