@@ -160,3 +160,37 @@ def test_gamma_partitioner_on_a_dataset_deals_the_allocations_partitions():
     for pid, rows in enumerate(drawn):
         assert np.asarray(partitioner.load_partition(pid)["row"]).tolist() == rows.tolist()
     assert sorted(np.concatenate(drawn).tolist()) == list(range(len(labels)))
+
+
+def test_eval_inference_is_thread_count_independent_and_batches_side_by_side_agree(cpu_cfg, cpu_cache):
+    """Tier evaluation runs its eval-mode batches side by side with one thread per op: eval-mode logits do not
+    depend on the number of threads (unlike training-mode BatchNorm statistics, which recalibration therefore
+    computes with the process's threads), and the side-by-side accuracy counts the same predictions."""
+    from fl_app.data.augment import normalize
+    from fl_app.data.images import ImageData
+    from fl_app.supernet.evaluation import accuracy, extract_subnet, recalibrate_bn
+    from fl_app.supernet.slicing import slice_subnet
+
+    g = torch.Generator().manual_seed(5)
+    tier = cpu_cache.tiers(None, count=3)[-1]
+    torch.manual_seed(1)
+    state = {k: v.numpy() for k, v in ElasticResNet(cpu_cfg).state_dict().items() if "num_batches" not in k}
+    images = torch.randint(0, 256, (300, 3, 32, 32), dtype=torch.uint8, generator=g)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        model = extract_subnet(cpu_cfg, slice_subnet(cpu_cfg, state, tier.arch), tier.arch)
+        recalibrate_bn(model, images[:200], batch_size=100)
+        model.eval()
+        logits = {}
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            with torch.no_grad():
+                logits[threads] = model(normalize(images))
+        assert torch.equal(logits[1], logits[2])
+        predicted = logits[2].argmax(1)
+        labels = torch.where(torch.arange(300) % 3 == 0, (predicted + 1) % cpu_cfg.n_classes, predicted)
+        assert accuracy(model, ImageData(images, labels), batch_size=100) == 200 / 300  # three batches, two workers
+        assert torch.get_num_threads() == 2  # restored
+    finally:
+        torch.set_num_threads(previous)
