@@ -30,8 +30,9 @@ import subprocess
 import sys
 import tempfile
 from collections import defaultdict
-from datetime import datetime
 from pathlib import Path
+
+from experiments.bench_startup import MARKERS, ROUND, log_stamp
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_RUN = r"""
@@ -58,23 +59,13 @@ with tempfile.TemporaryDirectory() as tmp, local_flower_env() as env:
                       "population_weighted_accuracy": summary.get("population_weighted_accuracy")}))
 """
 
-STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
-START_MARKERS = {  # start-up phases end at these log lines, in this order
-    "simulation": r"Starting Flower Simulation",
-    "clientapp_load": r"Loading ClientApp",
-    "ray_init": r"Initialising: RayBackend",
-    "actor_pool": r"Constructed ActorPool",
-    "first_round": r"\[ROUND 1/",
-    "serverapp_done": r"ServerApp finished running",
+# start-up phases end at these log lines, in this order
+START_MARKERS = {
+    name: MARKERS[name]
+    for name in ("simulation", "clientapp_load", "ray_init", "actor_pool", "first_round", "serverapp_done")
 }
 ROUND_START = re.compile(r"\[ROUND (\d+)/")
-ROUND_END = re.compile(r"round (\d+): [0-9.]+s, server memory")
 CLIENT = re.compile(r"client timeline: partition (\d+) round (\d+) from ([0-9.]+) to ([0-9.]+)")
-
-
-def _stamp(line: str) -> float | None:
-    found = STAMP.search(line)
-    return datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if found else None
 
 
 def timeline(log_text: str, started: float, ended: float, cores: int) -> dict:
@@ -83,7 +74,7 @@ def timeline(log_text: str, started: float, ended: float, cores: int) -> dict:
     rounds: dict[int, dict] = defaultdict(dict)
     current = None
     for line in log_text.splitlines():
-        now = _stamp(line)
+        now = log_stamp(line)
         client = CLIENT.search(line)
         if client:
             rnd, begin, end = int(client.group(2)), float(client.group(3)), float(client.group(4))
@@ -101,7 +92,7 @@ def timeline(log_text: str, started: float, ended: float, cores: int) -> dict:
             rounds[current]["trained"] = now
         elif current is not None and "evaluation:" in line:
             rounds[current]["evaluated"] = now
-        elif found := ROUND_END.search(line):
+        elif found := ROUND.search(line):
             rounds[int(found.group(1))]["end"] = now
     at = {"start": started, **seen, "end": ended}
     result = {

@@ -66,7 +66,8 @@ STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
 ROUND = re.compile(r"round (\d+): ([0-9.]+)s, server memory")
 
 
-def _stamp(line: str) -> float | None:
+def log_stamp(line: str) -> float | None:
+    """The time a Flower log line carries (None when it has none)."""
     found = STAMP.search(line)
     return datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if found else None
 
@@ -94,7 +95,7 @@ def flower_timeline(app: Path, rounds: int, clients: int, cores: int) -> dict:
         proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
             tail = [*tail[-40:], line.rstrip()]
-            now = _stamp(line) or time.time()  # the simulation's own clock where the line has one
+            now = log_stamp(line) or time.time()  # the simulation's own clock where the line has one
             for name, pattern in MARKERS.items():
                 if name not in seen and re.search(pattern, line):
                     seen[name] = now
