@@ -59,7 +59,8 @@ PAIRS: dict[tuple[str, str], dict[str, Any]] = {
 INJECTION_POINTS = (0.25, 0.5, 0.75, 1.0)
 # sized for <= 30 minutes on 2 cores with JOBS processes: the main pair (4 translators x `steps`, the injection
 # study, the multi-agent run) in one, the three other pairs (9 translators x `coverage_steps`) in the other, each
-# about 1,600 seconds of translator steps at the per-step times measured on the loaded machine (README, Demo)
+# measured at about 12 minutes per process at a load average of 2-3, and within 30 minutes at the per-step times
+# of the loaded machine (load 7-12) (README, Demo)
 FULL = dict(
     steps=1000, coverage_steps=450, n_train=3000, n_eval=300, n_long=100, n_inject=160, n_docs=40, long_facts=22
 )
