@@ -17,7 +17,6 @@ step, each budget's routed model) compiles again. Prints one JSON line and a tab
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -27,13 +26,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from fl_app.run.cli import tool_parser
+
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.bench_compile",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = tool_parser("experiments.bench_compile", __doc__)
     parser.add_argument("--level", type=int, default=0, help="index of the budget level, cheapest first (default: 0)")
     parser.add_argument("--batch", type=int, default=32, help="batch size (default: 32)")
     parser.add_argument("--repeats", type=int, default=5, help="alternating timed blocks of 5 steps (default: 5)")

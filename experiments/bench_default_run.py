@@ -22,7 +22,6 @@ Prints one JSON line per run on stdout and a table on stderr; ``--out`` also wri
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -33,6 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from experiments.bench_startup import MARKERS, ROUND, log_stamp
+from fl_app.run.cli import tool_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_RUN = r"""
@@ -124,11 +124,7 @@ def timeline(log_text: str, started: float, ended: float, cores: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.bench_default_run",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = tool_parser("experiments.bench_default_run", __doc__)
     parser.add_argument("--base", type=Path, required=True, help="an older checkout of this project")
     parser.add_argument(
         "--order",

@@ -35,6 +35,7 @@ import torch
 
 from experiments.flower_env import local_flower_env
 from experiments.flower_runs import flwr_run, format_run_config
+from fl_app.run.cli import tool_parser
 
 
 def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = None) -> dict:
@@ -105,11 +106,7 @@ def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = Non
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.bench_overhead",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = tool_parser("experiments.bench_overhead", __doc__)
     parser.add_argument("--rounds", type=int, default=10, help="server rounds (default: 10)")
     parser.add_argument("--clients", type=int, default=8, help="simulated clients (default: 8)")
     parser.add_argument("--run-config", default="", help="extra run-config values as a JSON object (default: none)")

@@ -35,7 +35,6 @@ Prints one JSON line on stdout and a table on stderr; ``--out`` also writes the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -49,6 +48,7 @@ from pathlib import Path
 
 from experiments.flower_env import local_flower_env
 from experiments.flower_runs import APP_DIR, format_run_config
+from fl_app.run.cli import tool_parser
 
 # simulation DEBUG/INFO log markers, in the order they appear
 MARKERS = {
@@ -239,11 +239,7 @@ def _table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.bench_startup",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = tool_parser("experiments.bench_startup", __doc__)
     parser.add_argument("--rounds", type=int, default=10, help="server rounds of the timed Flower run (default: 10)")
     parser.add_argument("--clients", type=int, default=8, help="simulated SuperNodes (default: 8)")
     parser.add_argument(

@@ -35,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 
+from fl_app.run.cli import tool_parser
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CLIENTS = 8  # the README's default federation
 # where a module lived before fl_app's subpackages, so that --base can measure a checkout from before them
@@ -397,11 +399,7 @@ def _worker_command(args, root: Path) -> tuple[list[str], dict]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.bench_train",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = tool_parser("experiments.bench_train", __doc__)
     parser.add_argument("--supernet", default="cpu", help="named supernet (default: cpu)")
     parser.add_argument("--batch", type=int, default=32, help="batch size of the client step (default: 32)")
     parser.add_argument("--steps", type=int, default=5, help="client steps per timed call (default: 5)")

@@ -24,7 +24,9 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "%(default)" in text or action.required or action.default in (None, argparse.SUPPRESS):
+        if "%(default)" in text or "(default: " in text:  # the text already says it, in its own words
+            return text
+        if action.required or action.default in (None, argparse.SUPPRESS):
             return text
         if not action.option_strings and action.nargs not in ("?", "*"):
             return text  # a required positional has no default to show
