@@ -35,7 +35,7 @@ import torch
 
 from experiments.flower_env import local_flower_env
 from experiments.flower_runs import flwr_run, format_run_config
-from fl_app.run.cli import tool_parser
+from fl_app.run.cli import run_config_overrides, tool_parser
 
 
 def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = None) -> dict:
@@ -109,7 +109,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser = tool_parser("experiments.bench_overhead", __doc__)
     parser.add_argument("--rounds", type=int, default=10, help="server rounds (default: 10)")
     parser.add_argument("--clients", type=int, default=8, help="simulated clients (default: 8)")
-    parser.add_argument("--run-config", default="", help="extra run-config values as a JSON object (default: none)")
+    parser.add_argument(
+        "--run-config",
+        type=run_config_overrides,
+        default={},
+        help='extra run-config values in flwr run\'s syntax, e.g. "local-steps=20 batch-size=64" (default: none)',
+    )
     parser.add_argument(
         "--no-parallel", action="store_true", help="skip the parallel-clients Flower run (default: off)"
     )
@@ -121,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
         "num-server-rounds": args.rounds,
         "eval-every": args.rounds,
         "checkpoint-every": 0,
-        **(json.loads(args.run_config) if args.run_config else {}),
+        **args.run_config,
     }
     cores = os.cpu_count() or 1
     if args.plain_only:

@@ -1,7 +1,7 @@
 """FEAST with many simulated clients: seconds per round and whether the server's memory stays flat.
 
     python -m experiments.bench_scale                          # 1,000 clients, 10 per round, 20 rounds
-    python -m experiments.bench_scale --clients 1000 5000 --partitioner iid   # both sizes, one after the other
+    python -m experiments.bench_scale --clients 1000,5000 --partitioner iid   # both sizes, one after the other
 
 A real `flwr run` (CPU-scale supernet, real CIFAR-10 from ../shared, one CPU per client) with tier evaluation every
 5 rounds, so rounds 5 and 20 do the same kind of work. Reads the run's ``rounds.csv``, where the ServerApp records
@@ -20,7 +20,6 @@ one-time partition query to every node. With several ``--clients`` one JSON line
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import os
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from experiments.flower_env import local_flower_env
 from experiments.flower_runs import flwr_run, format_run_config
+from fl_app.run.cli import comma_list, tool_parser
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10"
 
@@ -124,14 +124,19 @@ def run_scale(num_clients: int, args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--clients", type=int, nargs="+", default=[1000])
-    parser.add_argument("--per-round", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=20)
+    parser = tool_parser("experiments.bench_scale", __doc__)
     parser.add_argument(
-        "--partitioner", default="gamma", help="gamma (here with γ = 0, i.e. Dirichlet sizes), dirichlet or iid"
+        "--clients", type=comma_list(int), default=[1000], help="simulated clients, one run per size (e.g. 1000,5000)"
     )
-    parser.add_argument("--data-path", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--per-round", type=int, default=10, help="clients sampled per round")
+    parser.add_argument("--rounds", type=int, default=20, help="server rounds (at least 20)")
+    parser.add_argument(
+        "--partitioner",
+        choices=["gamma", "dirichlet", "iid"],
+        default="gamma",
+        help="gamma (here with γ = 0, i.e. Dirichlet sizes), dirichlet or iid",
+    )
+    parser.add_argument("--data-path", type=Path, default=DEFAULT_DATA, help="folder of CIFAR-10 parquet files")
     parser.add_argument("--out", type=Path, help="keep the runs' output folders here (default: temporary ones)")
     args = parser.parse_args(argv)
     if args.rounds < 20:

@@ -11,7 +11,6 @@ Prints one JSON line.
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from experiments.flower_env import local_flower_env
 from experiments.flower_runs import flwr_run
+from fl_app.run.cli import tool_parser
 
 PAPER_CONFIG = Path(__file__).resolve().parent / "conf" / "feast-cifar100.toml"
 
@@ -42,11 +42,11 @@ def write_synthetic_cifar100(folder: Path, train: int, test: int, seed: int = 0)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = tool_parser("experiments.gpu_check_feast", __doc__)
     parser.add_argument("--tiny", action="store_true", help="CPU sizes: CPU supernet, 200 images per client")
-    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--clients", type=int, default=4, help="simulated clients")
     parser.add_argument("--num-gpus", type=float, default=0.25, help="client-resources-num-gpus (0 on CPU)")
-    parser.add_argument("--num-cpus", type=int, default=1)
+    parser.add_argument("--num-cpus", type=int, default=1, help="client-resources-num-cpus")
     args = parser.parse_args(argv)
 
     values = tomllib.loads(PAPER_CONFIG.read_text())
