@@ -12,6 +12,13 @@ The committed results (``/work/exp``: a checkout of the commit before the change
     python -m experiments.bench_train --profile --workers 1 --steps 4 --repeats 2 --skip-fedtopo \
         --levels 490304,1339631,13538882 --out experiments/results/bench/train_profile.json
 
+The plain reference (on by default, ``--skip-plain`` to leave it out): the same FEAST step (``train_subnets`` with
+the same plan, data and settings) on static dense models of plain ``nn.Conv2d`` / ``nn.BatchNorm2d`` with exactly each
+subnet's shapes, no weight sharing and no slicing, in channels-last and contiguous activations, measured alternately
+with the step in the same process. The faster of the two is ``plain_images_per_s``; ``of_plain`` = step / plain:
+what this eager PyTorch does for these shapes on this processor. With ``--base``, ``plain_over_old`` is the most
+that form gives over the old step, and ``goal_over_plain`` how far beyond it a 2x speed-up would be.
+
 FEAST: the client step of ``clients.feast.train_subnets`` (local max + min + one random in-between subnet with
 in-place KD, crop/flip augmentation, SGD) at every budget level of the default run (8 clients, Zipf budgets), on the
 sub-supernet routed to that budget. FedTopo family: ``clients.fedtopo.local_train`` with the topology loss on the
@@ -39,6 +46,8 @@ from fl_app.run.cli import tool_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CLIENTS = 8  # the README's default federation
+# activation layouts of the plain reference; the faster one is the reference (the supernet itself uses channels-last)
+PLAIN_LAYOUTS = {"plain_channels_last": "channels_last", "plain_contiguous": "contiguous_format"}
 # where a module lived before fl_app's subpackages, so that --base can measure a checkout from before them
 FORMERLY = {"fl_app.run.config": "fl_app.config", "fl_app.supernet.federation": "fl_app.federation"}
 FORMERLY["fl_app.data.images"] = "fl_app.data"
@@ -139,8 +148,9 @@ def _autocast(device, bf16: bool):
     return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
-def _measure(step, steps: int, batch: int, repeats: int, device) -> dict:
-    """images/s (median over repeats) and analytic FLOPs of ``step(steps)``, which trains ``steps`` batches.
+def _measure(steps_by_name: dict, steps: int, batch: int, repeats: int, device) -> dict:
+    """images/s (median over repeats) and analytic FLOPs of each ``step(steps)`` of ``steps_by_name``, each of which
+    trains ``steps`` batches; the repeats alternate between the steps, so that all see the same load.
 
     On the CPU the clock is this process's CPU time (one thread: the time it actually computed, which other
     processes sharing the cores do not inflate); ``images_per_s_wall`` is wall time. On CUDA both are wall time."""
@@ -149,29 +159,35 @@ def _measure(step, steps: int, batch: int, repeats: int, device) -> dict:
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     clock = time.perf_counter if device.type == "cuda" else time.process_time
-    step(1)  # warm-up: allocator, kernels
-    with FlopCounterMode(display=False) as counter:
-        step(steps)
-    flops = counter.get_total_flops()
-    times, walls = [], []
+    flops, times, walls = {}, {}, {}
+    for name, step in steps_by_name.items():
+        step(1)  # warm-up: allocator, kernels
+        with FlopCounterMode(display=False) as counter:
+            step(steps)
+        flops[name], times[name], walls[name] = counter.get_total_flops(), [], []
     for _ in range(repeats):
-        sync()
-        started, wall_started = clock(), time.perf_counter()
-        step(steps)
-        sync()
-        times.append(clock() - started)
-        walls.append(time.perf_counter() - wall_started)
-    seconds = statistics.median(times)
-    return {
-        "images_per_s": round(steps * batch / seconds, 1),
-        "gflops": round(flops / seconds / 1e9, 3),
-        "gflop_per_step": round(flops / steps / 1e9, 4),
-        "images_per_s_wall": round(steps * batch / statistics.median(walls), 1),
-    }
+        for name, step in steps_by_name.items():
+            sync()
+            started, wall_started = clock(), time.perf_counter()
+            step(steps)
+            sync()
+            times[name].append(clock() - started)
+            walls[name].append(time.perf_counter() - wall_started)
+    rows = {}
+    for name in steps_by_name:
+        seconds = statistics.median(times[name])
+        rows[name] = {
+            "images_per_s": round(steps * batch / seconds, 1),
+            "gflops": round(flops[name] / seconds / 1e9, 3),
+            "gflop_per_step": round(flops[name] / steps / 1e9, 4),
+            "images_per_s_wall": round(steps * batch / statistics.median(walls[name]), 1),
+        }
+    return rows
 
 
-def feast_step(cfg, cache, budget: float, batch: int, device, bf16: bool):
-    """A function ``step(n)`` that runs ``n`` FEAST client steps on the sub-supernet routed to ``budget``."""
+def feast_step(cfg, cache, budget: float, batch: int, device, bf16: bool, plain_layout=None):
+    """A function ``step(n)`` that runs ``n`` FEAST client steps on the sub-supernet routed to ``budget``; with
+    ``plain_layout`` (a memory format's name), the same step on ``plain_subnets`` in that activation layout."""
     import torch
 
     from clients.feast import plan_subnets, train_subnets
@@ -179,8 +195,8 @@ def feast_step(cfg, cache, budget: float, batch: int, device, bf16: bool):
 
     torch.manual_seed(0)
     bounds = cache.route_bounds(budget)
-    model = ElasticResNet(cfg, bounds)
     plan = plan_subnets(cache, budget, bounds, ("max", "min", "random"))
+    model = ElasticResNet(cfg, bounds) if plain_layout is None else plain_subnets(cfg, plan, plain_layout)
     data_by_steps = {}
 
     def step(n: int):
@@ -190,6 +206,88 @@ def feast_step(cfg, cache, budget: float, batch: int, device, bf16: bool):
             train_subnets(model, plan, data_by_steps[n], step_settings(batch, n))
 
     return step, plan
+
+
+def plain_resnet(cfg, arch, layout: str = "channels_last"):
+    """The subnet ``arch`` as a static model of plain ``nn.Conv2d`` / ``nn.BatchNorm2d`` / ``nn.Linear`` with exactly
+    its shapes: no prefix slices, no dynamic widths. Its state dict has the names and shapes of ``arch``'s extracted
+    ``ElasticResNet``, so the two load each other's weights and compute the same logits (tested). ``layout``: the
+    activations' memory format (a ``torch`` attribute name)."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    memory_format = getattr(torch, layout)
+
+    def conv_bn(c_in, c_out, kernel, stride=1):
+        conv = nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=kernel // 2, bias=False)
+        return conv, nn.BatchNorm2d(c_out)
+
+    class PlainBlock(nn.Module):
+        def __init__(self, c_in, mid, out, stride, projection):
+            super().__init__()
+            self.stride = stride
+            self.conv1, self.bn1 = conv_bn(c_in, mid, 3, stride)
+            self.conv2, self.bn2 = conv_bn(mid, out, 3)
+            if projection:
+                self.shortcut_conv, self.shortcut_bn = conv_bn(c_in, out, 1)
+            else:
+                self.shortcut_conv = None
+
+        def forward(self, x):
+            h = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)), inplace=True)))
+            if self.shortcut_conv is None:
+                return F.relu(h.add_(x), inplace=True)
+            pooled = F.avg_pool2d(x, self.stride) if self.stride > 1 else x
+            return F.relu(h.add_(self.shortcut_bn(self.shortcut_conv(pooled))), inplace=True)
+
+    class PlainResNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cfg = cfg
+            stem = cfg.stem_channels(arch)
+            self.stem_conv, self.stem_bn = conv_bn(cfg.initial_input_channels, stem, 3, cfg.stem_stride)
+            self.stages = nn.ModuleList()
+            c_in = stem
+            for s in range(cfg.num_stages):
+                out, mid = cfg.stage_channels(arch, s), cfg.mid_channels(arch, s)
+                blocks = nn.ModuleList()
+                for b in range(1 + arch.d[s]):
+                    stride = cfg.stage_downsample_factors[s] if b == 0 else 1
+                    blocks.append(PlainBlock(c_in if b == 0 else out, mid, out, stride, projection=b == 0))
+                self.stages.append(blocks)
+                c_in = out
+            self.classifier = nn.Linear(c_in, cfg.n_classes)
+
+        def forward(self, x):
+            x = F.relu(self.stem_bn(self.stem_conv(x.contiguous(memory_format=memory_format))), inplace=True)
+            for blocks in self.stages:
+                for block in blocks:
+                    x = block(x)
+            return self.classifier(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+    return PlainResNet()
+
+
+def plain_subnets(cfg, plan, layout: str = "channels_last"):
+    """One plain static model per subnet of ``plan``, called as ``model(x, arch)`` like the supernet, so that
+    ``clients.feast.train_subnets`` runs the same step (augmentation, KD, clipping, SGD) on dense models: the
+    fastest eager form of the same work, without weight sharing or slicing."""
+    import torch.nn as nn
+
+    archs = [plan.largest] + ([plan.smallest] if plan.smallest is not None else []) + list(plan.between)
+
+    class PlainSubnets(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cfg = cfg
+            self.archs = archs
+            self.models = nn.ModuleList(plain_resnet(cfg, arch, layout) for arch in archs)
+
+        def forward(self, x, arch):
+            return self.models[self.archs.index(arch)](x)
+
+    return PlainSubnets()
 
 
 def fedtopo_step(batch: int, device, bf16: bool):
@@ -328,13 +426,23 @@ def worker(args) -> dict:
     }
     for budget in levels:
         step, plan = feast_step(fed.cfg, fed.cache, budget, args.batch, device, args.bf16)
-        row = {"budget_macs": int(budget), **_measure(step, args.steps, args.batch, args.repeats, device)}
+        steps_by_name = {"supernet": step}
+        if not args.skip_plain:
+            for layout, memory_format in PLAIN_LAYOUTS.items():
+                steps_by_name[layout] = feast_step(
+                    fed.cfg, fed.cache, budget, args.batch, device, args.bf16, memory_format
+                )[0]
+        rows = _measure(steps_by_name, args.steps, args.batch, args.repeats, device)
+        row = {"budget_macs": int(budget), **rows.pop("supernet")}
+        if rows:
+            row["plain"] = {layout: r["images_per_s"] for layout, r in rows.items()}
         if args.profile:
             row["profile"] = profile_step(step, args.steps)
         result["feast"].append(row)
     if not args.skip_fedtopo:
         step, name = fedtopo_step(args.batch, device, args.bf16)
-        result["fedtopo"] = {"architecture": name, **_measure(step, args.steps, args.batch, args.repeats, device)}
+        rows = _measure({"fedtopo": step}, args.steps, args.batch, args.repeats, device)
+        result["fedtopo"] = {"architecture": name, **rows["fedtopo"]}
     return result
 
 
@@ -354,6 +462,10 @@ def _median_rows(runs: list[dict]) -> dict:
         for key in ("images_per_s", "gflops", "images_per_s_wall"):
             merged[key] = med([r["feast"][i][key] for r in runs])
         merged["ratio"] = round(merged["gflops"] / out["peak"]["matmul_gflops"], 4)
+        if "plain" in row:
+            merged["plain"] = {k: med([r["feast"][i]["plain"][k] for r in runs]) for k in row["plain"]}
+            merged["plain_images_per_s"] = max(merged["plain"].values())  # the faster layout
+            merged["of_plain"] = round(merged["images_per_s"] / merged["plain_images_per_s"], 3)
         if "profile" in row:
             merged["profile"] = row["profile"]
         out["feast"].append(merged)
@@ -390,7 +502,12 @@ def _worker_command(args, root: Path) -> tuple[list[str], dict]:
     ]
     command += [
         flag
-        for flag, on in (("--bf16", args.bf16), ("--profile", args.profile), ("--skip-fedtopo", args.skip_fedtopo))
+        for flag, on in (
+            ("--bf16", args.bf16),
+            ("--profile", args.profile),
+            ("--skip-fedtopo", args.skip_fedtopo),
+            ("--skip-plain", args.skip_plain),
+        )
         if on
     ]
     threads = str(args.threads)
@@ -421,6 +538,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--profile", action="store_true", help="also where the time goes (default: off)")
     parser.add_argument("--skip-fedtopo", action="store_true", help="skip the FedTopo-family step (default: off)")
+    parser.add_argument(
+        "--skip-plain", action="store_true", help="skip the plain dense reference of each FEAST step (default: off)"
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON line to this file (default: none)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -462,6 +582,14 @@ def main(argv: list[str] | None = None) -> dict:
             round(n["images_per_s"] / o["images_per_s"], 2)
             for o, n in zip(result["old"]["feast"], result["new"]["feast"])
         ]
+        if "plain_images_per_s" in result["new"]["feast"][0]:
+            # the most the fastest eager form of the same work gives over the old step; the 2x goal needs
+            # goal_over_plain (= 2 / plain_over_old) times more than that form does
+            result["plain_over_old"] = [
+                round(n["plain_images_per_s"] / o["images_per_s"], 2)
+                for o, n in zip(result["old"]["feast"], result["new"]["feast"])
+            ]
+            result["goal_over_plain"] = [round(2 / r, 2) for r in result["plain_over_old"]]
         if result["new"].get("fedtopo"):
             result["speedup_fedtopo"] = round(
                 result["new"]["fedtopo"]["images_per_s"] / result["old"]["fedtopo"]["images_per_s"], 2
@@ -484,6 +612,9 @@ def _table(result: dict) -> str:
         line += " ".join(f"{c['images_per_s']:>10.1f} {c['gflops']:>8.2f} {c['ratio']:>6.3f}" for c in cells)
         if "speedup" in result:
             line += f"  x{result['speedup'][i]:.2f}"
+        plain = result[trees[-1]]["feast"][i].get("plain_images_per_s")
+        if plain:
+            line += f"  plain {plain:.1f} img/s (step at {result[trees[-1]]['feast'][i]['of_plain']:.2f} of it)"
         lines.append(line)
     lines.append("peak GFLOP/s (matmul): " + ", ".join(f"{t} {result[t]['peak']['matmul_gflops']}" for t in trees))
     return "\n".join(lines)

@@ -194,3 +194,60 @@ def test_eval_inference_is_thread_count_independent_and_batches_side_by_side_agr
         assert torch.get_num_threads() == 2  # restored
     finally:
         torch.set_num_threads(previous)
+
+
+def test_plain_reference_is_the_subnet_as_a_dense_model(cpu_cfg, cpu_cache):
+    """bench_train's eager reference computes exactly what the supernet computes for a subnet: its state has the
+    subnet's names and shapes, and with the same weights its logits and gradients are bit-identical."""
+    from experiments.bench_train import plain_resnet
+    from fl_app.supernet.slicing import slice_subnet, subnet_shapes
+
+    arch = cpu_cache.under(5e6)[len(cpu_cache.under(5e6)) // 2].arch
+    torch.manual_seed(0)
+    supernet = ElasticResNet(cpu_cfg)
+    subnet = ElasticResNet(cpu_cfg, arch)  # the standalone subnet: the supernet's prefix slices of its weights
+    subnet.load_state_dict({k: v.clone() for k, v in slice_subnet(cpu_cfg, supernet.state_dict(), arch).items()})
+    torch.nn.init.normal_(subnet.stages[0][0].bn2.weight)  # zero-initialised: give its branch a gradient
+    plain = plain_resnet(cpu_cfg, arch)
+    plain.load_state_dict(subnet.state_dict())
+    shapes = {k: tuple(v.shape) for k, v in plain.state_dict().items() if not k.endswith("num_batches_tracked")}
+    assert shapes == subnet_shapes(cpu_cfg, arch)
+    x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    out_subnet, out_plain = subnet(x), plain(x)
+    assert torch.equal(out_subnet, out_plain)
+    out_subnet.square().sum().backward()
+    out_plain.square().sum().backward()
+    for (name, p), q in zip(subnet.named_parameters(), plain.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+
+
+def test_plain_subnets_train_each_drawn_subnet_in_its_own_model(cpu_cfg, cpu_cache):
+    """The reference step trains the max, the min and the drawn in-between subnet, each in its own dense model."""
+    from experiments.bench_train import plain_subnets
+
+    budget = 1e6
+    plan = plan_subnets(cpu_cache, budget, cpu_cache.route_bounds(budget), ("max", "min", "random"))
+    torch.manual_seed(0)
+    model = plain_subnets(cpu_cfg, plan)
+    before = [{k: v.clone() for k, v in m.state_dict().items()} for m in model.models]
+    train_subnets(model, plan, random_images(16, cpu_cfg.n_classes, 32, seed=2), step_settings(batch=8, steps=1))
+    changed = [any(not torch.equal(v, m.state_dict()[k]) for k, v in b.items()) for m, b in zip(model.models, before)]
+    assert changed[:2] == [True, True]  # max and min
+    assert sum(changed[2:]) == 1  # one in-between subnet drawn for the one step
+
+
+def test_crop_flip_crops_and_flips_each_sample_by_its_own_draw():
+    from fl_app.data.augment import crop_flip
+
+    images = torch.randint(0, 256, (6, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    out = crop_flip(images, torch.Generator().manual_seed(4), padding=2)
+    draws = torch.Generator().manual_seed(4)  # the same draws, in crop_flip's order
+    offsets = torch.randint(0, 5, (6, 2), generator=draws)
+    flips = torch.rand(6, generator=draws) < 0.5
+    padded = torch.zeros(6, 3, 12, 12, dtype=torch.uint8)
+    padded[:, :, 2:10, 2:10] = images
+    assert flips.any() and not flips.all()
+    for i in range(6):
+        y, x = int(offsets[i, 0]), int(offsets[i, 1])
+        crop = padded[i, :, y : y + 8, x : x + 8]
+        assert torch.equal(out[i], torch.flip(crop, dims=(2,)) if flips[i] else crop), i
