@@ -22,10 +22,10 @@ def crop_flip(images: torch.Tensor, generator: torch.Generator, padding: int = 4
     offsets = torch.randint(0, 2 * padding + 1, (n, 2), generator=generator)
     flips = torch.rand(n, generator=generator) < 0.5
     out = torch.empty_like(images)
-    for i in range(n):
-        y, x = offsets[i].tolist()
+    # the draws as Python numbers once (a tensor element read per sample costs more than the copy it steers)
+    for i, ((y, x), flip) in enumerate(zip(offsets.tolist(), flips.tolist())):
         crop = padded[i, :, y : y + h, x : x + w]
-        out[i] = crop.flip(-1) if flips[i] else crop
+        out[i] = crop.flip(-1) if flip else crop
     return out
 
 
