@@ -84,18 +84,15 @@ class MomentumSGD:
         if self.weight_decay != 0:
             grads = torch._foreach_add(grads, params, alpha=self.weight_decay)
         if self.momentum != 0:
-            if all(p in self.buffers for p in params):
-                bufs = [self.buffers[p] for p in params]
-                torch._foreach_mul_(bufs, self.momentum)
-                torch._foreach_add_(bufs, grads, alpha=1.0)
-            else:
-                bufs = []
-                for p, grad in zip(params, grads):
-                    if p in self.buffers:
-                        self.buffers[p].mul_(self.momentum).add_(grad, alpha=1.0)
-                    else:
-                        self.buffers[p] = grad.detach().clone()
-                    bufs.append(self.buffers[p])
+            bufs = [self.buffers.get(p) for p in params]
+            # buffers already running take the foreach ops together (also when others start this step)
+            running = [i for i, buf in enumerate(bufs) if buf is not None]
+            if running:
+                torch._foreach_mul_([bufs[i] for i in running], self.momentum)
+                torch._foreach_add_([bufs[i] for i in running], [grads[i] for i in running], alpha=1.0)
+            for i, p in enumerate(params):
+                if bufs[i] is None:
+                    bufs[i] = self.buffers[p] = grads[i].detach().clone()
             grads = bufs
         torch._foreach_add_(params, grads, alpha=-self.lr)
 

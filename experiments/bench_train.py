@@ -205,6 +205,7 @@ def feast_step(cfg, cache, budget: float, batch: int, device, bf16: bool, plain_
         with _autocast(device, bf16):
             train_subnets(model, plan, data_by_steps[n], step_settings(batch, n))
 
+    step.model = model
     return step, plan
 
 
@@ -342,19 +343,12 @@ CATEGORIES = (
 )
 
 
-def profile_step(step, steps: int) -> dict:
-    """Where a client step's time goes, two ways that hold up on a shared machine.
-
-    ``cpu_share``: this thread's CPU time per phase (augmentation = crop/flip + normalisation, forward, backward,
-    optimizer = gradient clipping + SGD step, other = batch indexing, losses, the Python loop), so time spent
-    waiting for a core is not counted. ``op_share``: torch.profiler self time per kind of aten op, as a share of
-    all ops' time (convolutions forward and backward, BatchNorm, slicing/copies/allocation, foreach optimizer
-    kernels, other ops)."""
+def cpu_phases(step, steps: int) -> tuple[dict, float]:
+    """This thread's CPU seconds per phase of ``step(steps)`` (augmentation = crop/flip + normalisation, forward of
+    ``step.model``, backward, optimizer = gradient clipping + SGD step) and in all, after one warm-up step."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     import clients.feast as feast
-    from fl_app.models.elastic_resnet import ElasticResNet
 
     spent: dict[str, float] = {}
 
@@ -371,7 +365,7 @@ def profile_step(step, steps: int) -> dict:
     patches = [
         (feast, "crop_flip", "augmentation"),
         (feast, "normalize", "augmentation"),
-        (ElasticResNet, "forward", "forward"),
+        (type(step.model), "forward", "forward"),
         (torch.Tensor, "backward", "backward"),
         (torch.nn.utils, "clip_grad_norm_", "optimizer"),
         (getattr(feast, "MomentumSGD", torch.optim.SGD), "step", "optimizer"),  # older trees: torch's
@@ -387,6 +381,19 @@ def profile_step(step, steps: int) -> dict:
     finally:
         for owner, name, fn in saved:
             setattr(owner, name, fn)
+    return spent, total
+
+
+def profile_step(step, steps: int) -> dict:
+    """Where a client step's time goes, two ways that hold up on a shared machine.
+
+    ``cpu_share``: this thread's CPU time per phase (``cpu_phases``; other = batch indexing, losses, the Python
+    loop), so time spent waiting for a core is not counted. ``op_share``: torch.profiler self time per kind of aten
+    op, as a share of all ops' time (convolutions forward and backward, BatchNorm, slicing/copies/allocation, foreach
+    optimizer kernels, other ops)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    spent, total = cpu_phases(step, steps)
     cpu_share = {k: round(v / total, 3) for k, v in sorted(spent.items())}
     cpu_share["other"] = round(1 - sum(spent.values()) / total, 3)
 
@@ -436,6 +443,12 @@ def worker(args) -> dict:
         row = {"budget_macs": int(budget), **rows.pop("supernet")}
         if rows:
             row["plain"] = {layout: r["images_per_s"] for layout, r in rows.items()}
+            # forward + backward alone, where weight sharing and slicing live (separate dense models also give
+            # the optimizer more tensors to step)
+            row["model_ms_per_step"] = {}
+            for name, timed_step in steps_by_name.items():
+                spent, _ = cpu_phases(timed_step, args.steps)
+                row["model_ms_per_step"][name] = round(1e3 * (spent["forward"] + spent["backward"]) / args.steps, 2)
         if args.profile:
             row["profile"] = profile_step(step, args.steps)
         result["feast"].append(row)
@@ -466,6 +479,10 @@ def _median_rows(runs: list[dict]) -> dict:
             merged["plain"] = {k: med([r["feast"][i]["plain"][k] for r in runs]) for k in row["plain"]}
             merged["plain_images_per_s"] = max(merged["plain"].values())  # the faster layout
             merged["of_plain"] = round(merged["images_per_s"] / merged["plain_images_per_s"], 3)
+            model_ms = {k: med([r["feast"][i]["model_ms_per_step"][k] for r in runs]) for k in row["model_ms_per_step"]}
+            merged["model_ms_per_step"] = model_ms
+            plain_ms = min(v for k, v in model_ms.items() if k != "supernet")
+            merged["model_of_plain"] = round(plain_ms / model_ms["supernet"], 3)
         if "profile" in row:
             merged["profile"] = row["profile"]
         out["feast"].append(merged)
@@ -614,7 +631,10 @@ def _table(result: dict) -> str:
             line += f"  x{result['speedup'][i]:.2f}"
         plain = result[trees[-1]]["feast"][i].get("plain_images_per_s")
         if plain:
-            line += f"  plain {plain:.1f} img/s (step at {result[trees[-1]]['feast'][i]['of_plain']:.2f} of it)"
+            cell = result[trees[-1]]["feast"][i]
+            line += (
+                f"  plain {plain:.1f} img/s: step at {cell['of_plain']:.2f}, fwd+bwd at {cell['model_of_plain']:.2f}"
+            )
         lines.append(line)
     lines.append("peak GFLOP/s (matmul): " + ", ".join(f"{t} {result[t]['peak']['matmul_gflops']}" for t in trees))
     return "\n".join(lines)
