@@ -30,7 +30,11 @@ DEMO = os.path.join(REPO, "kvtranslate", "results")
 EXPERIMENTS = os.path.join(REPO, "experiments", "results", "kvtranslate")
 # retention studies (experiments/kvtranslate_retention.py --out EXPERIMENTS/<stem>.jsonl): README block suffix ->
 # file stem; the last one that exists gives the top-level README's headline
-STUDIES = {"": "retention_study", "-1000-steps": "retention_study_1000_steps"}
+STUDIES = {
+    "": "retention_study",
+    "-screen": "retention_screen_300_steps",
+    "-1000-steps": "retention_study_1000_steps",
+}
 LONGCONTEXT_SETS = {
     "long_heldout_phrasing": "long, held-out phrasings",
     "long_training_phrasing": "long, training phrasings",
@@ -327,6 +331,32 @@ def retention_verdict(study, goal=0.9):
     return "\n".join(lines)
 
 
+PROBES = {
+    "native_keys": "target's own keys, translated values",
+    "native_values": "translated keys, target's own values",
+}
+
+
+def probe_table(study):
+    """The variants scored with --probe: F1 retention of the translated cache and of the same cache with the
+    target's own keys or own values put in, on held-out phrasings and long contexts."""
+    if study is None:
+        return "Not run yet."
+    rows = [
+        [f"`{name}`", ", ".join(map(str, v["seeds"])), s.replace("_", " ")]
+        + [mean_ci(v, f"{s}_retention")]
+        + [mean_ci(v, f"{s}_{p}_retention") for p in PROBES]
+        for name, v in study["variants"].items()
+        for s in ("heldout_phrasing", "long")
+        if f"{s}_native_keys_retention" in v
+    ]
+    if not rows:
+        return "No run with `--probe` yet."
+    return "F1 retention, mean ± 95% t-interval over seeds:\n\n" + table(
+        ["translator", "seeds", "set", "translated cache"] + list(PROBES.values()), rows
+    )
+
+
 def longcontext_table(path):
     """experiments/kvtranslate_longcontext.py's rows: per variant and set, direct and translated F1 overall, F1
     retention by where the asked fact starts, and the translated K/V's error by the token's own position."""
@@ -528,6 +558,7 @@ def render(demo=DEMO):
     for name, study in studies.items():
         blocks[f"retention-study{name}"] = retention_study_table(study)
         blocks[f"retention-verdict{name}"] = retention_verdict(study)
+        blocks[f"retention-probe{name}"] = probe_table(study)
     blocks["longcontext-probe"] = longcontext_table(os.path.join(EXPERIMENTS, "longcontext_probe.jsonl"))
     return blocks
 

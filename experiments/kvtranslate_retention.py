@@ -15,7 +15,7 @@ to stderr.
     python -m experiments.kvtranslate_retention --summary --baselines mot,mot:phrase_mix=0.5
 
 A variant is a translator kind with optional training overrides, each after a colon: `mot`, `single`,
-`shared-latent`, `mot:phrase_mix=0.5:w_ccl=3`.
+`shared-latent`, `mot:phrase_mix=0.5:w_ccl=3`, `shared-latent:steps=2000` (its own step count instead of `--steps`).
 """
 
 import argparse
@@ -39,6 +39,7 @@ from kvtranslate.train import TRAIN_DEFAULTS, train_translator  # noqa: E402
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "kvtranslate")
 DEFAULT_OUT = os.path.join(RESULTS, "retention_study.jsonl")
 SETS = ("heldout_phrasing", "training_phrasing", "long", "long_training_phrasing")
+PROBE_SETS, PROBE_MODES = ("heldout_phrasing", "long"), ("native-keys", "native-values")
 
 
 def parse_variant(text: str) -> dict[str, Any]:
@@ -88,6 +89,7 @@ def summarise(path: str, baselines: list[str] | None = None) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"--baselines {unknown} have no runs in {path} (variants there: {variants})")
     metrics = [f"{s}_{m}" for s in SETS for m in ("f1", "retention", "acc", "binding_acc")]
+    metrics += [f"{s}_{m.replace('-', '_')}_retention" for s in PROBE_SETS for m in PROBE_MODES]
     summary: dict[str, Any] = dict(source=runs[0]["source"], target=runs[0]["target"], baselines=baselines, variants={})
     for v in variants:
         rows = [r for r in runs if r["variant"] == v]
@@ -99,7 +101,11 @@ def summarise(path: str, baselines: list[str] | None = None) -> dict[str, Any]:
         for b in baselines:
             base = {r["seed"]: r for r in runs if r["variant"] == b}
             for m in metrics:
-                paired = [r[m] - base[r["seed"]][m] for r in rows if r["seed"] in base and r.get(m) is not None]
+                paired = [
+                    r[m] - base[r["seed"]][m]
+                    for r in rows
+                    if r["seed"] in base and r.get(m) is not None and base[r["seed"]].get(m) is not None
+                ]
                 if v != b and paired:
                     entry[f"{m}_minus_{b}"] = dict(zip(("mean", "ci95"), t_interval(paired)))
         summary["variants"][v] = entry
@@ -179,6 +185,12 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="comma-separated variants the summary's paired differences are taken to (default: the first in OUT)",
     )
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="also score held-out phrasings and long contexts with the target's own keys, then its own values, "
+        "put into the translated cache (PROBE_SETS: which half loses the facts)",
+    )
     parser.add_argument("--summary", action="store_true", help="only rewrite the summary of OUT")
     args = parser.parse_args(argv)
     if args.summary:
@@ -191,13 +203,14 @@ def main(argv: list[str] | None = None) -> None:
     for seed in args.seeds:
         for name, overrides in variants.items():
             t0 = time.time()
-            translator = train_translator(pair, log=lambda line: None, steps=args.steps, seed=seed, **overrides)[0]
+            settings = {"steps": args.steps, **overrides, "seed": seed}  # a variant may set its own steps
+            translator = train_translator(pair, log=lambda line: None, **settings)[0]
             row = dict(
                 source=args.source,
                 target=args.target,
                 variant=name,
                 seed=seed,
-                steps=args.steps,
+                steps=settings["steps"],
                 overrides=overrides,
                 device=str(pair.device),
             )
@@ -206,6 +219,9 @@ def main(argv: list[str] | None = None) -> None:
                 row.update({f"{k}_{m}": scores[m] for m in ("acc", "binding_acc", "f1")})
                 row.update({f"{k}_direct_{m}": direct[k][m] for m in ("acc", "f1")})
                 row[f"{k}_retention"] = scores["f1"] / max(direct[k]["f1"], 1e-9)
+                for mode in PROBE_MODES if args.probe and k in PROBE_SETS else ():
+                    probe = qa_scores(d, mode, pair, translator)[0]
+                    row[f"{k}_{mode.replace('-', '_')}_retention"] = probe["f1"] / max(direct[k]["f1"], 1e-9)
             row["minutes"] = round((time.time() - t0) / 60, 2)
             print(json.dumps(row), flush=True)
             with open(args.out, "a") as f:

@@ -22,8 +22,9 @@ TRAIN_FLAGS = {
     "k_layers": "source layers read per target layer",
     "hidden": "hidden width of each expert / projector",
     "window": "target tokens whose embedding lookup the translator reads: each token and window-1 before it",
+    "src_window": "target tokens whose source part (aligned K/V or latent) is read: each token and src_window-1 before",
     "embed_dim": "target embeddings wider than this are first projected to it (one shared map)",
-    "n_experts": "experts per target layer (mot)",
+    "n_experts": "experts per target layer (mot, mot-latent)",
     "top_k": "experts kept per token with --gating topk",
     "w_rec": "KV reconstruction weight",
     "w_ccl": "context correction loss weight (0 = off)",
@@ -169,7 +170,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> None:
     from .corpus import make_dataset
-    from .evaluate import qa_scores
+    from .evaluate import TRANSLATOR_MODES, qa_scores
     from .models import load_pair
     from .pipeline import encode_pair_items, load_translator
 
@@ -178,7 +179,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     data = encode_pair_items(pair, make_dataset(args.n, seed=args.seed, split="eval"))
     results = {}
     for mode in args.modes:
-        tr = translator if mode == "translated" else None
+        tr = translator if mode in TRANSLATOR_MODES else None
         results[mode] = qa_scores(data, mode, pair, tr, args.frac)[0]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "eval.json"), "w") as f:

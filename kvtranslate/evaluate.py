@@ -4,7 +4,9 @@ Modes (the bounds and the translated cache go through the same scoring code):
 - "direct": the target prefills the context itself (upper bound);
 - "no-context": the target sees the question only (lower bound);
 - "translated": the first p of the context comes from the translator's cache, the target replays the rest;
-- "native": the same prefix/replay split with the target's own cache (sanity check, equals "direct").
+- "native": the same prefix/replay split with the target's own cache (sanity check, equals "direct");
+- "native-keys" / "native-values": the translated cache with the target's own keys (values) put in, a probe of
+  which half of the translation loses what.
 """
 
 import statistics
@@ -24,7 +26,8 @@ from .pipeline import EncodedItem, collate, translate_batch
 from .scoring import binding_accuracy, f1_em, greedy_answers, option_logprobs, pad_right
 from .translators import KVTranslator
 
-MODES = ("direct", "no-context", "translated", "native")
+MODES = ("direct", "no-context", "translated", "native", "native-keys", "native-values")
+TRANSLATOR_MODES = ("translated", "native-keys", "native-values")
 
 
 def prefix_and_tails(
@@ -41,16 +44,20 @@ def prefix_and_tails(
         return None, None, [e["tgt"] + e["question"] for e in examples]
     if mode == "no-context":
         return None, None, [e["question"] for e in examples]
-    if mode == "translated" and translator is None:
-        raise ValueError("mode='translated' needs a translator")
+    if mode in TRANSLATOR_MODES and translator is None:
+        raise ValueError(f"mode={mode!r} needs a translator")
     if not 0.0 < frac <= 1.0:
         raise ValueError(f"frac (injection point as a fraction of the context) must be in (0, 1], got {frac}")
     batch = collate(pair, examples)
     with torch.no_grad():
-        if mode == "translated":
-            kv, _ = translate_batch(translator, pair, batch)
-        else:
+        if mode == "native":
             kv = prefill_kv(pair.target, batch["tgt_ids"], batch["tgt_mask"])
+        else:
+            kv, _ = translate_batch(translator, pair, batch)
+        if mode in TRANSLATOR_MODES[1:]:  # a probe: one half of the translated cache made native
+            native = prefill_kv(pair.target, batch["tgt_ids"], batch["tgt_mask"])
+            keys = mode == "native-keys"
+            kv = [(nk if keys else k, v if keys else nv) for (k, v), (nk, nv) in zip(kv, native)]
     lengths = [max(1, round(frac * len(e["tgt"]))) for e in examples]
     kv, kv_mask = prefix_kv(kv, batch["tgt_mask"], lengths)
     return kv, kv_mask, [e["tgt"][n:] + e["question"] for e, n in zip(examples, lengths)]

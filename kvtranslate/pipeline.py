@@ -32,6 +32,7 @@ TRANSLATOR_DEFAULTS: dict[str, Any] = dict(
     latent=256,
     window=8,
     embed_dim=128,
+    src_window=1,
 )
 
 Batch = dict[str, Tensor]  # src_ids, src_mask, tgt_ids, tgt_mask [B, T] and index [B, T_target]
@@ -144,6 +145,7 @@ def build_translator(pair: ModelPair, cfg: dict[str, Any]) -> KVTranslator:
         latent=cfg["latent"],
         window=cfg["window"],
         embed_dim=cfg["embed_dim"],
+        src_window=cfg["src_window"],
     ).to(pair.device)
 
 

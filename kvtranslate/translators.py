@@ -13,7 +13,11 @@ Kinds:
   Switch-style load-balancing term;
 - "single": one MLP per target layer (C2C-like projector);
 - "shared-latent": the source maps all its layers into one latent vector per token, and every target layer
-  decodes its K/V from that latent (one encoder per source model, one decoder per target model).
+  decodes its K/V from that latent (one encoder per source model, one decoder per target model);
+- "mot-latent": the shared-latent encoder with mot's experts and router per target layer (the experts decode
+  from the latent).
+With `src_window` > 1 each target token also reads the source part (per-layer K/V, or the latent) of its
+`src_window` - 1 predecessors, as the embedding window does for the target's lookups.
 All target layers are computed in batched matrix products, which keeps the translator cheaper than a prefill.
 """
 
@@ -29,7 +33,9 @@ from .align import layer_map
 from .cache import KV
 from .models import family_of, positions_from_mask
 
-KINDS = ("mot", "single", "shared-latent")
+KINDS = ("mot", "single", "shared-latent", "mot-latent")
+MIXTURE_KINDS = ("mot", "mot-latent")  # M experts and a router per target layer
+LATENT_KINDS = ("shared-latent", "mot-latent")  # one encoder of all source layers into a latent per token
 GATINGS = ("softmax", "topk")
 
 
@@ -81,18 +87,19 @@ class KVTranslator(nn.Module):
         latent: int = 256,
         window: int = 1,
         embed_dim: int = 128,
+        src_window: int = 1,
     ) -> None:
         super().__init__()
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
+        if window < 1 or src_window < 1:
+            raise ValueError(f"window and src_window must be >= 1, got window={window} src_window={src_window}")
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         if gating not in GATINGS:
             raise ValueError(f"gating must be one of {GATINGS}, got {gating!r}")
-        if kind == "mot" and not 1 <= top_k <= n_experts:
+        if kind in MIXTURE_KINDS and not 1 <= top_k <= n_experts:
             raise ValueError(f"top_k must be in 1..n_experts={n_experts}, got {top_k}")
-        self.kind, self.gating, self.top_k, self.window = kind, gating, top_k, window
-        self.n_experts = n_experts if kind == "mot" else 1
+        self.kind, self.gating, self.top_k, self.window, self.src_window = kind, gating, top_k, window, src_window
+        self.n_experts = n_experts if kind in MIXTURE_KINDS else 1
         L_t, L_s = target_geom["layers"], source_geom["layers"]
         self.layers, self.hidden = L_t, hidden
         self.layer_map = layer_map(L_s, L_t, min(k_layers, L_s))
@@ -102,7 +109,7 @@ class KVTranslator(nn.Module):
         # output normalisation (set from data by `fit_output_stats`): the MLPs predict standardised K/V
         self.register_buffer("out_mean", torch.zeros(L_t, 1, out_dim))
         self.register_buffer("out_std", torch.ones(L_t, 1, out_dim))
-        if kind == "shared-latent":
+        if kind in LATENT_KINDS:
             enc_in = L_s * src_dim
             self.encoder = nn.Sequential(
                 nn.LayerNorm(enc_in), nn.Linear(enc_in, latent), nn.GELU(), nn.Linear(latent, latent)
@@ -110,12 +117,13 @@ class KVTranslator(nn.Module):
             src_in = latent
         else:
             src_in = len(self.layer_map[0]) * src_dim
+        src_in *= src_window
         self.embed_proj = (
             nn.Linear(target_embed_dim, embed_dim, bias=False) if target_embed_dim > embed_dim else nn.Identity()
         )
         emb_in = window * min(target_embed_dim, embed_dim)
         M = self.n_experts
-        self.router_out = M if kind == "mot" else 0  # router logits ride along with the input projection
+        self.router_out = M if kind in MIXTURE_KINDS else 0  # router logits ride along with the input projection
         width = hidden + self.router_out
         scale = 1 / math.sqrt(src_in + emb_in)
         self.src_norm, self.emb_norm = nn.LayerNorm(src_in), nn.LayerNorm(emb_in)
@@ -143,11 +151,13 @@ class KVTranslator(nn.Module):
         Returns target pre-RoPE kv (list of (K, V) [B, H_t, T, D_t]) and aux {"balance", "gates"}."""
         B, T = tgt_embed.shape[:2]
         L, N, M, H = self.layers, B * T, self.n_experts, self.hidden
-        if self.kind == "shared-latent":
-            z = self.encoder(src_feats.flatten(2)).reshape(1, N, -1)  # [1, N, Z]
+        if self.kind in LATENT_KINDS:
+            z = self.source_window(self.encoder(src_feats.flatten(2)), mask).reshape(1, N, -1)  # [1, N, Z]
             a = torch.matmul(self.src_norm(z), self.w_src)  # [L, N, W]
         else:
-            per_layer = torch.stack([src_feats[:, :, idx].reshape(N, -1) for idx in self.layer_map])
+            per_layer = torch.stack(
+                [self.source_window(src_feats[:, :, idx].flatten(2), mask).reshape(N, -1) for idx in self.layer_map]
+            )
             a = torch.bmm(self.src_norm(per_layer), self.w_src)  # [L, N, W]
         e = self.emb_norm(embedding_window(self.embed_proj(tgt_embed), self.window)).reshape(N, -1)
         a = a + (e @ self.w_emb).view(N, L, -1).transpose(0, 1) + self.b_in  # [L, N, W]
@@ -166,6 +176,14 @@ class KVTranslator(nn.Module):
         y = y * self.out_std + self.out_mean
         y = y.view(L, B, T, 2, self.kv_heads, self.head_dim).permute(0, 3, 1, 4, 2, 5)
         return [(y[j, 0], y[j, 1]) for j in range(L)], aux
+
+    def source_window(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        """[B, T, F] -> [B, T, src_window * F] (padding zeroed first); unchanged at src_window 1."""
+        if self.src_window == 1:
+            return x
+        if mask is not None:
+            x = x * mask[..., None].to(x.dtype)
+        return embedding_window(x, self.src_window)
 
     @torch.no_grad()
     def fit_output_stats(self, kv_list: list[KV], masks: list[Tensor]) -> None:

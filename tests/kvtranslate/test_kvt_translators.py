@@ -4,6 +4,7 @@ from kvt_helpers import small_model
 
 from kvtranslate.cache import prefill_kv, prefix_kv
 from kvtranslate.corpus import make_dataset
+from kvtranslate.evaluate import prefix_and_tails
 from kvtranslate.losses import context_correction_loss, kv_reconstruction_loss
 from kvtranslate.models import ModelPair, build_tiny
 from kvtranslate.pipeline import build_translator, encode_pair_items
@@ -44,8 +45,48 @@ def test_bad_translator_arguments_name_allowed_values():
         KVTranslator(SRC, TGT, 16, gating="hard")
     with pytest.raises(ValueError, match="top_k"):
         KVTranslator(SRC, TGT, 16, kind="mot", n_experts=2, gating="topk", top_k=3)
-    with pytest.raises(ValueError, match="window must be >= 1"):
+    with pytest.raises(ValueError, match="window and src_window must be >= 1"):
         KVTranslator(SRC, TGT, 16, window=0)
+    with pytest.raises(ValueError, match="src_window=0"):
+        KVTranslator(SRC, TGT, 16, src_window=0)
+
+
+@pytest.mark.parametrize("kind", ["single", "mot-latent"])
+def test_source_window_reads_the_source_part_of_each_token_and_its_predecessors(kind):
+    """With src_window 3 the K/V written at token t change when the source K/V aligned to t - 2 change and not
+    when those of t - 3 do; with src_window 1 only t's own source K/V count."""
+    torch.manual_seed(0)
+    feats, emb, mask = torch.randn(1, 6, SRC["layers"], 64), torch.randn(1, 6, 16), torch.ones(1, 6)
+
+    def keys_at_last_token(translator, changed_position):
+        moved = feats.clone()
+        if changed_position is not None:
+            moved[0, changed_position] += torch.randn(moved.shape[2:])  # not a constant: layer norms remove those
+        with torch.no_grad():
+            return translator(moved, emb, mask)[0][0][0][0, :, -1]
+
+    for src_window, reaches in ((3, 3), (1, 5)):
+        torch.manual_seed(1)
+        translator = KVTranslator(SRC, TGT, 16, kind=kind, hidden=16, latent=16, src_window=src_window).eval()
+        base = keys_at_last_token(translator, None)
+        assert not torch.allclose(keys_at_last_token(translator, reaches), base)
+        assert torch.equal(keys_at_last_token(translator, reaches - 1), base)
+
+
+@pytest.mark.parametrize("mode", ["native-keys", "native-values"])
+def test_probe_modes_put_the_targets_own_keys_or_values_into_the_translated_cache(tiny_pair, mode):
+    pair = tiny_pair
+    torch.manual_seed(0)
+    translator = build_translator(pair, {**TRAIN_DEFAULTS, "hidden": 16}).eval()
+    examples = encode_pair_items(pair, make_dataset(3, seed=5, split="eval"))
+    probe, mask, _ = prefix_and_tails(mode, examples, pair, translator, 0.5)
+    translated, _, _ = prefix_and_tails("translated", examples, pair, translator, 0.5)
+    native, _, _ = prefix_and_tails("native", examples, pair, None, 0.5)
+    own, other = (0, 1) if mode == "native-keys" else (1, 0)
+    real = mask.bool()[:, None, :, None]
+    for p, t, n in zip(probe, translated, native):
+        assert torch.equal(p[own], n[own]) and torch.equal(p[other], t[other])
+        assert not torch.equal(p[own].masked_select(real), t[own].masked_select(real))
 
 
 def test_embedding_window_holds_each_token_and_its_predecessors():
@@ -96,7 +137,7 @@ def tiny_pair():
     return ModelPair(source, tok_a, target, tok_b)
 
 
-@pytest.mark.parametrize("kind", ["mot", "single", "shared-latent"])
+@pytest.mark.parametrize("kind", ["mot", "single", "shared-latent", "mot-latent"])
 def test_two_training_steps_lower_the_loss(tiny_pair, kind):
     pair = tiny_pair
     for p in list(pair.source.parameters()) + list(pair.target.parameters()):
