@@ -27,6 +27,7 @@ TRAIN_FLAGS = {
     "n_experts": "experts per target layer (mot, mot-latent)",
     "top_k": "experts kept per token with --gating topk",
     "w_rec": "KV reconstruction weight",
+    "w_key": "weight of the key channels' squared errors within the KV reconstruction (values: 1)",
     "w_ccl": "context correction loss weight (0 = off)",
     "w_hidden": "CCL hidden-state term weight",
     "w_kl": "CCL next-token KL term weight",

@@ -16,14 +16,21 @@ from .models import forward
 from .scoring import pad_right
 
 
-def kv_reconstruction_loss(pred_kv: KV, native_kv: KV, mask: Tensor, std: Tensor | None = None) -> Tensor:
-    """Mean squared error over real tokens, per channel standardised by `std` ([L, 1, 2*H*D]) when given."""
+def kv_reconstruction_loss(
+    pred_kv: KV, native_kv: KV, mask: Tensor, std: Tensor | None = None, key_weight: float = 1.0
+) -> Tensor:
+    """Mean squared error over real tokens, per channel standardised by `std` ([L, 1, 2*H*D]) when given; the key
+    channels' squared errors count `key_weight` times (keys decide which fact the target's attention finds)."""
     total, weight = 0.0, mask.float()
     for j, ((pk, pv), (nk, nv)) in enumerate(zip(pred_kv, native_kv)):
         diff = (torch.cat([pk, pv], 1) - torch.cat([nk, nv], 1)).transpose(1, 2).flatten(2)  # [B, T, O]
         if std is not None:
             diff = diff / std[j]
-        total = total + ((diff**2).mean(-1) * weight).sum() / weight.sum().clamp(min=1)
+        squared = diff**2
+        if key_weight != 1.0:  # keys are the first H*D channels
+            n_key = pk.shape[1] * pk.shape[3]
+            squared = torch.cat([key_weight * squared[..., :n_key], squared[..., n_key:]], -1)
+        total = total + (squared.mean(-1) * weight).sum() / weight.sum().clamp(min=1)
     return total / len(pred_kv)
 
 

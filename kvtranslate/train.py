@@ -37,6 +37,7 @@ TRAIN_DEFAULTS: dict[str, Any] = dict(
     batch=16,
     lr=2e-3,
     w_rec=1.0,
+    w_key=1.0,
     w_ccl=1.0,
     w_hidden=1.0,
     w_kl=1.0,
@@ -60,7 +61,7 @@ def training_loss(
     with torch.no_grad():
         native_kv = prefill_kv(pair.target, batch["tgt_ids"], batch["tgt_mask"])
     pred_kv, aux = translate_batch(translator, pair, batch)
-    rec = kv_reconstruction_loss(pred_kv, native_kv, batch["tgt_mask"], translator.out_std)
+    rec = kv_reconstruction_loss(pred_kv, native_kv, batch["tgt_mask"], translator.out_std, cfg["w_key"])
     loss = cfg["w_rec"] * rec + cfg["w_balance"] * aux["balance"]
     parts = {"rec": rec.item(), "balance": aux["balance"].item()}
     if cfg["w_ccl"] > 0:

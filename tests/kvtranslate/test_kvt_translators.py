@@ -120,6 +120,17 @@ def test_correction_loss_zero_iff_caches_equal():
     assert kv_reconstruction_loss(kv, kv, mask).item() == 0.0
 
 
+@pytest.mark.parametrize("key_weight", [1.0, 4.0])
+def test_key_weight_scales_the_key_channels_of_the_reconstruction_loss(key_weight):
+    """Keys off by 1 and values off by 2 on the real tokens: per token the mean over the channels (half keys, half
+    values) is (key_weight * 1 + 4) / 2; padding counts nothing."""
+    native = [(torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5)) for _ in range(2)]
+    pred = [(k + 1.0, v + 2.0) for k, v in native]
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    loss = kv_reconstruction_loss(pred, native, mask, key_weight=key_weight)
+    assert loss.item() == pytest.approx((key_weight + 4.0) / 2)
+
+
 def test_prefix_kv_keeps_first_tokens_of_each_example():
     k = torch.arange(2 * 6, dtype=torch.float).view(2, 1, 6, 1)
     mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
