@@ -331,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Every error the command line can have, raised (naming the flag) before anything loads or is written."""
-    from .evaluate import MODES
+    from .evaluate import MODES, TRANSLATOR_MODES
     from .models import TINY_SPECS, pick_device, set_threads
 
     try:
@@ -361,8 +361,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         unknown = [m for m in args.modes if m not in MODES]
         if unknown or not args.modes:
             parser.error(f"--modes {unknown or '(empty)'}: choose from {','.join(MODES)}")
-        if "translated" in args.modes and not args.translator:
-            parser.error("--modes translated needs --translator DIR")
+        needs = [m for m in args.modes if m in TRANSLATOR_MODES]
+        if needs and not args.translator:
+            parser.error(f"--modes {','.join(needs)} needs --translator DIR")
     if args.command == "demo" and args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     if args.command == "demo" and args.pairs is not None:

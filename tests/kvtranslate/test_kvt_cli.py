@@ -99,6 +99,10 @@ def test_cli_convention_help_on_every_flag_and_comma_lists(capsys, tmp_path):
     assert parse_steps("7", ["tiny-gpt2"]) == 7
     for argv, flag in (
         (["eval", "--source", "a", "--target", "b", "--out", str(tmp_path / "e"), "--modes", "direct,foo"], "--modes"),
+        (
+            ["eval", "--source", "a", "--target", "b", "--out", str(tmp_path / "e"), "--modes", "native-keys"],
+            "--translator",
+        ),
         (["demo", "--out", str(tmp_path / "d"), "--pairs", "tiny-gpt2:tiny-opt"], "--pairs"),
         (["demo", "--out", str(tmp_path / "d"), "--jobs", "0"], "--jobs"),
         (["pretrain", "--models", "tiny-gpt2,tiny-llama", "--out", str(tmp_path / "p")], "--models"),
