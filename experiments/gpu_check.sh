@@ -38,8 +38,8 @@ skip() {
 }
 
 if [ $cuda = 1 ]; then
-    run train_fp32 $PY -m experiments.bench_train --supernet paper --batch 64 --device cuda --steps 5 --repeats 3 --skip-fedtopo
-    run train_bf16 $PY -m experiments.bench_train --supernet paper --batch 64 --device cuda --steps 5 --repeats 3 --skip-fedtopo --bf16
+    run train_fp32 $PY -m experiments.bench_train --supernet paper --batch 64 --device cuda --steps 5 --repeats 3 --skip-fedtopo --skip-plain
+    run train_bf16 $PY -m experiments.bench_train --supernet paper --batch 64 --device cuda --steps 5 --repeats 3 --skip-fedtopo --skip-plain --bf16
     $PY -m experiments.gpu_check_feast --clients 4 --num-cpus 2 --num-gpus 0.25 || status=1
     for script in experiments/bench_translate.py experiments/gpu_check_kvtranslate.py; do
         if [ ! -f "$script" ]; then
