@@ -14,7 +14,10 @@ start-up (`flwr run` until the simulation logs, the ClientApp's validation load,
 to round 1), the rounds, shut-down; and within the rounds: clients training (from the first client's start to the
 last one's end, per round), the server's tier evaluation, the rest of the server's round (sending, collecting,
 screening and aggregating replies, writing results and checkpoints), and the core-seconds that the actors sat idle
-while a round's clients trained (stragglers). Per-client spans come from the clients' ``client timeline`` DEBUG line,
+while a round's clients trained (stragglers). ``clients_schedule_bound_s`` is the least time any order of each
+round's clients on these cores could take (per round the larger of its busiest client and its client-seconds
+shared over the cores): clients training close to it means the idle cores are the largest client's own length,
+which no dispatch order removes. Per-client spans come from the clients' ``client timeline`` DEBUG line,
 which older trees may lack (then those figures are null).
 
 Prints one JSON line per run on stdout and a table on stderr; ``--out`` also writes the JSON lines.
@@ -116,9 +119,14 @@ def timeline(log_text: str, started: float, ended: float, cores: int) -> dict:
             parts["clients_training_s"] += last - first
             parts["client_busy_s"] += busy
             parts["idle_core_s"] += cores * (last - first) - busy
+            parts["clients_schedule_bound_s"] += max(busy / cores, max(e - b for b, e in r["clients"]))
             parts["server_rest_s"] += (r["end"] - r["start"]) - (last - first) - (r.get("evaluated", trained) - trained)
     if not with_clients:
-        parts.update(dict.fromkeys(("clients_training_s", "client_busy_s", "idle_core_s", "server_rest_s")))
+        parts.update(
+            dict.fromkeys(
+                ("clients_training_s", "client_busy_s", "idle_core_s", "clients_schedule_bound_s", "server_rest_s")
+            )
+        )
     result.update(parts)
     return {k: None if v is None else round(v, 1) for k, v in result.items()}
 
