@@ -94,12 +94,16 @@ def measure(side: str, supernet: str, cache: str, clients: int, seed: int, max_m
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = supernet_parser(__doc__, clients=10)
-    parser.add_argument("--seed", type=int, default=0)
+def build_parser() -> argparse.ArgumentParser:
+    parser = supernet_parser(__doc__, clients=10, module="experiments.bench_aggregate")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and the clients' budget draw")
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per side; the fastest counts")
     parser.add_argument("--side", choices=["sparse", "dense"], help=argparse.SUPPRESS)  # one measurement, internal
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
     cache = args.cache or args.supernet
     if args.side:
         print(json.dumps(measure(args.side, args.supernet, cache, args.clients, args.seed, args.max_macs)))

@@ -17,6 +17,7 @@ step, each budget's routed model) compiles again. Prints one JSON line and a tab
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -29,13 +30,17 @@ from pathlib import Path
 from fl_app.run.cli import tool_parser
 
 
-def main(argv: list[str] | None = None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
     parser = tool_parser("experiments.bench_compile", __doc__)
     parser.add_argument("--level", type=int, default=0, help="index of the budget level, cheapest first (default: 0)")
     parser.add_argument("--batch", type=int, default=32, help="batch size (default: 32)")
     parser.add_argument("--repeats", type=int, default=5, help="alternating timed blocks of 5 steps (default: 5)")
     parser.add_argument("--out", type=Path, help="also write the JSON line to this file (default: none)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
     # a fresh Inductor cache: the compile time of a machine's first run (later runs may reuse compiled kernels)
     cache = os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench_compile_")
 

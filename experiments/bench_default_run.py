@@ -25,6 +25,7 @@ Prints one JSON line per run on stdout and a table on stderr; ``--out`` also wri
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -131,7 +132,7 @@ def timeline(log_text: str, started: float, ended: float, cores: int) -> dict:
     return {k: None if v is None else round(v, 1) for k, v in result.items()}
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def build_parser() -> argparse.ArgumentParser:
     parser = tool_parser("experiments.bench_default_run", __doc__)
     parser.add_argument("--base", type=Path, required=True, help="an older checkout of this project")
     parser.add_argument(
@@ -142,6 +143,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     parser.add_argument("--timeline", action="store_true", help="split each run's wall time by phase (default: off)")
     parser.add_argument("--out", type=Path, help="also write the JSON lines to this file (default: none)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not args.order or any(name not in ("old", "new") for name in args.order):
         parser.error(f"--order {','.join(args.order)}: each item must be old or new")

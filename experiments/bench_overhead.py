@@ -105,7 +105,7 @@ def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = Non
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
     parser = tool_parser("experiments.bench_overhead", __doc__)
     parser.add_argument("--rounds", type=int, default=10, help="server rounds (default: 10)")
     parser.add_argument("--clients", type=int, default=8, help="simulated clients (default: 8)")
@@ -121,7 +121,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, help="also write the JSON line to this file (default: none)")
     parser.add_argument("--plain-only", action="store_true", help=argparse.SUPPRESS)  # the plain side, internal
     parser.add_argument("--state-out", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
     values = {
         "num-server-rounds": args.rounds,
         "eval-every": args.rounds,
@@ -151,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "--clients",
                 str(args.clients),
                 "--run-config",
-                json.dumps(values),
+                format_run_config(values),
                 "--state-out",
                 str(plain_state),
             ],

@@ -20,6 +20,7 @@ one-time partition query to every node. With several ``--clients`` one JSON line
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import os
@@ -123,7 +124,7 @@ def run_scale(num_clients: int, args) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def build_parser() -> argparse.ArgumentParser:
     parser = tool_parser("experiments.bench_scale", __doc__)
     parser.add_argument(
         "--clients", type=comma_list(int), default=[1000], help="simulated clients, one run per size (e.g. 1000,5000)"
@@ -138,6 +139,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     parser.add_argument("--data-path", type=Path, default=DEFAULT_DATA, help="folder of CIFAR-10 parquet files")
     parser.add_argument("--out", type=Path, help="keep the runs' output folders here (default: temporary ones)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.rounds < 20:
         parser.error("--rounds must be >= 20 (memory is compared at rounds 5 and 20)")

@@ -35,6 +35,7 @@ Prints one JSON line on stdout and a table on stderr; ``--out`` also writes the 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -238,7 +239,7 @@ def _table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
     parser = tool_parser("experiments.bench_startup", __doc__)
     parser.add_argument("--rounds", type=int, default=10, help="server rounds of the timed Flower run (default: 10)")
     parser.add_argument("--clients", type=int, default=8, help="simulated SuperNodes (default: 8)")
@@ -250,7 +251,11 @@ def main(argv: list[str] | None = None) -> dict:
         "--app", type=Path, default=APP_DIR, help="the app folder whose `flwr run` is timed (default: this tree)"
     )
     parser.add_argument("--out", type=Path, help="also write the JSON line to this file (default: none)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
     cores = os.cpu_count() or 1
     result = {
         "app": str(args.app.resolve()),

@@ -10,6 +10,7 @@ what the arrays occupy in the message (``payload_bytes`` = ``ArrayRecord.count_b
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import numpy as np
@@ -20,12 +21,16 @@ from fl_app.supernet.subnets import SubnetCache, draw_budgets
 from strategies.rounds import sample_partitions
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = supernet_parser(__doc__, clients=100, module="experiments.bench_traffic")
+    parser.add_argument("--per-round", type=int, default=10, help="clients sampled per round")
+    parser.add_argument("--rounds", type=int, default=100, help="server rounds averaged over")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the budget draw and the client sampler")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> dict:
-    parser = supernet_parser(__doc__, clients=100)
-    parser.add_argument("--per-round", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
 
     cfg = load_supernet_config(args.supernet)
     cache = SubnetCache.load(cfg, args.cache or args.supernet)

@@ -544,7 +544,7 @@ def _worker_command(args, root: Path) -> tuple[list[str], dict]:
     return command, env
 
 
-def main(argv: list[str] | None = None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
     parser = tool_parser("experiments.bench_train", __doc__)
     parser.add_argument("--supernet", default="cpu", help="named supernet (default: cpu)")
     parser.add_argument("--batch", type=int, default=32, help="batch size of the client step (default: 32)")
@@ -572,6 +572,11 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--out", type=Path, help="also write the JSON line to this file (default: none)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args)))

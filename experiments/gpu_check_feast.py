@@ -11,6 +11,7 @@ Prints one JSON line.
 
 from __future__ import annotations
 
+import argparse
 import json
 import tempfile
 import time
@@ -41,13 +42,17 @@ def write_synthetic_cifar100(folder: Path, train: int, test: int, seed: int = 0)
         )
 
 
-def main(argv: list[str] | None = None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
     parser = tool_parser("experiments.gpu_check_feast", __doc__)
     parser.add_argument("--tiny", action="store_true", help="CPU sizes: CPU supernet, 200 images per client")
     parser.add_argument("--clients", type=int, default=4, help="simulated clients")
     parser.add_argument("--num-gpus", type=float, default=0.25, help="client-resources-num-gpus (0 on CPU)")
     parser.add_argument("--num-cpus", type=int, default=1, help="client-resources-num-cpus")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
 
     values = tomllib.loads(PAPER_CONFIG.read_text())
     sizes = (

@@ -34,6 +34,15 @@ TOOLS = (
     "experiments.search_subnets",
     "experiments.train_supernet",
     "experiments.make_sample",
+    "experiments.bench_aggregate",
+    "experiments.bench_compile",
+    "experiments.bench_default_run",
+    "experiments.bench_overhead",
+    "experiments.bench_scale",
+    "experiments.bench_startup",
+    "experiments.bench_traffic",
+    "experiments.bench_train",
+    "experiments.gpu_check_feast",
 )
 OTHER_OUTPUT_NAMES = {"--output", "--output-dir", "--out-dir", "--outdir", "-o"}
 
