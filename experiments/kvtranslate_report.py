@@ -512,7 +512,7 @@ def headline(summary, real, study=None):
         main_pair = next(iter(summary["pairs"]))
         r = summary["pairs"][main_pair]
         parts.append(
-            f"on the main cross-tokenizer pair (`{main_pair}`, {r['steps']} translator steps in the committed "
+            f"on the main cross-tokenizer pair (`{main_pair}`, {fmt(r['steps'])} translator steps in the committed "
             f"run) MoT keeps {fmt(r['heldout_phrasing_retention'], 2)} of the target's F1 on held-out "
             f"phrasings and {fmt(r['retention'], 2)} on long contexts (goal 0.9)"
         )
