@@ -9,7 +9,8 @@ facts (`long`, held-out names and templates) and the same long passages with the
 appended to OUT (default experiments/results/kvtranslate/retention_study.jsonl) and printed; the summary
 (`..._summary.json`, rewritten after the runs, or alone with `--summary`) gives per-variant means with 95%
 t-intervals over seeds and paired differences (same seed) to each of `--baselines`. A table of the summary goes
-to stderr.
+to stderr. With `--probe` the held-out phrasing and long sets are also scored with the target's own keys, then
+its own values, put into the translated cache (which half of the translation loses the facts).
 
     python -m experiments.kvtranslate_retention --variants mot,mot:phrase_mix=0.5 --seeds 0,1,2
     python -m experiments.kvtranslate_retention --summary --baselines mot,mot:phrase_mix=0.5
