@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kvtranslate.cli import HelpFormatter, comma_list, int_list, print_table  # noqa: E402
 from kvtranslate.corpus import make_dataset  # noqa: E402
-from kvtranslate.evaluate import qa_scores  # noqa: E402
+from kvtranslate.evaluate import PROBE_MODES, qa_scores  # noqa: E402
 from kvtranslate.models import ModelPair, load_pair, pick_device, set_threads  # noqa: E402
 from kvtranslate.pipeline import EncodedItem, encode_pair_items, long_items, position_limit  # noqa: E402
 from kvtranslate.train import TRAIN_DEFAULTS, train_translator  # noqa: E402
@@ -40,7 +40,12 @@ from kvtranslate.train import TRAIN_DEFAULTS, train_translator  # noqa: E402
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "kvtranslate")
 DEFAULT_OUT = os.path.join(RESULTS, "retention_study.jsonl")
 SETS = ("heldout_phrasing", "training_phrasing", "long", "long_training_phrasing")
-PROBE_SETS, PROBE_MODES = ("heldout_phrasing", "long"), ("native-keys", "native-values")
+PROBE_SETS = ("heldout_phrasing", "long")
+
+
+def probe_metric(set_name: str, mode: str) -> str:
+    """The row key of a set's F1 retention under a probe mode, e.g. ``long_native_keys_retention``."""
+    return f"{set_name}_{mode.replace('-', '_')}_retention"
 
 
 def parse_variant(text: str) -> dict[str, Any]:
@@ -90,7 +95,7 @@ def summarise(path: str, baselines: list[str] | None = None) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"--baselines {unknown} have no runs in {path} (variants there: {variants})")
     metrics = [f"{s}_{m}" for s in SETS for m in ("f1", "retention", "acc", "binding_acc")]
-    metrics += [f"{s}_{m.replace('-', '_')}_retention" for s in PROBE_SETS for m in PROBE_MODES]
+    metrics += [probe_metric(s, m) for s in PROBE_SETS for m in PROBE_MODES]
     summary: dict[str, Any] = dict(source=runs[0]["source"], target=runs[0]["target"], baselines=baselines, variants={})
     for v in variants:
         rows = [r for r in runs if r["variant"] == v]
@@ -222,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
                 row[f"{k}_retention"] = scores["f1"] / max(direct[k]["f1"], 1e-9)
                 for mode in PROBE_MODES if args.probe and k in PROBE_SETS else ():
                     probe = qa_scores(d, mode, pair, translator)[0]
-                    row[f"{k}_{mode.replace('-', '_')}_retention"] = probe["f1"] / max(direct[k]["f1"], 1e-9)
+                    row[probe_metric(k, mode)] = probe["f1"] / max(direct[k]["f1"], 1e-9)
             row["minutes"] = round((time.time() - t0) / 60, 2)
             print(json.dumps(row), flush=True)
             with open(args.out, "a") as f:

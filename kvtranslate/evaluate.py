@@ -26,8 +26,9 @@ from .pipeline import EncodedItem, collate, translate_batch
 from .scoring import binding_accuracy, f1_em, greedy_answers, option_logprobs, pad_right
 from .translators import KVTranslator
 
-MODES = ("direct", "no-context", "translated", "native", "native-keys", "native-values")
-TRANSLATOR_MODES = ("translated", "native-keys", "native-values")
+PROBE_MODES = ("native-keys", "native-values")  # the translated cache with one half made native
+MODES = ("direct", "no-context", "translated", "native", *PROBE_MODES)
+TRANSLATOR_MODES = ("translated", *PROBE_MODES)
 
 
 def prefix_and_tails(
@@ -54,7 +55,7 @@ def prefix_and_tails(
             kv = prefill_kv(pair.target, batch["tgt_ids"], batch["tgt_mask"])
         else:
             kv, _ = translate_batch(translator, pair, batch)
-        if mode in TRANSLATOR_MODES[1:]:  # a probe: one half of the translated cache made native
+        if mode in PROBE_MODES:
             native = prefill_kv(pair.target, batch["tgt_ids"], batch["tgt_mask"])
             keys = mode == "native-keys"
             kv = [(nk if keys else k, v if keys else nv) for (k, v), (nk, nv) in zip(kv, native)]
