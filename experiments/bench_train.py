@@ -2,16 +2,16 @@
 measured peak for the same kind of work on the same threads.
 
     python -m experiments.bench_train                      # this tree, CPU-scale supernet, batch 32, one thread
-    python -m experiments.bench_train --base /work/base    # before/after: the old tree's step, interleaved
+    python -m experiments.bench_train --base BASE_DIR     # before/after: the old tree's step, interleaved
     python -m experiments.bench_train --profile            # plus where the time goes (torch.profiler)
 
-The committed results (``/work/exp``: a checkout of the commit before the change measured):
+The committed results (``BASE_DIR``: a checkout of the commit before the change measured; the closing notes name it):
 
-    python -m experiments.bench_train --base /work/exp --workers 3 --steps 4 --repeats 3 \
+    python -m experiments.bench_train --base BASE_DIR --workers 3 --steps 4 --repeats 3 \
         --out experiments/results/bench/train.json
     python -m experiments.bench_train --profile --workers 1 --steps 4 --repeats 2 --skip-fedtopo \
         --levels 490304,1339631,13538882 --out experiments/results/bench/train_profile.json
-    python -m experiments.bench_train --base /work/exp --workers 3 --steps 4 --repeats 3 \
+    python -m experiments.bench_train --base BASE_DIR --workers 3 --steps 4 --repeats 3 \
         --out experiments/results/bench/train_plain_reference.json    # with the plain reference (489c460)
 
 The plain reference (on by default, ``--skip-plain`` to leave it out): the same FEAST step (``train_subnets`` with

@@ -233,6 +233,12 @@ def mean_ci(entry, key):
     return "–" if m is None else fmt(m["mean"]) + ("" if m["ci95"] is None else f" ± {fmt(m['ci95'])}")
 
 
+def paired_seeds(entry, baseline):
+    """The seeds a variant's held-out phrasing difference to `baseline` pairs (summaries before they were recorded:
+    the variant's seeds)."""
+    return entry[f"heldout_phrasing_retention_minus_{baseline}"].get("seeds", entry["seeds"])
+
+
 def retention_study_table(study):
     """experiments/kvtranslate_retention.py's summary: each variant over seeds, then the paired differences to
     each baseline variant."""
@@ -256,7 +262,7 @@ def retention_study_table(study):
         for name, v in variants.items()
     ]
     differences = [
-        [f"`{name}`", f"`{b}`", ", ".join(map(str, v["seeds"]))]
+        [f"`{name}`", f"`{b}`", ", ".join(map(str, paired_seeds(v, b)))]
         + [mean_ci(v, f"{key}_minus_{b}") for key in ("heldout_phrasing_retention", "long_retention")]
         for i, b in enumerate(baselines)
         for name, v in variants.items()
@@ -329,6 +335,55 @@ def retention_verdict(study, goal=0.9):
                 f"({spread_verdict(long_ctx)})."
             )
     return "\n".join(lines)
+
+
+# the retention recipe every kind is compared under (kvtranslate/demo.py RECIPE at the study's 2,000 steps) and the
+# kinds that are a mixture of translator experts (kvtranslate/translators.py MIXTURE_KINDS)
+RECIPE = ":phrase_mix=0.5:w_key=16.0:steps=2000"
+MIXTURES = ("mot", "mot-latent")
+RECIPE_SETS = {"heldout_phrasing_retention": "held-out phrasings", "long_retention": "long contexts"}
+
+
+def interval(m):
+    """'lo to hi' of a metric's 95% interval ('–' without one)."""
+    return "–" if m is None or m["ci95"] is None else f"{fmt(m['mean'] - m['ci95'])} to {fmt(m['mean'] + m['ci95'])}"
+
+
+def recipe_table(study, recipe=RECIPE):
+    """The kinds trained with one recipe side by side (variants named exactly KIND + recipe): F1 retention per set
+    with its interval's ends, then each mixture kind minus each other kind, paired by seed (where the summary has
+    that baseline). An interval whose upper end is +x rules out an advantage above x at 95%."""
+    if study is None:
+        return "Not run yet."
+    kinds = {
+        n[: -len(recipe)]: (n, v)
+        for n, v in study["variants"].items()
+        if n.endswith(recipe) and ":" not in n[: -len(recipe)]
+    }
+    if not kinds:
+        return f"No variant trained with `{recipe}` yet."
+    rows = [
+        [f"`{kind}`", str(len(v["seeds"]))] + [f"{mean_ci(v, k)} ({interval(v.get(k))})" for k in RECIPE_SETS]
+        for kind, (_, v) in kinds.items()
+    ]
+    differences = [
+        [f"`{a}`", f"`{b}`", str(len(paired_seeds(va, nb)))]
+        + [f"{mean_ci(va, f'{k}_minus_{nb}')} ({interval(va.get(f'{k}_minus_{nb}'))})" for k in RECIPE_SETS]
+        for a, (_, va) in kinds.items()
+        if a in MIXTURES
+        for b, (nb, _) in kinds.items()
+        if b != a and f"heldout_phrasing_retention_minus_{nb}" in va
+    ]
+    sets = [f"{what} F1 retention (95% interval)" for what in RECIPE_SETS.values()]
+    text = f"Every kind trained with `{recipe}` (mean ± 95% t-interval over seeds):\n\n" + table(
+        ["translator", "seeds"] + sets, rows
+    )
+    if differences:
+        text += "\n\nMixture of translators minus each other kind, paired by seed:\n\n" + table(
+            ["MoT kind", "minus", "seeds paired"] + [f"{w} difference (95% interval)" for w in RECIPE_SETS.values()],
+            differences,
+        )
+    return text
 
 
 PROBES = {
@@ -559,6 +614,7 @@ def render(demo=DEMO):
         blocks[f"retention-study{name}"] = retention_study_table(study)
         blocks[f"retention-verdict{name}"] = retention_verdict(study)
         blocks[f"retention-probe{name}"] = probe_table(study)
+        blocks[f"retention-recipe{name}"] = recipe_table(study)
     blocks["longcontext-probe"] = longcontext_table(os.path.join(EXPERIMENTS, "longcontext_probe.jsonl"))
     return blocks
 

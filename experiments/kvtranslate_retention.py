@@ -87,7 +87,8 @@ def t_interval(values: list[float]) -> tuple[float, float | None]:
 
 def summarise(path: str, baselines: list[str] | None = None) -> dict[str, Any]:
     """Per variant: mean and 95% t-interval over seeds of every metric, and the paired difference (same seed) to
-    each baseline variant (default: the first variant in the file). Writes ..._summary.json beside `path`."""
+    each baseline variant (default: the first variant in the file) with the seeds it pairs. Writes
+    ..._summary.json beside `path`."""
     runs = [json.loads(line) for line in open(path)]
     variants = list(dict.fromkeys(r["variant"] for r in runs))
     baselines = baselines or variants[:1]
@@ -99,6 +100,7 @@ def summarise(path: str, baselines: list[str] | None = None) -> dict[str, Any]:
     summary: dict[str, Any] = dict(source=runs[0]["source"], target=runs[0]["target"], baselines=baselines, variants={})
     for v in variants:
         rows = [r for r in runs if r["variant"] == v]
+        by_seed = {r["seed"]: r for r in rows}
         entry: dict[str, Any] = dict(seeds=sorted(r["seed"] for r in rows), steps=sorted({r["steps"] for r in rows}))
         for m in metrics:
             values = [r[m] for r in rows if r.get(m) is not None]
@@ -107,13 +109,14 @@ def summarise(path: str, baselines: list[str] | None = None) -> dict[str, Any]:
         for b in baselines:
             base = {r["seed"]: r for r in runs if r["variant"] == b}
             for m in metrics:
-                paired = [
-                    r[m] - base[r["seed"]][m]
+                seeds = [
+                    r["seed"]
                     for r in rows
                     if r["seed"] in base and r.get(m) is not None and base[r["seed"]].get(m) is not None
                 ]
-                if v != b and paired:
-                    entry[f"{m}_minus_{b}"] = dict(zip(("mean", "ci95"), t_interval(paired)))
+                if v != b and seeds:
+                    paired = [by_seed[s][m] - base[s][m] for s in seeds]
+                    entry[f"{m}_minus_{b}"] = dict(zip(("mean", "ci95"), t_interval(paired)), seeds=sorted(seeds))
         summary["variants"][v] = entry
     out = path.replace(".jsonl", "_summary.json")
     with open(out, "w") as f:

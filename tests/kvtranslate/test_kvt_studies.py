@@ -1,0 +1,72 @@
+"""The retention study's summary (paired differences over the seeds two variants share) and the report's
+head-to-head table of the kinds trained with one recipe."""
+
+import json
+import math
+import os
+import statistics
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "experiments"))
+
+import kvtranslate_report  # noqa: E402
+import kvtranslate_retention  # noqa: E402
+
+
+def run(variant, seed, held, long):
+    return dict(
+        source="s",
+        target="t",
+        variant=variant,
+        seed=seed,
+        steps=10,
+        heldout_phrasing_retention=held,
+        long_retention=long,
+    )
+
+
+def test_a_paired_difference_uses_only_the_seeds_both_variants_ran(tmp_path):
+    path = tmp_path / "study.jsonl"
+    rows = [run("a", 0, 0.5, 0.1), run("a", 1, 0.9, 0.2), run("a", 2, 0.8, 0.4)]
+    rows += [run("b", 1, 0.7, 0.3), run("b", 2, 0.7, 0.1), run("b", 3, 0.1, 0.9)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = kvtranslate_retention.summarise(str(path), ["b"])
+    diff = summary["variants"]["a"]["heldout_phrasing_retention_minus_b"]
+    assert diff["seeds"] == [1, 2]  # seed 0 has no b, seed 3 no a
+    assert math.isclose(diff["mean"], ((0.9 - 0.7) + (0.8 - 0.7)) / 2)
+    assert math.isclose(diff["ci95"], 12.71 * statistics.stdev([0.2, 0.1]) / math.sqrt(2))
+    assert json.loads((tmp_path / "study_summary.json").read_text()) == summary
+    # the report's differences table names the paired seeds, not the variant's own
+    assert "| `a` | `b` | 1, 2 |" in kvtranslate_report.retention_study_table(summary)
+
+
+def test_the_recipe_table_puts_each_mixture_kind_against_the_others():
+    recipe = kvtranslate_report.RECIPE
+
+    def metric(mean, ci95, seeds=None):
+        return dict(mean=mean, ci95=ci95, **({} if seeds is None else dict(seeds=seeds)))
+
+    variants = {
+        f"mot-latent{recipe}": {
+            "seeds": [0, 1, 2],
+            "heldout_phrasing_retention": metric(0.9, 0.02),
+            "long_retention": metric(0.95, 0.05),
+            f"heldout_phrasing_retention_minus_single{recipe}": metric(0.01, 0.03, [0, 1]),
+            f"long_retention_minus_single{recipe}": metric(0.1, 0.04, [0, 1]),
+        },
+        f"single{recipe}": {
+            "seeds": [0, 1],
+            "heldout_phrasing_retention": metric(0.89, 0.01),
+            "long_retention": metric(0.85, 0.02),
+        },
+        f"single{recipe}:w_ccl=0.0": {"seeds": [0], "heldout_phrasing_retention": metric(0.5, None)},  # not the recipe
+        "mot:steps=2000": {"seeds": [0], "heldout_phrasing_retention": metric(0.5, None)},
+    }
+    text = kvtranslate_report.recipe_table(dict(variants=variants))
+    assert "| `mot-latent` | 3 | 0.900 ± 0.020 (0.880 to 0.920) | 0.950 ± 0.050 (0.900 to 1.000) |" in text
+    assert "| `single` | 2 | 0.890 ± 0.010 (0.880 to 0.900) | 0.850 ± 0.020 (0.830 to 0.870) |" in text
+    # MoT minus the single projector over the two seeds they share: an advantage above 0.04 held-out is ruled out
+    assert "| `mot-latent` | `single` | 2 | 0.010 ± 0.030 (-0.020 to 0.040) | 0.100 ± 0.040 (0.060 to 0.140) |" in text
+    assert "w_ccl" not in text and "`mot`" not in text
+    assert text.count("\n| `") == 3  # two kinds, one difference
