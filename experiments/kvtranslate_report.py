@@ -349,17 +349,34 @@ def interval(m):
     return "–" if m is None or m["ci95"] is None else f"{fmt(m['mean'] - m['ci95'])} to {fmt(m['mean'] + m['ci95'])}"
 
 
+def recipe_kinds(study, recipe=RECIPE):
+    """kind -> (variant name, summary entry) for the variants named exactly KIND + recipe."""
+    return {
+        n[: -len(recipe)]: (n, v)
+        for n, v in study["variants"].items()
+        if n.endswith(recipe) and ":" not in n[: -len(recipe)]
+    }
+
+
+def mixture_differences(kinds):
+    """(mixture kind, its entry, other kind, the other's variant name) for each mixture kind and each other kind
+    the summary paired it with."""
+    return [
+        (a, va, b, nb)
+        for a, (_, va) in kinds.items()
+        if a in MIXTURES
+        for b, (nb, _) in kinds.items()
+        if b != a and f"heldout_phrasing_retention_minus_{nb}" in va
+    ]
+
+
 def recipe_table(study, recipe=RECIPE):
     """The kinds trained with one recipe side by side (variants named exactly KIND + recipe): F1 retention per set
     with its interval's ends, then each mixture kind minus each other kind, paired by seed (where the summary has
     that baseline). An interval whose upper end is +x rules out an advantage above x at 95%."""
     if study is None:
         return "Not run yet."
-    kinds = {
-        n[: -len(recipe)]: (n, v)
-        for n, v in study["variants"].items()
-        if n.endswith(recipe) and ":" not in n[: -len(recipe)]
-    }
+    kinds = recipe_kinds(study, recipe)
     if not kinds:
         return f"No variant trained with `{recipe}` yet."
     rows = [
@@ -369,10 +386,7 @@ def recipe_table(study, recipe=RECIPE):
     differences = [
         [f"`{a}`", f"`{b}`", str(len(paired_seeds(va, nb)))]
         + [f"{mean_ci(va, f'{k}_minus_{nb}')} ({interval(va.get(f'{k}_minus_{nb}'))})" for k in RECIPE_SETS]
-        for a, (_, va) in kinds.items()
-        if a in MIXTURES
-        for b, (nb, _) in kinds.items()
-        if b != a and f"heldout_phrasing_retention_minus_{nb}" in va
+        for a, va, b, nb in mixture_differences(kinds)
     ]
     sets = [f"{what} F1 retention (95% interval)" for what in RECIPE_SETS.values()]
     text = f"Every kind trained with `{recipe}` (mean ± 95% t-interval over seeds):\n\n" + table(
@@ -580,6 +594,21 @@ def headline(summary, real, study=None):
             f"seed{'s' if seeds > 1 else ''}) keeps {mean_ci(v, 'heldout_phrasing_retention')} on held-out "
             f"phrasings and {mean_ci(v, 'long_retention')} on long contexts"
         )
+    if study:
+        # the mixture kind with the most seeds under the recipe against each other kind: is MoT ahead?
+        differences = mixture_differences(recipe_kinds(study))
+        if differences:
+            most = max(len(va["seeds"]) for _, va, _, _ in differences)
+            mixture = next(a for a, va, _, _ in differences if len(va["seeds"]) == most)
+
+            def against(va, b, nb):
+                sets = " and ".join(f"{mean_ci(va, f'{k}_minus_{nb}')} ({w})" for k, w in RECIPE_SETS.items())
+                return f"`{b}` {sets} over {len(paired_seeds(va, nb))} paired seeds"
+
+            parts.append(
+                f"with the same recipe `{mixture}` minus "
+                + ", minus ".join(against(va, b, nb) for a, va, b, nb in differences if a == mixture)
+            )
     if real:
         parts.append(
             f"translation costs {fmt(min(real['ratio']), 2)}-{fmt(max(real['ratio']), 2)}x the target's "

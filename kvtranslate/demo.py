@@ -65,10 +65,9 @@ PAIRS: dict[tuple[str, str], dict[str, Any]] = {
     ("tiny-qwen2", "tiny-opt"): dict(variants=COMPARED, injection=(), multi_agent=False, main=False),
 }
 INJECTION_POINTS = (0.25, 0.5, 0.75, 1.0)
-# sized for <= 30 minutes on 2 cores with JOBS processes: the main pair (4 translators x `steps`, the injection
-# study, the multi-agent run) in one, the three other pairs (9 translators x `coverage_steps`) in the other, each
-# measured at about 12 minutes per process at a load average of 2-3, and within 30 minutes at the per-step times
-# of the loaded machine (load 7-12) (README, Demo)
+# sized for <= 30 minutes on 2 otherwise idle cores with JOBS processes: the main pair (4 translators x `steps`,
+# the injection study, the multi-agent run) in one, the three other pairs (9 translators x `coverage_steps`) in
+# the other; measured at 18.6 and 23.9 minutes end to end on two machines (README, Demo)
 FULL = dict(
     steps=2000, coverage_steps=450, n_train=3000, n_eval=300, n_long=100, n_inject=160, n_docs=40, long_facts=22
 )
@@ -288,7 +287,11 @@ def run_demo(
         runs = [dict(r, pairs=[p for p in r["pairs"] if p not in again]) for r in runs]  # who wrote what now
         runs = [r for r in runs if r["pairs"]]
     log_path = os.path.join(out_dir, "demo_log.jsonl")
-    log_file = open(log_path, "a" if pairs is not None else "w")
+    if pairs is None:
+        open(log_path, "w").close()  # a full run starts a fresh log
+    # append mode for the parent too: the worker processes append to the same file, and a handle that writes at
+    # its own offset would overwrite their lines
+    log_file = open(log_path, "a")
 
     def log(line: str) -> None:
         print(line, flush=True)

@@ -28,5 +28,22 @@ def test_pairs_side_by_side_give_the_one_process_numbers(tmp_path):
     assert list(one) == ["tiny-qwen2-b->tiny-qwen2", "tiny-opt->tiny-gpt2"] == list(two)  # PAIRS order
     assert one == two
     with open(tmp_path / "two" / "demo_log.jsonl") as f:
-        trained = [json.loads(line) for line in f if '"trained"' in line]
-    assert len(trained) == 6  # both workers' lines reach the run's log
+        lines = [json.loads(line) for line in f]  # every line whole: no process overwrote another's
+    assert lines[0]["event"] == "command" and lines[-1]["event"] == "done"
+    assert sum(line.get("event") == "trained" for line in lines) == 6  # both workers' lines reach the run's log
+
+
+@pytest.mark.skipif(not HAVE_CHECKPOINTS, reason="run `python -m kvtranslate pretrain` first")
+def test_full_run_log_keeps_every_workers_line(tmp_path, monkeypatch):
+    """A run of every pair starts a fresh log; its own lines and the workers' all stay whole."""
+    import kvtranslate.demo as demo
+
+    monkeypatch.setattr(demo, "PAIRS", {p: demo.PAIRS[p] for p in PAIRS})  # every pair of a smaller demo
+    out = tmp_path / "full"
+    out.mkdir()
+    (out / "demo_log.jsonl").write_text('{"event": "an earlier run"}\n')
+    demo.run_demo(str(out), quick=True, sizes=TINY, jobs=2)
+    with open(out / "demo_log.jsonl") as f:
+        lines = [json.loads(line) for line in f]
+    assert lines[0]["event"] == "command" and lines[-1]["event"] == "done"
+    assert sum(line.get("event") == "trained" for line in lines) == 6
