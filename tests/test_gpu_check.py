@@ -28,7 +28,9 @@ def test_gpu_check_runs_on_cpu_and_skips_cuda_parts(tmp_path):
     fp32, bf16 = (parts[p]["new"] for p in ("train_fp32", "train_bf16"))
     for bench in (fp32, bf16):
         row = bench["feast"][0]
-        assert row["images_per_s"] > 0 and 0 < row["ratio"] < 1
+        # the ratio is two timings' quotient (the step's FLOP rate over a measured matmul peak): it can exceed 1 on
+        # a CPU whose load changes between the two, so only its arithmetic is checked, not its size
+        assert row["images_per_s"] > 0 and row["ratio"] > 0
         assert row["ratio"] == pytest.approx(row["gflops"] / bench["peak"]["matmul_gflops"], rel=1e-2)
     # analytic FLOPs come from the shapes, not the precision: the same for fp32 and bf16
     assert fp32["feast"][0]["gflop_per_step"] == bf16["feast"][0]["gflop_per_step"]
