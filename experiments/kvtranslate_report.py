@@ -598,8 +598,7 @@ def headline(summary, real, study=None):
         # the mixture kind with the most seeds under the recipe against each other kind: is MoT ahead?
         differences = mixture_differences(recipe_kinds(study))
         if differences:
-            most = max(len(va["seeds"]) for _, va, _, _ in differences)
-            mixture = next(a for a, va, _, _ in differences if len(va["seeds"]) == most)
+            mixture = max(differences, key=lambda d: len(d[1]["seeds"]))[0]  # the first of the most seeded
 
             def against(va, b, nb):
                 sets = " and ".join(f"{mean_ci(va, f'{k}_minus_{nb}')} ({w})" for k, w in RECIPE_SETS.items())
