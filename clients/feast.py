@@ -1,4 +1,8 @@
-"""FEAST client: train the local-max, the min and a random in-between subnet in one step (sandwich + in-place KD)."""
+"""FEAST client: train the local-max, the min and a random in-between subnet in one step (sandwich + in-place KD).
+
+Also what every supernet-family client (FEAST and its baselines) accepts from the server: ``read_routed`` checks a
+training message against what the method and the run config imply before anything is trained.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from clients.broadcast import Expect, config_problem, shapes_problem, values_problem
 from clients.local_training import GRAD_CLIP_NORM, LocalSettings, MomentumSGD, local_batches
 from fl_app.data.augment import crop_flip, mix_batch, normalize, rand_augment, soft_cross_entropy
 from fl_app.data.images import ImageData
 from fl_app.models.elastic_resnet import ElasticResNet
+from fl_app.run.config import Range
 from fl_app.run.device import preferred_device
-from fl_app.supernet.space import Subnet
+from fl_app.run.payload import record_to_state
+from fl_app.supernet.slicing import subnet_shapes
+from fl_app.supernet.space import Subnet, SupernetConfig, width_sliced_config
 from fl_app.supernet.subnets import SubnetCache
 
 
@@ -95,3 +103,143 @@ def train_subnets(
         loss_sum += loss.item()
     model.cpu()
     return {"train-loss": loss_sum / max(steps, 1), "local-steps": steps}
+
+
+# -- what a client accepts from the server ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Routing:
+    """What a supernet method's server sends each client: the ``model`` it slices ("supernet" or "width-sliced"),
+    whether it assigns the one subnet the client trains (else the client plans FEAST's step under its budget),
+    whether BatchNorm running statistics travel (HeteroFL and FedRolex keep static BN: neither sent nor averaged),
+    and whether the client masks the logits of labels it does not hold. A test keeps it in step with the strategies
+    (every method's own messages pass ``read_routed``)."""
+
+    model: str
+    assigns_subnet: bool
+    running_stats: bool
+    mask_labels: bool = False  # HeteroFL: only the classifier rows of the labels a client holds are trained
+
+
+ROUTING = {
+    "feast": Routing("supernet", assigns_subnet=False, running_stats=True),
+    "superfednas": Routing("supernet", assigns_subnet=True, running_stats=True),
+    "deepfednas": Routing("supernet", assigns_subnet=True, running_stats=True),
+    "heterofl": Routing("width-sliced", assigns_subnet=True, running_stats=False, mask_labels=True),
+    "fedrolex": Routing("width-sliced", assigns_subnet=True, running_stats=False, mask_labels=True),
+    "fedavg-min": Routing("supernet", assigns_subnet=True, running_stats=True),
+}
+SUBNET_KEYS = ("d", "e", "w")
+
+
+@dataclass
+class Routed:
+    """A checked training message: the model config, the routed bounds, the assigned subnet (None: plan FEAST's
+    step), the client's budget, every partition's budget, and the decoded arrays (exactly the routed ones)."""
+
+    cfg: SupernetConfig
+    bounds: Subnet
+    arch: Subnet | None
+    budget: float
+    partition_budgets: list[float]
+    received: dict[str, np.ndarray]
+    server_round: int
+    lr: float
+    width_rate: float
+    mask_labels: bool
+    dtype: str
+
+
+def read_routed(content, run, cfg: SupernetConfig, budget_range: tuple[int, int], pid: int, num: int) -> Routed:
+    """What the server sent partition ``pid`` of ``num`` for one round, checked against what its method
+    (``ROUTING``) and the run config ``run`` imply before anything is trained: the config values the client uses
+    (round, learning rate, payload dtype, budgets within ``budget_range``, subnets of the model it slices), the
+    arrays' keys and shapes (those of the routed bounds, from their metadata, before decoding), then finite values
+    within ``BROADCAST_MAX_ABS``. Raises ``ValueError`` naming the key: the server counts the reply as failed."""
+    routing = ROUTING[run["method"]]
+    config = content.config_records.get("config", {})
+    model_cfg = width_sliced_config(cfg) if routing.model == "width-sliced" else cfg
+
+    def refuse(problem: str):
+        raise ValueError(f"client {pid} refuses the round-{config.get('server-round')} broadcast: {problem}")
+
+    if not routing.assigns_subnet and any(f"arch-{k}" in config for k in SUBNET_KEYS):
+        refuse(f"config 'arch-*': method '{run['method']}' assigns no subnet (its client plans its own step)")
+    budgets = Range(*budget_range)
+    problem = config_problem(
+        config,
+        {
+            "server-round": Expect(int, Range(1, run["num-server-rounds"])),
+            "lr": Expect(float, Range(0.0, run["lr"])),
+            "payload-dtype": Expect(str, (run["payload-dtype"],)),
+            "budget-macs": Expect(float, budgets),
+            "partition-budgets": Expect(float, budgets, length=num),
+            "model": Expect(str, (routing.model,), required=routing.model != "supernet"),
+            "mask-labels": Expect(bool, (routing.mask_labels,), required=routing.mask_labels),
+            **_subnet_expects(model_cfg, "bounds"),
+            **(_subnet_expects(model_cfg, "arch") if routing.assigns_subnet else {}),
+        },
+    )
+    if problem:
+        refuse(problem)
+    budget, partition_budgets = float(config["budget-macs"]), [float(b) for b in config["partition-budgets"]]
+    if budget != partition_budgets[pid]:
+        refuse(f"config 'budget-macs'={budget:g} is not its entry of 'partition-budgets' ({partition_budgets[pid]:g})")
+    try:
+        bounds, arch = _subnet(config, model_cfg, "bounds"), _subnet(config, model_cfg, "arch")
+    except ValueError as error:
+        refuse(str(error))
+    if arch is not None and not arch.within(bounds):
+        refuse("config 'arch-*': the assigned subnet is not inside the routed bounds 'bounds-*'")
+    rate = model_cfg.width_multiplier_choices[bounds.w[0]] if routing.model == "width-sliced" else 1.0
+    problem = config_problem(config, {"width-rate": Expect(float, (rate,), required=routing.model != "supernet")})
+    if problem:
+        refuse(problem)
+
+    record = content.array_records.get("arrays")
+    expected = subnet_shapes(model_cfg, bounds)
+    if not routing.running_stats:  # BatchNorm statistics are the model's buffers: only its parameters travel
+        with torch.device("meta"):
+            parameters = {name for name, _ in ElasticResNet(model_cfg, bounds).named_parameters()}
+        expected = {k: v for k, v in expected.items() if k in parameters}
+    problem = "no 'arrays' record" if record is None else shapes_problem(record, expected)
+    if problem:
+        refuse(problem)
+    dtype = str(config["payload-dtype"])
+    try:
+        received = record_to_state(record, dtype)
+    except ValueError as error:  # the data's own header disagrees with its metadata
+        refuse(str(error))
+    problem = values_problem(received)
+    if problem:
+        refuse(problem)
+    return Routed(
+        model_cfg,
+        bounds,
+        arch,
+        budget,
+        partition_budgets,
+        received,
+        int(config["server-round"]),
+        float(config["lr"]),
+        rate,
+        bool(config.get("mask-labels", False)),
+        dtype,
+    )
+
+
+def _subnet_expects(cfg: SupernetConfig, name: str) -> dict[str, Expect]:
+    """The lists of subnet ``name`` (bounds or arch): depth and expansion ratio per stage, width index per stage and
+    the stem."""
+    return {f"{name}-{k}": Expect(float if k == "e" else int, length=cfg.num_stages + (k == "w")) for k in SUBNET_KEYS}
+
+
+def _subnet(config, cfg: SupernetConfig, name: str) -> Subnet | None:
+    """Subnet ``name`` of the config (None when not sent), a subnet of ``cfg`` (else ``ValueError`` naming it)."""
+    if f"{name}-d" not in config:
+        return None
+    subnet = Subnet(*(config[f"{name}-{k}"] for k in SUBNET_KEYS))
+    try:
+        cfg.check_subnet(subnet)
+    except ValueError as error:
+        raise ValueError(f"config '{name}-*': {error}") from None
+    return subnet

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from clients.broadcast import BROADCAST_MAX_ABS, shapes_problem, values_problem
 from clients.local_training import GRAD_CLIP_NORM, LocalSettings, local_batches
 from fl_app.data.augment import crop_flip, normalize
 from fl_app.data.images import ImageData
@@ -146,24 +147,16 @@ def fedtopo_upload(
 
 
 # -- what a client accepts from the server ------------------------------------------------------------------------
-BROADCAST_MAX_ABS = 1e6  # prototypes, soft labels and head weights beyond this are not something a server computes
-
-
 def broadcast_problem(global_arrays: dict, expected: dict[str, tuple]) -> str | None:
     """Why a client must refuse what the server sent (None when it may train with it): only ``expected`` keys (all
-    or none), their shapes, finite values within ``BROADCAST_MAX_ABS``; a topology is non-negative with a zero
-    diagonal and rows summing to 1; ``has`` flags are 0 or 1. Checked before the model is touched, so a poisoned
-    broadcast can never reach the saved model."""
+    or none), their shapes, finite values within ``BROADCAST_MAX_ABS`` (``clients.broadcast``); a topology is
+    non-negative with a zero diagonal and rows summing to 1; ``has`` flags are 0 or 1. Checked before the model is
+    touched, so a poisoned broadcast can never reach the saved model."""
     if not global_arrays:
         return None
-    if set(global_arrays) != set(expected):
-        return f"broadcast keys {sorted(global_arrays)}, expected {sorted(expected)}"
-    for key, shape in expected.items():
-        values = np.asarray(global_arrays[key], dtype=np.float64)
-        if values.shape != tuple(shape):
-            return f"broadcast '{key}' has shape {values.shape}, expected {tuple(shape)}"
-        if not np.all(np.isfinite(values)) or np.abs(values).max(initial=0) > BROADCAST_MAX_ABS:
-            return f"broadcast '{key}' is not finite or beyond {BROADCAST_MAX_ABS:g}"
+    problem = shapes_problem(global_arrays, expected) or values_problem(global_arrays, BROADCAST_MAX_ABS)
+    if problem:
+        return problem
     topology = global_arrays.get("topology")
     if topology is not None:
         topology = np.asarray(topology, dtype=np.float64)

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from fl_app.run.cli import tool_parser
+from fl_app.run.files import existing_output, write_own_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = args.out and existing_output(args.out)
+    if problem:
+        parser.error(problem)
     # a fresh Inductor cache: the compile time of a machine's first run (later runs may reuse compiled kernels)
     cache = os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench_compile_")
 
@@ -96,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(json.dumps(result))
     print("\n".join(f"{k:<22} {v}" for k, v in result.items()), file=sys.stderr)
     if args.out:
-        args.out.write_text(json.dumps(result) + "\n")
+        write_own_file(args.out, (json.dumps(result) + "\n").encode())
     return result
 
 

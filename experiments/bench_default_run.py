@@ -37,6 +37,7 @@ from pathlib import Path
 
 from experiments.bench_startup import MARKERS, ROUND, log_stamp
 from fl_app.run.cli import tool_parser
+from fl_app.run.files import existing_output, write_own_file
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_RUN = r"""
@@ -151,6 +152,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     if not args.order or any(name not in ("old", "new") for name in args.order):
         parser.error(f"--order {','.join(args.order)}: each item must be old or new")
+    problem = args.out and existing_output(args.out)
+    if problem:
+        parser.error(problem)
     trees = {"old": args.base.resolve(), "new": ROOT}
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -182,7 +186,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for key, value in row.get("timeline", {}).items():
             print(f"     {key:<30} {value}", file=sys.stderr)
     if args.out:
-        args.out.write_text("".join(json.dumps(row) + "\n" for row in results))
+        write_own_file(args.out, "".join(json.dumps(row) + "\n" for row in results).encode())
     return results
 
 

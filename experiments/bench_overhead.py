@@ -36,6 +36,7 @@ import torch
 from experiments.flower_env import local_flower_env
 from experiments.flower_runs import flwr_run, format_run_config
 from fl_app.run.cli import run_config_overrides, tool_parser
+from fl_app.run.files import existing_output, write_own_file
 
 
 def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = None) -> dict:
@@ -96,7 +97,7 @@ def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = Non
         state = sparse_average(state, updates)
         evaluator(server_round, state)
     if state_out is not None:
-        np.savez(state_out, **state)
+        write_own_file(state_out, lambda out: np.savez(out, **state))
     return {
         "tiers": evaluator.last["tiers"],
         "population_weighted_accuracy": evaluator.last["population_weighted_accuracy"],
@@ -125,7 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = args.out and existing_output(args.out)
+    if problem:
+        parser.error(problem)
     values = {
         "num-server-rounds": args.rounds,
         "eval-every": args.rounds,
@@ -204,7 +209,7 @@ def main(argv: list[str] | None = None) -> dict:
         file=sys.stderr,
     )
     if args.out:
-        args.out.write_text(json.dumps(result) + "\n")
+        write_own_file(args.out, (json.dumps(result) + "\n").encode())
     return result
 
 

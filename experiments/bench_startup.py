@@ -50,6 +50,7 @@ from pathlib import Path
 from experiments.flower_env import local_flower_env
 from experiments.flower_runs import APP_DIR, format_run_config
 from fl_app.run.cli import tool_parser
+from fl_app.run.files import existing_output, write_own_file
 
 # simulation DEBUG/INFO log markers, in the order they appear
 MARKERS = {
@@ -255,7 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = args.out and existing_output(args.out)
+    if problem:
+        parser.error(problem)
     cores = os.cpu_count() or 1
     result = {
         "app": str(args.app.resolve()),
@@ -288,7 +293,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(json.dumps(result))
     print(_table({"plain": {}, "extra": {}, **result, "flower": result["flower"] or {"round_s": []}}), file=sys.stderr)
     if args.out:
-        args.out.write_text(json.dumps(result) + "\n")
+        write_own_file(args.out, (json.dumps(result) + "\n").encode())
     return result
 
 

@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 
 from fl_app.run.cli import tool_parser
+from fl_app.run.files import existing_output, write_own_file
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CLIENTS = 8  # the README's default federation
@@ -578,6 +579,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict:
     parser = build_parser()
     args = parser.parse_args(argv)
+    problem = args.out and existing_output(args.out)
+    if problem:
+        parser.error(problem)
     if args.worker:
         print(json.dumps(worker(args)))
         return {}
@@ -636,7 +640,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(json.dumps(result))
     print(_table(result), file=sys.stderr)
     if args.out:
-        args.out.write_text(json.dumps(result) + "\n")
+        write_own_file(args.out, (json.dumps(result) + "\n").encode())
     return result
 
 

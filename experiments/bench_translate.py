@@ -6,17 +6,18 @@
 values (GPT-2 with 2,048 learned positions so that 1,024-token contexts fit its finer tokenizer),
 since no hub is reachable here. Weights are random in both cases (latency does not depend on them);
 texts are tokenised with the tiny models' own byte-level BPE tokenizers (the ids fit every vocabulary), so the
-alignment work is real. Translator: MoT with the demo's settings (4 experts, hidden 256, k=2, window 8). Batch 1, one
-thread unless --threads. translate_ms counts token alignment, RoPE handling, the translator and building the target
-cache from an already-computed source cache; prefill_ms is the target's forward over the same context (last-position
-logits only). The two are timed in alternation and medians are reported, so a load that comes and goes on a shared
-machine falls on both alike. FLOPs per token are counted by torch's FlopCounterMode (matrix products and attention)
-over one translation and one prefill of each length. Writes the JSON line to
+alignment work is real. Translator: MoT with the demo's settings (4 experts, hidden 256, k=2, window 8). Batch 1,
+torch's own thread count unless --threads (the committed results: --threads 1). translate_ms counts token
+alignment, RoPE handling, the translator and building the target cache from an already-computed source cache;
+prefill_ms is the target's forward over the same context (last-position logits only). The two are timed in
+alternation and medians are reported, so a load that comes and goes on a shared machine falls on both alike. FLOPs
+per token are counted by torch's FlopCounterMode (matrix products and attention) over one translation and one
+prefill of each length. Writes the JSON line to
 experiments/results/kvtranslate/bench_translate_<shapes>[_<device>].json as well (--out to change), and a
 table on stderr.
 
-    python -m experiments.bench_translate                       # tiny shapes
-    python -m experiments.bench_translate --shapes real --tokens 128,256,512,1024
+    python -m experiments.bench_translate --threads 1                # tiny shapes
+    python -m experiments.bench_translate --shapes real --tokens 128,256,512,1024 --threads 1
 """
 
 import argparse
@@ -32,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
+from fl_app.run.files import existing_output, write_own_file  # noqa: E402
 from kvtranslate.cli import HelpFormatter, int_list, print_table  # noqa: E402
 from kvtranslate.corpus import make_item  # noqa: E402
 from kvtranslate.evaluate import time_translate_vs_prefill, translate_and_prefill  # noqa: E402
@@ -100,7 +102,9 @@ def main(argv: list[str] | None = None) -> None:
         help="comma-separated context lengths in tokens",
     )
     parser.add_argument("--device", default="cpu", help="cpu, cuda[:N] or auto (CUDA when present)")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch")
+    parser.add_argument(
+        "--threads", type=int, help="CPU threads for torch (default: torch's own; the committed results: 1)"
+    )
     parser.add_argument("--out", default=None, help="JSON file (default: in experiments/results/kvtranslate)")
     args = parser.parse_args(argv)
     try:
@@ -108,6 +112,11 @@ def main(argv: list[str] | None = None) -> None:
         device = pick_device(args.device)
     except ValueError as e:
         parser.error(str(e))
+    suffix = "" if device.type == "cpu" else f"_{device.type}"
+    out = args.out or os.path.join(RESULTS, f"bench_translate_{args.shapes}{suffix}.json")
+    problem = existing_output(out)
+    if problem:
+        parser.error(problem)
     torch.manual_seed(0)
     if args.shapes == "tiny":
         (source, source_tok), (target, target_tok) = (
@@ -152,11 +161,8 @@ def main(argv: list[str] | None = None) -> None:
         result["translator_flops_per_token"].append(round(flops_per_token(translate, t["tokens"])))
         result["target_flops_per_token"].append(round(flops_per_token(prefill, t["tokens"])))
     print(json.dumps(result))
-    suffix = "" if device.type == "cpu" else f"_{device.type}"
-    out = args.out or os.path.join(RESULTS, f"bench_translate_{args.shapes}{suffix}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_own_file(out, json.dumps(result, indent=1).encode())
     columns = ("tokens", "translate_ms", "prefill_ms", "ratio", "translator_flops_per_token", "target_flops_per_token")
     print_table(columns, list(zip(*(result[c] for c in columns))))
 

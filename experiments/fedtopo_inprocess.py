@@ -24,7 +24,17 @@ from pathlib import Path
 import torch
 
 from experiments.in_process_grid import run_in_process
-from experiments.runner import COMPLETED, RUN_RECORD, add_run_config_option, git_state, run_config_of
+from experiments.runner import (
+    COMPLETED,
+    RUN_RECORD,
+    add_run_config_option,
+    data_location,
+    data_record,
+    git_state,
+    make_summary_portable,
+    portable_run_config,
+    run_config_of,
+)
 from fl_app.report import write_suite_tables
 from fl_app.run.cli import comma_list, tool_parser
 from fl_app.run.config import validate_run_config
@@ -39,7 +49,7 @@ def suite_runs(seeds: list[int], extra: bool, overrides: dict | None = None) -> 
     suite = tomllib.loads(SUITE.read_text())
     base = tomllib.loads((ROOT / suite["suite"]["base-file"]).read_text())
     base.update(suite.get("base", {}))
-    base["data-path"] = str((ROOT / base["data-path"]).resolve())
+    base["data-path"] = str(data_location(base["data-path"]))
     base["checkpoint-every"] = 0  # no resumes here: no model files
     base.update(overrides or {})
     methods = {**suite["methods"], **(EXTRA_METHODS if extra else {})}
@@ -71,10 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     for label, seed, values in suite_runs(seeds, not args.no_extra, overrides):
         folder = args.out / "runs" / label / f"seed{seed}"
         run_config = {**values, "output-dir": str(folder)}
+        kept, data = portable_run_config(run_config), data_record(run_config)  # records hold no path of this machine
         record_path = folder / RUN_RECORD
         if record_path.exists():
             record = json.loads(record_path.read_text())
-            if record.get("status") == COMPLETED and record.get("run_config") == run_config:
+            same_data = record.get("data", {}).get("sha256") == data.get("sha256")
+            if record.get("status") == COMPLETED and record.get("run_config") == kept and same_data:
                 print(f"{label:<16} seed={seed}  reuse", flush=True)
                 folders.append(folder)
                 continue
@@ -85,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
             "label": label,
             "cell": {},
             "seed": seed,
-            "run_config": run_config,
+            "run_config": kept,
             "federation": {"num-supernodes": args.clients, "in-process": True},
+            "data": data,
             "commit": commit,
             "dirty": dirty,
             "status": "running",
@@ -94,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(record_path, record)
         started, cpu = time.time(), time.process_time()
         run_in_process(run, args.clients)
+        make_summary_portable(folder)
         write_json(
             record_path,
             {

@@ -1,5 +1,6 @@
 """An isolated local Flower environment for scripts and tests: its own FLWR_HOME and free SuperLink ports, and on exit
-the local SuperLink it started (detached, in its own session) and the simulations it spawned are stopped by PID."""
+the local SuperLink it started (detached, in its own session) and the simulations it spawned are stopped by PID
+(found through psutil by the FLWR_HOME and port on their command lines, see ``fl_app.run.processes``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import socket
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+
+from fl_app.run.processes import process_groups, signal_groups
 
 
 def free_ports(n: int) -> list[int]:
@@ -40,27 +43,9 @@ def isolated_env(home: Path, **extra: str) -> dict:
     }
 
 
-def process_groups(markers: tuple[str, ...], programs: tuple[str, ...] = ()) -> set[int]:
-    """Process groups (never this process's own) of running processes whose command line contains one of
-    ``markers`` and, when ``programs`` are given, one of them."""
-    groups = set()
-    for pid_dir in Path("/proc").glob("[0-9]*"):
-        try:
-            cmdline = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if any(m in cmdline for m in markers) and (not programs or any(p in cmdline for p in programs)):
-                groups.add(os.getpgid(int(pid_dir.name)))
-        except (OSError, ProcessLookupError):
-            continue
-    return groups - {os.getpgrp()}
-
-
 def stop_processes(markers: tuple[str, ...], programs: tuple[str, ...] = ("flower-superlink", "flwr-simulation")):
     """SIGTERM the process groups of running ``programs`` whose command line contains one of ``markers``."""
-    for group in process_groups(markers, programs):
-        try:
-            os.killpg(group, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    signal_groups(process_groups(markers, programs), signal.SIGTERM)
 
 
 def stop_local_superlink(env: dict) -> None:

@@ -15,7 +15,9 @@ budget as it goes and the budgets table on stderr, and the summary as JSON on st
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,12 +26,15 @@ import numpy as np
 
 from fl_app.extract import add_search_options, choose, load_trained
 from fl_app.run.cli import print_json, tool_parser
-from fl_app.run.outputs import write_csv, write_json
+from fl_app.run.files import write_own_file
+from fl_app.run.outputs import write_csv, write_json, write_text
 from fl_app.supernet.evaluation import evaluate_subnet
 from fl_app.supernet.federation import dataset_for, server_splits
 from fl_app.supernet.search import ValidationScorer
 from fl_app.supernet.space import count_costs
 from fl_app.supernet.subnets import SubnetCache
+
+OUTPUTS = ("frontier.csv", "budgets.csv", "budgets.md", "frontier.png", "summary.json")  # what --out receives
 
 
 def between(tier_macs: list[int], per_gap: int) -> list[float]:
@@ -98,8 +103,10 @@ def plot(path: Path, cached: list[dict], tiers: list[dict], searched: list[dict]
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=120)
     plt.close(fig)
+    write_own_file(path, image.getvalue())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,6 +123,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.out.resolve() == args.checkpoint.resolve().parent:
         parser.error("--out must not be the run's own folder")
+    taken = [name for name in OUTPUTS if os.path.lexists(args.out / name)]
+    if taken:
+        parser.error(f"--out {args.out} already holds {', '.join(taken)}; choose a new folder (nothing is overwritten)")
 
     started = time.time()
     blob, run, cfg = load_trained(args.checkpoint)
@@ -183,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "frontier.csv", cached + tiers + searched)
     write_csv(args.out / "budgets.csv", comparison)
-    (args.out / "budgets.md").write_text(budgets_markdown(comparison))
+    write_text(args.out / "budgets.md", budgets_markdown(comparison))
     plot(
         args.out / "frontier.png",
         cached,

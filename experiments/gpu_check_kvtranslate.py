@@ -70,7 +70,7 @@ def main(argv=None):
     parser.add_argument("--n-eval", type=int, help="held-out passages (default 100 with CUDA, 16 without)")
     parser.add_argument("--source", default="tiny-gpt2")
     parser.add_argument("--target", default="tiny-qwen2")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's own)")
     args = parser.parse_args(argv)
     set_threads(args.threads)
     has_cuda = torch.cuda.is_available()

@@ -1,14 +1,15 @@
 """Where translation time goes at GPT-2 -> Qwen2.5-0.5B shapes: torch.profiler over the translate step.
 
 Builds the real-shaped models of bench_translate.py (random weights), translates a context of each length a few
-times under torch.profiler (one thread, batch 1) and writes the operator table sorted by self CPU time, plus the
-milliseconds per call, to experiments/results/kvtranslate/profile_translate_real.txt (`--out` to change).
+times under torch.profiler (batch 1; torch's own thread count unless --threads, the committed tables: 1) and
+writes the operator table sorted by self CPU time, plus the milliseconds per call, to
+experiments/results/kvtranslate/profile_translate_real.txt (`--out` to change).
 `--root` profiles the package of another checkout (checkouts from before `kvtranslate.pipeline` existed keep
 these functions in `kvtranslate.train` and take the four models one by one), e.g. the tree before the
 embedding-window projection:
 
-    python -m experiments.kvtranslate_profile --tokens 256,512
-    python -m experiments.kvtranslate_profile --root /work/base \
+    python -m experiments.kvtranslate_profile --tokens 256,512 --threads 1
+    python -m experiments.kvtranslate_profile --root ../OLD_CHECKOUT --threads 1 \
         --out experiments/results/kvtranslate/profile_translate_real_before.txt
 """
 
@@ -100,18 +101,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=15, help="operators listed per length")
     parser.add_argument("--out", default=DEFAULT_OUT, help="text file for the operator tables")
     parser.add_argument("--root", default=os.path.dirname(HERE), help="checkout whose kvtranslate is profiled")
+    parser.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's own)")
     args = parser.parse_args(argv)
     sys.path[:0] = [args.root, os.path.join(args.root, "experiments")]
     from bench_translate import passage_with_tokens, real_shaped_models
 
-    torch.set_num_threads(1)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     (source, source_tok), (target, target_tok) = real_shaped_models()
     translator = make_translator(source, source_tok, target, target_tok)
     params = sum(p.numel() for p in translator.parameters())
     lines = [
-        f"kvtranslate of {os.path.abspath(args.root)}; translator: mot, {params:,} parameters; one thread, "
-        f"batch 1, {args.repeats} calls per length"
+        # the checkout relative to this one: the table names no machine's paths
+        f"kvtranslate of {os.path.relpath(args.root, os.path.dirname(HERE))}; translator: mot, {params:,} "
+        f"parameters; {torch.get_num_threads()} thread(s), batch 1, {args.repeats} calls per length"
     ]
     for n in args.tokens:
         text = passage_with_tokens(target_tok, n)

@@ -1,7 +1,10 @@
-"""Regenerates the number tables of kvtranslate/README.md from the committed result files (no number is typed).
+"""Regenerates kvtranslate's number tables and headlines in the READMEs from the committed result files (no number
+is typed).
 
-Each table sits between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->` and is replaced whole, in
-kvtranslate/README.md, kvtranslate/checkpoints/README.md and the kvtranslate paragraph of README.md. Sources:
+Each block sits between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->` and is replaced whole: the tables
+and verdicts in experiments/results/kvtranslate/README.md (the results and study log) and
+kvtranslate/checkpoints/README.md, a one-sentence summary in kvtranslate/README.md (the package reference) and
+the kvtranslate headline of README.md. Sources:
 kvtranslate/results/summary.json and details.json (the demo); in experiments/results/kvtranslate/,
 bench_translate_real.json and bench_translate_tiny.json (experiments/bench_translate.py), heldout_*.json
 (experiments/translate_heldout.py), the retention studies' summaries (STUDIES, experiments/kvtranslate_retention.py)
@@ -23,17 +26,25 @@ sys.path.insert(0, REPO)
 
 from kvtranslate.cli import HelpFormatter, comma_list  # noqa: E402
 
-README = os.path.join(REPO, "kvtranslate", "README.md")
+README = os.path.join(REPO, "kvtranslate", "README.md")  # the package reference: only its summary sentence
 CHECKPOINTS_README = os.path.join(REPO, "kvtranslate", "checkpoints", "README.md")
 TOP_README = os.path.join(REPO, "README.md")  # only its kvtranslate-headline block
 DEMO = os.path.join(REPO, "kvtranslate", "results")
 EXPERIMENTS = os.path.join(REPO, "experiments", "results", "kvtranslate")
+STUDIES_README = os.path.join(EXPERIMENTS, "README.md")  # the results and study log: every table
+READMES = (README, CHECKPOINTS_README, TOP_README, STUDIES_README)
+# the one-sentence headline's block in each README that has one, and its link to the study log from there
+HEADLINES = {
+    "kvtranslate-headline": TOP_README,
+    "kvtranslate-summary": README,
+}
 # retention studies (experiments/kvtranslate_retention.py --out EXPERIMENTS/<stem>.jsonl): README block suffix ->
-# file stem; the last one that exists gives the top-level README's headline
+# file stem and the blocks the study log shows of it (retention-KIND + suffix, KIND of STUDY_BLOCKS); the last
+# study that exists gives the headlines
 STUDIES = {
-    "": "retention_study",
-    "-screen": "retention_screen_300_steps",
-    "-1000-steps": "retention_study_1000_steps",
+    "": ("retention_study", ("study", "verdict")),
+    "-screen": ("retention_screen_300_steps", ("study", "probe")),
+    "-1000-steps": ("retention_study_1000_steps", ("study", "verdict", "probe", "recipe")),
 }
 LONGCONTEXT_SETS = {
     "long_heldout_phrasing": "long, held-out phrasings",
@@ -131,6 +142,7 @@ def demo_table(summary, details):
         lines.append(
             f"{', '.join(f'`{p}`' for p in r['pairs'])}: seed {r['seed']}, {sizes}; {r['minutes']} "
             f"minutes on {r['machine']}, {r['threads']} thread, device {r.get('device', 'cpu')}"
+            + ("" if r.get("dtype", "auto") == "auto" else f", dtype {r['dtype']}")
         )
     done = "every pair of the demo is in" if run.get("complete") else "INCOMPLETE: not every pair of the demo is in"
     return text + "\n\nRuns: " + "; ".join(lines) + f" ({done}).\n"
@@ -573,48 +585,75 @@ def translator_trials_table(path):
     )
 
 
-def headline(summary, real, study=None):
-    """One paragraph for the top-level README: the main pair's retention, the retention study's best variant and
-    the real-shape cost ratio."""
+# how the headline names each translator kind (kvtranslate/translators.py KINDS)
+KIND_WORDS = {
+    "mot": "a mixture of translators",
+    "mot-latent": "a mixture of translators on a shared latent space",
+    "shared-latent": "a plain shared latent space",
+    "single": "a single projector",
+}
+
+
+def relation(entry, baseline, kind):
+    """'level with X', 'ahead of X', 'behind X' (paired 95% interval over seeds on both sets), or the two sets
+    told apart when they differ."""
+    words = []
+    for key in RECIPE_SETS:
+        m = entry[f"{key}_minus_{baseline}"]
+        beyond = m["ci95"] is not None and abs(m["mean"]) > m["ci95"]
+        words.append(("ahead of" if m["mean"] > 0 else "behind") if beyond else "level with")
+    if len(set(words)) == 1:
+        return f"{words[0]} {KIND_WORDS.get(kind, kind)}"
+    first, second = RECIPE_SETS.values()
+    return f"{words[0]} {KIND_WORDS.get(kind, kind)} on {first} and {words[1]} it on {second}"
+
+
+def headline(summary, real, study=None, link="experiments/results/kvtranslate/README.md"):
+    """One readable sentence and a link to the study log (`link`, relative to the README it goes in): the best
+    translator's retention over seeds, whether the mixture of translators is ahead of the strongest other kind
+    under the same recipe, and the real-shape cost ratio. Falls back to the demo's single seed without a study."""
     parts = []
-    if summary:
+    if study:
+        scored = [v for v in study["variants"].values() if all(k in v for k in RECIPE_SETS)]
+        v = max(scored, key=lambda v: v["heldout_phrasing_retention"]["mean"])
+        parts.append(
+            f"On the main cross-tokenizer pair ({study['source']} to {study['target']}), translated caches keep about "
+            f"{fmt(v['heldout_phrasing_retention']['mean'], 2)} of the target's F1 on held-out phrasings and about "
+            f"{fmt(v['long_retention']['mean'], 2)} on long passages (the best translator, {len(v['seeds'])} seeds)"
+        )
+        kinds = recipe_kinds(study)
+        differences = mixture_differences(kinds)
+        if differences:
+            mixture = max(differences, key=lambda d: len(d[1]["seeds"]))[0]  # the first of the most seeded
+            strongest = max(
+                (d for d in differences if d[0] == mixture),
+                key=lambda d: kinds[d[2]][1]["heldout_phrasing_retention"]["mean"],
+            )
+            _, va, b, nb = strongest
+            parts.append(f"{KIND_WORDS.get(mixture, mixture)} is {relation(va, nb, b)}")
+    elif summary:
         main_pair = next(iter(summary["pairs"]))
         r = summary["pairs"][main_pair]
         parts.append(
-            f"on the main cross-tokenizer pair (`{main_pair}`, {fmt(r['steps'])} translator steps in the committed "
-            f"run) MoT keeps {fmt(r['heldout_phrasing_retention'], 2)} of the target's F1 on held-out "
-            f"phrasings and {fmt(r['retention'], 2)} on long contexts (goal 0.9)"
+            f"On the main cross-tokenizer pair ({main_pair.replace('->', ' to ')}), MoT's translated cache keeps "
+            f"{fmt(r['heldout_phrasing_retention'], 2)} of the target's F1 on held-out phrasings and "
+            f"{fmt(r['retention'], 2)} on long passages (one seed)"
         )
-    if study:
-        name, v = max(study["variants"].items(), key=lambda kv: kv[1]["heldout_phrasing_retention"]["mean"])
-        seeds = len(v["seeds"])
-        steps = ", ".join(f"{n:,}" for n in v.get("steps", []))
-        parts.append(
-            f"the retention study's best translator on held-out phrasings (`{name}`, {steps} steps, {seeds} "
-            f"seed{'s' if seeds > 1 else ''}) keeps {mean_ci(v, 'heldout_phrasing_retention')} on held-out "
-            f"phrasings and {mean_ci(v, 'long_retention')} on long contexts"
-        )
-    if study:
-        # the mixture kind with the most seeds under the recipe against each other kind: is MoT ahead?
-        differences = mixture_differences(recipe_kinds(study))
-        if differences:
-            mixture = max(differences, key=lambda d: len(d[1]["seeds"]))[0]  # the first of the most seeded
-
-            def against(va, b, nb):
-                sets = " and ".join(f"{mean_ci(va, f'{k}_minus_{nb}')} ({w})" for k, w in RECIPE_SETS.items())
-                return f"`{b}` {sets} over {len(paired_seeds(va, nb))} paired seeds"
-
-            parts.append(
-                f"with the same recipe `{mixture}` minus "
-                + ", minus ".join(against(va, b, nb) for a, va, b, nb in differences if a == mixture)
-            )
     if real:
         parts.append(
-            f"translation costs {fmt(min(real['ratio']), 2)}-{fmt(max(real['ratio']), 2)}x the target's "
-            f"prefill from {real['tokens'][0]} to {real['tokens'][-1]} tokens at GPT-2 -> Qwen2.5-0.5B "
-            f"shapes (goal 0.5x)"
+            f"translating costs {fmt(min(real['ratio']), 2)}-{fmt(max(real['ratio']), 2)}x the target's prefill at "
+            f"GPT-2 -> Qwen2.5-0.5B shapes"
         )
-    return ("In short: " + "; ".join(parts) + ".") if parts else "No results yet."
+    if not parts:
+        return "No results yet."
+    sentence = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + ", and " + parts[-1]
+    if not sentence.startswith("On"):
+        sentence = sentence[0].upper() + sentence[1:]
+    return f"{sentence} ([results and study log]({link}))."
+
+
+# a retention study's blocks: retention-KIND + the study's suffix
+STUDY_BLOCKS = dict(study=retention_study_table, verdict=retention_verdict, probe=probe_table, recipe=recipe_table)
 
 
 def render(demo=DEMO):
@@ -628,21 +667,20 @@ def render(demo=DEMO):
         load(os.path.join(EXPERIMENTS, "bench_translate_real.json")),
         load(os.path.join(EXPERIMENTS, "bench_translate_tiny.json")),
     )
-    studies = {name: load(os.path.join(EXPERIMENTS, f"{stem}_summary.json")) for name, stem in STUDIES.items()}
+    studies = {name: load(os.path.join(EXPERIMENTS, f"{stem}_summary.json")) for name, (stem, _) in STUDIES.items()}
     latest = next((s for s in reversed(list(studies.values())) if s), None)
-    blocks["kvtranslate-headline"] = headline(
-        summary, load(os.path.join(EXPERIMENTS, "bench_translate_real.json")), latest
-    )
+    real = load(os.path.join(EXPERIMENTS, "bench_translate_real.json"))
+    for name, readme in HEADLINES.items():
+        link = os.path.relpath(STUDIES_README, os.path.dirname(readme))
+        blocks[name] = headline(summary, real, latest, link)
     blocks["checkpoints"] = checkpoints_table()
     blocks["translator-trials"] = translator_trials_table(
         os.path.join(REPO, "kvtranslate", "history", "translator_trials.jsonl")
     )
     blocks["heldout"] = heldout_table(os.path.join(EXPERIMENTS, "heldout_tiny-gpt2__tiny-qwen2.json"))
     for name, study in studies.items():
-        blocks[f"retention-study{name}"] = retention_study_table(study)
-        blocks[f"retention-verdict{name}"] = retention_verdict(study)
-        blocks[f"retention-probe{name}"] = probe_table(study)
-        blocks[f"retention-recipe{name}"] = recipe_table(study)
+        for kind in STUDIES[name][1]:
+            blocks[f"retention-{kind}{name}"] = STUDY_BLOCKS[kind](study)
     blocks["longcontext-probe"] = longcontext_table(os.path.join(EXPERIMENTS, "longcontext_probe.jsonl"))
     return blocks
 
@@ -665,7 +703,7 @@ def main(argv=None):
     parser.add_argument(
         "--readme",
         type=comma_list,
-        default=",".join([README, CHECKPOINTS_README, TOP_README]),
+        default=",".join(READMES),
         help="comma-separated READMEs whose generated blocks are rewritten in place (or checked)",
     )
     args = parser.parse_args(argv)

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from kvtranslate.cli import HelpFormatter, comma_list, int_list, print_table  # noqa: E402
 from kvtranslate.corpus import make_dataset  # noqa: E402
 from kvtranslate.evaluate import PROBE_MODES, qa_scores  # noqa: E402
-from kvtranslate.models import ModelPair, load_pair, pick_device, set_threads  # noqa: E402
+from kvtranslate.models import DTYPES, ModelPair, load_pair, pick_device, set_threads  # noqa: E402
 from kvtranslate.pipeline import EncodedItem, encode_pair_items, long_items, position_limit  # noqa: E402
 from kvtranslate.train import TRAIN_DEFAULTS, train_translator  # noqa: E402
 
@@ -155,13 +155,16 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 
 def study_parser(prog: str, doc: str, variants: str, variants_help: str) -> argparse.ArgumentParser:
-    """The flags every translator-variant study shares: the pair, the variants, device and threads."""
+    """The flags every translator-variant study shares: the pair, the variants, device, dtype and threads."""
     parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0], formatter_class=HelpFormatter)
     parser.add_argument("--source", default="tiny-gpt2", help="source model (tiny name, folder or hub id)")
     parser.add_argument("--target", default="tiny-qwen2", help="target model (tiny name, folder or hub id)")
     parser.add_argument("--variants", type=comma_list, default=variants, help=variants_help)
     parser.add_argument("--device", default="cpu", help="cpu, cuda[:N] or auto")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch")
+    parser.add_argument("--dtype", choices=DTYPES, default="auto", help="dtype the models load in (auto: their own)")
+    parser.add_argument(
+        "--threads", type=int, help="CPU threads for torch (default: torch's own; the committed studies ran with 1)"
+    )
     return parser
 
 
@@ -173,7 +176,7 @@ def study_setup(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tu
         device = pick_device(args.device)
     except ValueError as e:
         parser.error(str(e))
-    return variants, load_pair(args.source, args.target, device)
+    return variants, load_pair(args.source, args.target, device, args.dtype)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,13 +12,14 @@ Markdown table ``traffic.md`` (pasted as is into experiments/README.md), and pri
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import numpy as np
 
 from fl_app.run.cli import print_json, tool_parser
 from fl_app.run.config import SUPERNET_METHODS, validate_run_config
-from fl_app.run.outputs import write_csv
+from fl_app.run.outputs import write_csv, write_text
 from fl_app.run.payload import payload_bytes
 from fl_app.supernet.federation import Federation
 from strategies.rounds import RoundLog, sample_partitions
@@ -90,7 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    taken = [name for name in ("traffic.csv", "traffic.md") if os.path.lexists(args.out / name)]
+    if taken:
+        parser.error(f"--out {args.out} already holds {', '.join(taken)}; choose a new folder (nothing is overwritten)")
     rows = []
     for scale_name, scale in SCALES.items():
         for method in SUPERNET_METHODS:
@@ -105,7 +110,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             )
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "traffic.csv", rows)
-    (args.out / "traffic.md").write_text(traffic_markdown(rows))
+    write_text(args.out / "traffic.md", traffic_markdown(rows))
     print_json(rows, rows)
     return rows
 

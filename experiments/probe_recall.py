@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from fl_app.run.files import existing_output, write_own_file  # noqa: E402
 from kvtranslate.cli import HelpFormatter, print_table  # noqa: E402
 from kvtranslate.models import INITS, TINY_SPECS, build_tiny, forward  # noqa: E402
 from kvtranslate.tokenization import train_tokenizer  # noqa: E402
@@ -121,8 +122,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the model init and the sequences")
     parser.add_argument("--out", help="also write the JSON line to this file")
+    parser.add_argument(
+        "--threads", type=int, help="CPU threads for torch (default: torch's own; the committed probes ran with 1)"
+    )
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    problem = args.out and existing_output(args.out)
+    if problem:
+        parser.error(problem)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     tokenizer = train_tokenizer(1024)  # ids only; every probe token id must fit the vocabulary
     spec = dict(TINY_SPECS[args.model], vocab=1024, **({"layers": args.layers} if args.layers else {}))
     TINY_SPECS[args.model] = spec
@@ -145,8 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(result))
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(json.dumps(result) + "\n")
+        write_own_file(args.out, (json.dumps(result) + "\n").encode())
     print_table(
         ["task", "step", "loss", "acc"],
         [[task, p["step"], p["loss"], p["acc"]] for task in ("control_copy", "recall") for p in result[task]],

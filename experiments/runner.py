@@ -2,6 +2,9 @@
 
     python -m experiments.runner run experiments/suites/smoke.toml --out /tmp/smoke
     python -m experiments.runner plan experiments/suites/smoke.toml --out /tmp/smoke     # what would run, no training
+    python -m experiments.runner verify experiments/suites/smoke.toml --committed /tmp/smoke --out /tmp/smoke-again \
+        --seeds 0 --methods feast       # retrain some runs into a new folder and compare their numbers
+    python -m experiments.runner compare COMMITTED NEW    # the same comparison, for run folders made by other tools
 
 A suite file (``experiments/suites/*.toml``)::
 
@@ -22,21 +25,32 @@ A suite file (``experiments/suites/*.toml``)::
     gamma = [0.0, 1.0]
 
 Each run lives in ``OUT/runs/<label>[@cell]/seed<N>/``: the app's own outputs, ``run.log`` (the live `flwr run`
-output) and ``run.json`` (full run config, federation, seed, commit, modified-tree flag, status, elapsed time).
-A finished run is reused only when its run config, federation and seed equal the request; any other finished run in
-the way is refused with the differing keys named, before anything trains (``--rerun-changed`` trains the changed
-runs into new folders ``seed<N>.v2``, ... and keeps the old ones). An interrupted or failed run is moved aside
-(``seed<N>.interrupted-K``) and trained again, so a stopped suite resumes where it stopped. At the end the suite's
-tables (means with 95% t-intervals over seeds, paired differences against the reference) are written by
-``fl_app.report`` into OUT and printed.
+output) and ``run.json`` (full run config, federation, seed, data, commit, modified-tree flag, status, elapsed time).
+Records hold no path of the machine that made them: ``data-path`` is kept relative to the repository (the suites'
+``../shared/data/cifar10``) and the data by content (``data``: SHA-256 of the files read); ``output-dir`` is ``.``,
+the folder of the record itself. A finished run is reused only when its run config, federation, seed and data
+content equal the request, wherever the checkout and the data lie; any other finished run in the way is refused with
+the differing keys named, before anything trains (``--rerun-changed`` trains the changed runs into new folders
+``seed<N>.v2``, ... and keeps the old ones). An interrupted or failed run is moved aside (``seed<N>.interrupted-K``)
+and trained again, so a stopped suite resumes where it stopped. At the end the suite's tables (means with 95%
+t-intervals over seeds, paired differences against the reference) are written by ``fl_app.report`` into OUT and
+printed.
+
+OUT belongs to one suite (``OUT/suite.json``): a request that would drop runs recorded there (a subset of its
+methods or seeds, another suite) is refused, since its tables would be rewritten without them; adding seeds,
+methods or grid values is allowed. The committed ``experiments/results/`` folders are refused unless
+``--into-committed`` says that updating them is the point.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import itertools
 import json
 import math
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from fl_app.data.provenance import data_fingerprint
 from fl_app.report import settings, write_suite_tables
 from fl_app.run.cli import add_command, comma_list, run_config_overrides, tool_parser
 from fl_app.run.config import METHODS, validate_run_config
@@ -53,12 +68,14 @@ from fl_app.run.outputs import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITES = ROOT / "experiments" / "suites"
+RESULTS = ROOT / "experiments" / "results"  # the committed results: written only with --into-committed
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "cifar10"  # the real CIFAR-10 beside the checkout
 RUN_RECORD = "run.json"
 RUN_LOG = "run.log"
 COMPLETED = "finished:completed"
-# keys that say where and how a run is kept, not what it computes: never part of the reuse comparison
-NOT_COMPARED = ("output-dir",)
+# keys that say where a run is kept, where its data lie or where its metrics are mirrored, not what it computes: never
+# part of the reuse comparison (the data are compared by content, the record's "data")
+NOT_COMPARED = ("output-dir", "data-path", "tracker")
 SUITE_SECTIONS = ("suite", "base", "federation", "methods", "grid")
 SUITE_KEYS = ("seeds", "reference", "run-timeout", "description", "base-file")
 
@@ -132,8 +149,6 @@ def load_suite(
         errors.append(f"[suite] reference='{reference}': must be one of the [methods] labels {list(methods)}")
     if errors:
         raise ValueError(f"invalid suite {path}:\n  " + "\n  ".join(errors))
-    if isinstance(base.get("data-path"), str) and base["data-path"] and not Path(base["data-path"]).is_absolute():
-        base = {**base, "data-path": str((ROOT / base["data-path"]).resolve())}
     return Suite(
         Path(path),
         seeds,
@@ -147,13 +162,67 @@ def load_suite(
     )
 
 
+# -- paths in records: portable ------------------------------------------------------------------------------------
+def data_location(data_path: str) -> Path:
+    """Where a run config's data-path points on this machine: a relative path is read from the repository root."""
+    path = Path(data_path).expanduser()
+    return path if path.is_absolute() else Path(os.path.normpath(ROOT / path))
+
+
+def portable_data_path(data_path: str) -> str:
+    """data-path as a record keeps it: relative to the repository when the folder lies in or beside it (the suites'
+    ``../shared/data/cifar10``), else as given (a path of this machine, which tests/test_no_absolute_paths.py keeps
+    out of committed files)."""
+    if not data_path:
+        return data_path
+    path = Path(data_path).expanduser()
+    if not path.is_absolute():
+        return data_path
+    normal = Path(os.path.normpath(path))  # not resolved: a shared folder may be a link to elsewhere
+    if normal.is_relative_to(ROOT.parent):
+        return os.path.relpath(normal, ROOT)
+    return data_path
+
+
+def data_record(run_config: dict) -> dict:
+    """The record's ``data``: the portable data-path and the content fingerprint of what the run reads."""
+    source, data_path = run_config.get("data-source", "sample"), run_config.get("data-path", "")
+    fingerprint = data_fingerprint(run_config.get("dataset", "cifar10"), source, str(data_location(data_path)))
+    return {"path": portable_data_path(data_path), **fingerprint}
+
+
+def portable_run_config(run_config: dict) -> dict:
+    """A run config as records keep it: portable data-path, output-dir '.' (the folder of the record)."""
+    out = dict(run_config)
+    if "data-path" in out:
+        out["data-path"] = portable_data_path(out["data-path"])
+    if "output-dir" in out:
+        out["output-dir"] = "."
+    return out
+
+
+def make_summary_portable(folder: Path) -> None:
+    """The app writes the absolute paths it was given into summary.json (its ServerApp needs them): keep the
+    portable forms instead, once the run has ended. Nothing else in the file changes."""
+    path = folder / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(summary, dict) and isinstance(summary.get("run_config"), dict):
+        portable = portable_run_config(summary["run_config"])
+        if portable != summary["run_config"]:
+            write_json(path, {**summary, "run_config": portable}, replace=True)  # the run's own, written by the app
+
+
 @dataclass
 class PlannedRun:
     label: str
     cell: dict
     seed: int
-    run_config: dict  # validated, complete, without output-dir
+    run_config: dict  # validated, complete, without output-dir; data-path as the suite gives it
     federation: dict
+    data: dict = field(default_factory=dict)  # data_record(run_config)
     folder: Path = None
     action: str = ""  # "reuse", "train", or "refuse"
     differences: list[str] = field(default_factory=list)
@@ -162,6 +231,16 @@ class PlannedRun:
     @property
     def name(self) -> str:
         return f"{self.label}{cell_suffix(self.cell)}"
+
+    def launch_config(self) -> dict:
+        """The run config `flwr run` gets: absolute data-path and output-dir (the ServerApp's working directory is
+        not the repository)."""
+        data_path = self.run_config.get("data-path", "")
+        return {
+            **self.run_config,
+            **({"data-path": str(data_location(data_path))} if data_path else {}),
+            "output-dir": str(self.folder),
+        }
 
 
 def cell_suffix(cell: dict) -> str:
@@ -183,11 +262,11 @@ def expand(suite: Suite) -> list[PlannedRun]:
                 request = {**suite.base, **cell, **method, **overrides, "seed": seed}
                 try:
                     config = validate_run_config(request).to_dict()
+                    data = data_record(config)
                 except ValueError as error:
                     raise ValueError(f"{label}{cell_suffix(cell)} seed={seed}: {error}") from None
-                for key in NOT_COMPARED:
-                    config.pop(key)
-                runs.append(PlannedRun(label, cell, seed, config, dict(suite.federation)))
+                config.pop("output-dir")
+                runs.append(PlannedRun(label, cell, seed, config, dict(suite.federation), data))
     return runs
 
 
@@ -195,13 +274,38 @@ def federation_text(federation: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in federation.items())
 
 
+def data_differences(recorded: dict, run: PlannedRun) -> list[str]:
+    """How the recorded data differ from the requested: by content when the record has a fingerprint; a record
+    without one (made before fingerprints) matches only the same folder."""
+    old = recorded.get("data")
+    if isinstance(old, dict):
+        out = []
+        for kind in ("sha256", "hub"):
+            before, after = old.get(kind), run.data.get(kind)
+            if isinstance(before, dict) and isinstance(after, dict):
+                out += [
+                    f"data {kind} of {name}: {str(before.get(name))[:12]} -> {str(after.get(name))[:12]}"
+                    for name in sorted(set(before) | set(after))
+                    if before.get(name) != after.get(name)
+                ]
+            elif before != after:
+                out.append(f"data {kind}: {before!r} -> {after!r}")
+        return out
+    old_path = recorded.get("run_config", {}).get("data-path", "")
+    new_path = run.run_config.get("data-path", "")
+    if (old_path or new_path) and (not old_path or not new_path or data_location(old_path) != data_location(new_path)):
+        return [f"data-path (the record has no data fingerprint): {old_path!r} -> {new_path!r}"]
+    return []
+
+
 def differing_keys(recorded: dict, run: PlannedRun) -> list[str]:
-    """'key: recorded -> requested' for every difference in run config, federation and seed (keys at their
-    default on both sides, e.g. added to the registry after the run, are equal)."""
+    """'key: recorded -> requested' for every difference in run config, federation, seed and data content (keys
+    at their default on both sides, e.g. added to the registry after the run, are equal)."""
     out = []
     old_config = {k: v for k, v in settings(recorded.get("run_config", {})).items() if k not in NOT_COMPARED}
+    new_config = {k: v for k, v in settings(run.run_config).items() if k not in NOT_COMPARED}
     for scope, old, new in (
-        ("", old_config, settings(run.run_config)),
+        ("", old_config, new_config),
         ("federation.", recorded.get("federation", {}), run.federation),
     ):
         for key in sorted(set(old) | set(new)):
@@ -209,7 +313,7 @@ def differing_keys(recorded: dict, run: PlannedRun) -> list[str]:
                 out.append(f"{scope}{key}: {old.get(key, '<default>')!r} -> {new.get(key, '<default>')!r}")
     if recorded.get("seed") != run.seed:
         out.append(f"seed: {recorded.get('seed')!r} -> {run.seed!r}")
-    return out
+    return out + data_differences(recorded, run)
 
 
 def read_record(folder: Path) -> dict | None:
@@ -273,6 +377,89 @@ class SuiteMismatch(RuntimeError):
     pass
 
 
+# -- the suite folder: one suite's runs and tables ------------------------------------------------------------------
+def portable_suite_path(path: Path) -> str:
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else resolved.name
+
+
+def suite_record(suite: Suite, runs: list[PlannedRun], out: Path) -> dict:
+    """OUT/suite.json: what the folder's tables are of."""
+    return {
+        "suite": portable_suite_path(suite.path),
+        "suite_text": suite.path.read_text(),
+        "reference": suite.reference,
+        "seeds": suite.seeds,
+        "methods": suite.methods,
+        "base": portable_run_config(suite.base),
+        "federation": suite.federation,
+        "grid": suite.grid,
+        "runs": [
+            {"label": r.label, "cell": r.cell, "seed": r.seed, "folder": str(r.folder.relative_to(out))} for r in runs
+        ],
+    }
+
+
+def run_key(label: str, cell: dict, seed: int) -> str:
+    return f"{label}{cell_suffix(cell)} seed={seed}"
+
+
+def check_suite_folder(suite: Suite, runs: list[PlannedRun], out: Path) -> None:
+    """Refuse a request that would rewrite OUT's tables without runs OUT/suite.json records (a subset of methods or
+    seeds, another suite), or against another reference. A request equal to the recorded suite, or one that only
+    adds runs (seeds, methods, grid values), is accepted; changed settings of recorded runs are refused run by run
+    (``plan``)."""
+    try:
+        recorded = json.loads((out / "suite.json").read_text())
+    except OSError:
+        return  # a new folder, or one made before suite.json existed
+    except ValueError:
+        raise SuiteMismatch(f"{out / 'suite.json'}: not valid JSON; use another --out") from None
+    old_runs = {run_key(r["label"], r.get("cell", {}), r["seed"]): r for r in recorded.get("runs", [])}
+    new_runs = {run_key(r.label, r.cell, r.seed) for r in runs}
+    dropped = [key for key in old_runs if key not in new_runs]
+    if not dropped and recorded.get("reference") == suite.reference:
+        return
+    now = suite_record(suite, runs, out)
+    differences = [
+        f"{key}: {recorded.get(key)!r} -> {now[key]!r}"
+        for key in ("reference", "seeds", "methods", "grid")
+        if recorded.get(key) != now[key]
+    ]
+    if _parsed_toml(recorded.get("suite_text", "")) != _parsed_toml(now["suite_text"]):
+        differences.append(f"suite file: {recorded.get('suite')} -> {now['suite']} (settings differ)")
+    raise SuiteMismatch(
+        f"{out / 'suite.json'} records another suite ({'; '.join(differences) or 'other runs'}). "
+        + (
+            f"This request would rewrite its tables without {len(dropped)} runs: {', '.join(dropped)}. "
+            if dropped
+            else ""
+        )
+        + "Use another --out for a subset or another suite (or remove that suite.json to hand the folder over)."
+    )
+
+
+def _parsed_toml(text: str) -> dict | None:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return None
+
+
+def is_committed(out: Path) -> bool:
+    """Whether OUT is one of the committed results folders (or the folder holding them)."""
+    return Path(out).resolve().is_relative_to(Path(RESULTS).resolve())
+
+
+def refuse_committed(out: Path, into_committed: bool) -> None:
+    if is_committed(out) and not into_committed:
+        raise SuiteMismatch(
+            f"--out {out}: a committed results folder; running into it rewrites committed files. Train into a new "
+            "folder (`verify` compares it with the committed runs), or pass --into-committed to update the committed "
+            "results on purpose."
+        )
+
+
 def git_state(root: Path = ROOT) -> tuple[str, bool]:
     """(commit, whether tracked files differ from it); ('unknown', True) outside a git checkout."""
     try:
@@ -305,7 +492,7 @@ def flower_launcher(env: dict) -> Callable[[PlannedRun, float], str]:
 
     def launch(run: PlannedRun, timeout: float) -> str:
         _, status = flwr_run(
-            {**run.run_config, "output-dir": str(run.folder)},
+            run.launch_config(),
             federation_text(run.federation),
             env=env,
             timeout=timeout,
@@ -353,8 +540,9 @@ def execute(
             "label": run.label,
             "cell": run.cell,
             "seed": run.seed,
-            "run_config": {**run.run_config, "output-dir": str(run.folder)},
+            "run_config": portable_run_config({**run.run_config, "output-dir": str(run.folder)}),
             "federation": run.federation,
+            "data": run.data,
             "commit": commit,
             "dirty": dirty,
             "status": "running",
@@ -372,6 +560,7 @@ def execute(
         trained, spent = trained + 1, spent + elapsed
         if status == COMPLETED and not (run.folder / "summary.json").exists():
             status = "error: completed without summary.json"
+        make_summary_portable(run.folder)
         write_json(run.folder / RUN_RECORD, {**record, "status": status, "elapsed_seconds": round(elapsed, 1)})
         if status != COMPLETED:
             failed.append(run)
@@ -392,28 +581,16 @@ def run_suite(
     launch: Callable[[PlannedRun, float], str] | None = None,
     printer=print,
     plots: bool = True,
+    into_committed: bool = False,
 ) -> dict:
     """Plan (refusing mismatches before any training), train what is missing, write and print the tables."""
     suite = suite if isinstance(suite, Suite) else load_suite(suite)
     out = Path(out).resolve()
+    refuse_committed(out, into_committed)
     runs = plan(suite, out, rerun_changed)
+    check_suite_folder(suite, runs, out)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(
-        out / "suite.json",
-        {
-            "suite": str(suite.path),
-            "suite_text": suite.path.read_text(),
-            "reference": suite.reference,
-            "seeds": suite.seeds,
-            "methods": suite.methods,
-            "base": suite.base,
-            "grid": suite.grid,
-            "runs": [
-                {"label": r.label, "cell": r.cell, "seed": r.seed, "folder": str(r.folder.relative_to(out))}
-                for r in runs
-            ],
-        },
-    )
+    write_json(out / "suite.json", suite_record(suite, runs, out), replace=True)  # check_suite_folder: this suite's
     printer(
         f"suite {suite.path.name}: {len(runs)} runs ({sum(r.action == 'train' for r in runs)} to train, "
         f"{sum(r.action == 'reuse' for r in runs)} finished earlier) -> {out}",
@@ -444,8 +621,208 @@ def run_suite(
     return {"runs": runs, "failed": failed}
 
 
-def add_suite_options(command: argparse.ArgumentParser) -> None:
-    """The options of running a suite (its file aside), shared by ``run``, ``plan`` and the wrapper scripts."""
+# -- verify: retrain runs into a new folder and compare their numbers with the committed ones -----------------------
+# columns and keys that measure the machine (time, memory), not the computation: never compared
+MEASURED = re.compile(r"seconds|rss|peak|_mb$|^wall|elapsed|started")
+COMPARED_FILES = ("metrics.csv", "rounds.csv", "clients.csv", "summary.json")
+
+
+@dataclass
+class Finding:
+    file: str
+    metric: str
+    values: int
+    differing: int = 0
+    largest: float = 0.0  # largest |new - committed| among numbers
+    first: str = ""  # where the first difference is, e.g. "row 3: 0.351 -> 0.352"
+
+    @property
+    def equal(self) -> bool:
+        return self.differing == 0
+
+
+def _same(old, new, tolerance: float) -> tuple[bool, float]:
+    """(equal, |difference|): numbers equal within ``tolerance`` (relative and absolute; 0 = the same float; NaN
+    equals NaN), anything else equal as text."""
+    try:
+        a, b = float(old), float(new)
+    except (TypeError, ValueError):
+        return str(old) == str(new), 0.0
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b), 0.0 if math.isnan(a) and math.isnan(b) else math.inf
+    return math.isclose(a, b, rel_tol=tolerance, abs_tol=tolerance) if tolerance else a == b, abs(a - b)
+
+
+def _leaves(value, where: str = "") -> dict:
+    """A JSON value as {'a.b[2].c': leaf}."""
+    if isinstance(value, dict):
+        return {
+            k: v for key, item in value.items() for k, v in _leaves(item, f"{where}.{key}" if where else key).items()
+        }
+    if isinstance(value, list):
+        return {k: v for i, item in enumerate(value) for k, v in _leaves(item, f"{where}[{i}]").items()}
+    return {where: value}
+
+
+def _table(path: Path) -> list[dict] | None:
+    try:
+        with open(path, newline="") as handle:
+            return list(csv.DictReader(handle))
+    except OSError:
+        return None
+
+
+def _summary(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return {k: v for k, v in data.items() if k != "run_config"} if isinstance(data, dict) else None
+
+
+ABSENT = "<absent>"
+
+
+def _values(name: str, old, new) -> dict[str, dict[str, tuple]]:
+    """metric -> {where: (committed value, new value)} for one file (rows of a CSV by position; summary.json keys
+    with list positions folded into one metric, e.g. ``tiers[].accuracy``)."""
+    out: dict[str, dict[str, tuple]] = {}
+    if name.endswith(".csv"):
+        for i in range(max(len(old), len(new))):
+            rows = [table[i] if i < len(table) else {} for table in (old, new)]
+            for column in dict.fromkeys([*rows[0], *rows[1]]):
+                out.setdefault(column, {})[f"row {i + 1}"] = tuple(row.get(column, ABSENT) for row in rows)
+    else:
+        leaves = [_leaves(side) for side in (old, new)]
+        for key in dict.fromkeys([*leaves[0], *leaves[1]]):
+            metric = re.sub(r"\[\d+\]", "[]", key)
+            out.setdefault(metric, {})[key] = tuple(side.get(key, ABSENT) for side in leaves)
+    return out
+
+
+def compare_run(committed: Path, new: Path, tolerance: float = 0.0) -> tuple[list[Finding], list[str]]:
+    """Per file and metric (CSV column, or summary.json key), how many values of the new run differ from the
+    committed run's; and the metrics only the new run has (recorded since, not compared). Time and memory
+    (``MEASURED``) and the run config are not compared."""
+    findings, added = [], []
+    for name in COMPARED_FILES:
+        read = _summary if name == "summary.json" else _table
+        old, now = read(committed / name), read(new / name)
+        if old is None and now is None:
+            continue
+        if old is None or now is None:
+            findings.append(Finding(name, "(file)", 1, 1, math.inf, f"missing in {committed if old is None else new}"))
+            continue
+        for metric, values in _values(name, old, now).items():
+            if MEASURED.search(metric.split(".")[-1]):
+                continue
+            if all(pair[0] == ABSENT for pair in values.values()):
+                added.append(f"{name} {metric}")
+                continue
+            finding = Finding(name, metric, len(values))
+            for where, (before, after) in values.items():
+                equal, difference = _same(before, after, tolerance)
+                if not equal:
+                    finding.differing += 1
+                    finding.largest = max(finding.largest, difference)
+                    finding.first = finding.first or f"{where}: {before} -> {after}"
+            findings.append(finding)
+    return findings, added
+
+
+def report_comparison(pairs: list[tuple[str, Path, Path]], tolerance: float, printer=print) -> bool:
+    """Compare (name, committed folder, new folder) pairs and print one line per run and one per differing metric;
+    True when every compared value is equal (within ``tolerance``)."""
+    rule = "bit-identical (tolerance 0)" if not tolerance else f"equal within {tolerance:g} (relative and absolute)"
+    printer(f"comparing {len(pairs)} runs, numbers {rule}; time and memory are not compared", flush=True)
+    all_equal = True
+    for name, committed, new in pairs:
+        findings, added = compare_run(committed, new, tolerance)
+        differing = [f for f in findings if not f.equal]
+        all_equal &= not differing and bool(findings)
+        values = sum(f.values for f in findings)
+        verdict = "EQUAL" if not differing and findings else "DIFFERS"
+        printer(f"{verdict:<7} {name}: {len(findings)} metrics, {values} values ({committed} vs {new})", flush=True)
+        if added:
+            printer(f"        not in the committed run, not compared: {', '.join(added)}", flush=True)
+        for f in findings:
+            if not f.equal:
+                printer(
+                    f"        {f.file} {f.metric}: {f.differing} of {f.values} differ, largest |diff| {f.largest:.3g};"
+                    f" first at {f.first}",
+                    flush=True,
+                )
+    printer("all equal" if all_equal else "some numbers differ", flush=True)
+    return all_equal
+
+
+def verify(
+    suite: Suite,
+    committed: Path,
+    out: Path,
+    tolerance: float = 0.0,
+    launch: Callable[[PlannedRun, float], str] | None = None,
+    printer=print,
+) -> bool:
+    """Train the suite's runs (usually a few seeds and methods of it) into the new folder OUT and compare their
+    numbers with the committed folder's runs of the same settings; True when all are equal."""
+    committed, out = Path(committed).resolve(), Path(out).resolve()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise SuiteMismatch(f"--out {out}: exists and is not empty; verify trains into a new (or empty) folder")
+    if is_committed(out):
+        raise SuiteMismatch(f"--out {out}: in the committed results; verify trains into a new folder outside them")
+    try:
+        references = plan(suite, committed)
+    except SuiteMismatch as error:
+        raise SuiteMismatch(f"--committed {committed}: {error}") from None
+    missing = [r for r in references if r.action != "reuse"]
+    if missing:
+        raise SuiteMismatch(
+            f"--committed {committed} has no finished run with these settings for: "
+            + ", ".join(run_key(r.label, r.cell, r.seed) for r in missing)
+        )
+    commits = sorted({(read_record(r.folder) or {}).get("commit", "unknown")[:7] for r in references})
+    commit, dirty = git_state()
+    printer(
+        f"committed runs made at commit {', '.join(commits)}; this tree: {commit[:7]}{' (modified)' if dirty else ''}",
+        flush=True,
+    )
+    result = run_suite(suite, out, launch=launch, printer=printer, plots=False)
+    if result["failed"]:
+        printer("some runs failed: nothing compared for them", flush=True)
+    done = [(old, new) for old, new in zip(references, result["runs"]) if new not in result["failed"]]
+    equal = report_comparison(
+        [(run_key(new.label, new.cell, new.seed), old.folder, new.folder) for old, new in done], tolerance, printer
+    )
+    return equal and not result["failed"]
+
+
+def run_folders(out: Path) -> dict[str, Path]:
+    """OUT's finished run folders by their place under OUT (runs/<label>[@cell]/seed<N>, or any folder with a
+    summary.json); interrupted copies are left out."""
+    return {
+        str(p.parent.relative_to(out)): p.parent
+        for p in sorted(Path(out).rglob("summary.json"))
+        if ".interrupted-" not in str(p) and p.parent != out
+    }
+
+
+def compare_folders(committed: Path, new: Path, tolerance: float = 0.0, printer=print) -> bool:
+    """Compare every run of NEW with the run at the same place under COMMITTED (for runs made by other tools, e.g.
+    experiments.fedtopo_inprocess)."""
+    new_runs, old_runs = run_folders(new), run_folders(committed)
+    unmatched = [place for place in new_runs if place not in old_runs]
+    if not new_runs or unmatched:
+        raise SuiteMismatch(
+            f"{new}: no run folders to compare" if not new_runs else f"no committed run for: {', '.join(unmatched)}"
+        )
+    return report_comparison([(place, old_runs[place], new_runs[place]) for place in new_runs], tolerance, printer)
+
+
+# -- the command line -----------------------------------------------------------------------------------------------
+def add_suite_options(command: argparse.ArgumentParser, committed_flag: bool = True) -> None:
+    """The options of running a suite (its file aside), shared by ``run``, ``plan``, ``verify`` and the wrapper
+    scripts."""
     command.add_argument(
         "--out",
         type=Path,
@@ -460,6 +837,12 @@ def add_suite_options(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--allow-mixed-commits", action="store_true", help="let one table hold runs made at different commits"
     )
+    if committed_flag:
+        command.add_argument(
+            "--into-committed",
+            action="store_true",
+            help="allow --out in experiments/results/ (updates the committed results)",
+        )
     command.add_argument(
         "--seeds", type=comma_list(int, "seeds"), help="seeds replacing the suite's, e.g. 0,1 (unset: the suite's)"
     )
@@ -483,16 +866,36 @@ def run_config_of(args: argparse.Namespace) -> dict:
     return dict(args.run_config or {})
 
 
+def add_tolerance_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.0,
+        help="numbers equal when within this, relative and absolute (default 0: bit-identical, which the same "
+        "code and seed give on CPU)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = tool_parser("experiments.runner", __doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, text in (
         ("run", "train what is missing, then write the tables"),
         ("plan", "print what would be reused, trained or refused; trains nothing"),
+        ("verify", "train the chosen runs into a new folder and compare their numbers with --committed's"),
     ):
         command = add_command(sub, name, text)
         command.add_argument("suite", type=Path, help="suite file, e.g. experiments/suites/smoke.toml")
-        add_suite_options(command)
+        add_suite_options(command, committed_flag=name != "verify")
+        if name == "verify":
+            command.add_argument(
+                "--committed", type=Path, required=True, help="the folder with the runs to compare against"
+            )
+            add_tolerance_option(command)
+    command = add_command(sub, "compare", "compare every run of NEW with the run at the same place under COMMITTED")
+    command.add_argument("committed", type=Path, help="folder of the reference runs, e.g. experiments/results/X")
+    command.add_argument("new", type=Path, help="folder of the new runs (same runs/<label>/seed<N> layout)")
+    add_tolerance_option(command)
     return parser
 
 
@@ -525,14 +928,24 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     parser = build_parser()
     args = parser.parse_args(argv)
-    overrides = run_config_of(args)
     try:
-        suite = load_suite(args.suite, args.seeds, args.methods, overrides)
+        if args.command == "compare":
+            return 0 if compare_folders(args.committed, args.new, args.tolerance) else 1
+        suite = load_suite(args.suite, args.seeds, args.methods, run_config_of(args))
         if args.command == "plan":
-            for run in plan(suite, args.out.resolve(), args.rerun_changed):
+            out = args.out.resolve()
+            runs = plan(suite, out, args.rerun_changed)
+            check_suite_folder(suite, runs, out)
+            for run in runs:
                 print(f"{run.action:<6} {run.name} seed={run.seed} -> {run.folder}")
+            if is_committed(out):
+                print("note: a committed results folder; `run` into it needs --into-committed")
             return 0
-        result = run_suite(suite, args.out, args.rerun_changed, args.allow_mixed_commits)
+        if args.command == "verify":
+            return 0 if verify(suite, args.committed, args.out, args.tolerance) else 1
+        result = run_suite(
+            suite, args.out, args.rerun_changed, args.allow_mixed_commits, into_committed=args.into_committed
+        )
     except (SuiteMismatch, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

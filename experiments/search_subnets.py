@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from fl_app.run.cli import print_json, tool_parser
+from fl_app.run.files import existing_output
 from fl_app.supernet.space import Subnet, SupernetConfig, count_costs, load_supernet_config
 from fl_app.supernet.subnets import CachedSubnet, random_subnet, write_cache
 
@@ -74,7 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = existing_output(args.out)
+    if problem:
+        parser.error(problem)
     cfg = load_supernet_config(args.supernet)
     entries = search(cfg, args.targets, args.seed)
     write_cache(args.out, entries)

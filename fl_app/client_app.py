@@ -9,7 +9,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fl_app.hetero_app import HETERO_METHODS, evaluate_hetero, train_hetero
-from fl_app.run.config import SUPERNET_METHODS, validate_run_config
+from fl_app.run.config import MACS_RANGE, SUPERNET_METHODS, validate_run_config
 from fl_app.supernet_app import train_feast
 
 app = ClientApp()
@@ -19,13 +19,21 @@ def node_partition(context: Context) -> tuple[int, int]:
     return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
 
 
+def declared_budget(value) -> float:
+    """The node config's ``budget-macs`` as a number the server can use; the server checks it against the
+    supernet's range (``Federation.client_budgets``) and fails the run before training when it is outside."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not MACS_RANGE(value):
+        raise ValueError(f"node-config budget-macs={value!r}: expected a number {MACS_RANGE.rule}")
+    return float(value)
+
+
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Tell the server which partition this node holds (and its budget, when the node config sets one)."""
     pid, num = node_partition(context)
     info = {"partition-id": pid, "num-partitions": num}
     if "budget-macs" in context.node_config:
-        info["budget-macs"] = float(context.node_config["budget-macs"])
+        info["budget-macs"] = declared_budget(context.node_config["budget-macs"])
     return Message(RecordDict({"config": ConfigRecord(info)}), reply_to=msg)
 
 

@@ -10,10 +10,13 @@ One function per step, usable from tests and scripts; the CLI wraps the same ste
     python -m fl_app.deploy supernode --superlink 127.0.0.1:9093 --ca deploy/certs/ca.crt \\
         --key deploy/keys/supernode-0 --partition-id 0 --num-partitions 2 --port 9094
     flwr run . deployment --stream
+    python -m fl_app.deploy results RUN_ID --connection deployment --out results/RUN_ID [--ssh user@superlink-host]
 
 `python -m fl_app.deploy recipe --dir deploy --nodes 2` prints the whole sequence as plain Flower commands.
 `superlink` and `supernode` replace the Python process with the Flower command (logs in the foreground, Ctrl-C
-stops it); `--print` only prints the command.
+stops it); `--print` only prints the command. `results` copies a finished run's output folder from the SuperLink's
+host (fl_app.deploy_results); certificates, keys and connections are written by fl_app.deploy_files (new folders
+0700, key sets all or nothing, config.toml edited in place).
 
 Key formats (Flower 1.42): the SuperLink's TLS files are PEM (CA certificate, server certificate, PKCS#8 key);
 SuperNode authentication keys are NIST elliptic-curve (P-384) keys, the private key in OpenSSH format and the
@@ -29,23 +32,22 @@ import json
 import os
 import re
 import shlex
-import signal
 import socket
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 
-import tomli_w
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from fl_app.run.cli import add_command, comma_list, tool_parser
+from fl_app.deploy_files import install_file_set, make_private_dir, refuse_existing, write_connection
+from fl_app.deploy_results import DEFAULT_RUNS, fetch_results
+from fl_app.run.cli import add_command, comma_list, print_json, tool_parser
 from fl_app.run.config import MACS_RANGE, parse_macs_list
-from fl_app.run.files import write_new_file
+from fl_app.run.processes import related_pids, terminate
 
 CA_CERT, CA_KEY, SERVER_CERT, SERVER_KEY = "ca.crt", "ca.key", "server.pem", "server.key"
 DEFAULT_SUPERLINK_PORT = 9093
@@ -53,6 +55,7 @@ DEFAULT_SUPERNODE_PORT = 9094
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 MAX_CERT_DAYS = 3650  # certificate lifetime in days: at least one, at most ten years
 PRIVATE, PUBLIC = 0o600, 0o644
+LOG_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 INSECURE_REMOTE_FLAG = "--insecure-allow-remote"
 
@@ -108,23 +111,6 @@ def _split_address(address: str) -> str:
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
-def _refuse_existing(paths, force: bool) -> None:
-    """Refuse to replace existing keys or certificates unless ``force``: one set is written whole or not at all (an
-    old CA beside a new server key would not match)."""
-    existing = [str(path) for path in paths if os.path.lexists(path)]
-    if existing and not force:
-        raise FileExistsError(
-            f"{', '.join(existing)} already exist(s) and are kept; pass --force (force=True) to "
-            "replace them (certificates and keys made or registered before then stop working)"
-        )
-
-
-def _write_all_new(files: dict[Path, tuple[bytes, int]], force: bool) -> None:
-    _refuse_existing(files, force)
-    for path, (data, mode) in files.items():
-        write_new_file(path, data, mode, replace=force)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # 1. TLS certificates for the SuperLink
 # ---------------------------------------------------------------------------------------------------------------
@@ -154,9 +140,8 @@ def make_certs(
     if not (isinstance(days, int) and 1 <= days <= MAX_CERT_DAYS):
         raise ValueError(f"--days {days!r}: a certificate lifetime in whole days in [1, {MAX_CERT_DAYS}]")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     paths = {"ca": out / CA_CERT, "cert": out / SERVER_CERT, "key": out / SERVER_KEY}
-    _refuse_existing([out / CA_KEY, *paths.values()], force)  # before any key is generated
+    refuse_existing([out / CA_KEY, *paths.values()], force)  # before any key is generated
     now = datetime.datetime.now(datetime.UTC)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
 
@@ -211,12 +196,13 @@ def make_certs(
         .sign(ca_key, hashes.SHA256())
     )
 
-    _write_all_new(
+    install_file_set(  # all four or none: a failure midway leaves the previous set as it was
+        out,
         {
-            out / CA_KEY: (_key_bytes(ca_key), PRIVATE),
-            paths["key"]: (_key_bytes(server_key), PRIVATE),
-            paths["ca"]: (ca_cert.public_bytes(serialization.Encoding.PEM), PUBLIC),
-            paths["cert"]: (server_cert.public_bytes(serialization.Encoding.PEM), PUBLIC),
+            CA_KEY: (_key_bytes(ca_key), PRIVATE),
+            SERVER_KEY: (_key_bytes(server_key), PRIVATE),
+            CA_CERT: (ca_cert.public_bytes(serialization.Encoding.PEM), PUBLIC),
+            SERVER_CERT: (server_cert.public_bytes(serialization.Encoding.PEM), PUBLIC),
         },
         force,
     )
@@ -226,46 +212,45 @@ def make_certs(
 # ---------------------------------------------------------------------------------------------------------------
 # 2. SuperNode authentication keys
 # ---------------------------------------------------------------------------------------------------------------
+def _node_key_files(name: str) -> dict[str, tuple[bytes, int]]:
+    """A fresh EC P-384 key pair: the private key in OpenSSH format (mode 0600) and its public key line."""
+    key = ec.generate_private_key(ec.SECP384R1())
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + b"\n"
+    return {name: (private, PRIVATE), f"{name}.pub": (public, PUBLIC)}
+
+
 def make_node_key(private_path: str | Path, force: bool = False) -> tuple[Path, Path]:
     """One SuperNode key pair: an EC P-384 private key in OpenSSH format at `private_path` (mode 0600) and its public
     key (`ecdsa-sha2-nistp384 ...`) at `private_path`.pub. Existing files are refused unless `force`.
     Returns (private, public)."""
     private_path = Path(private_path)
     public_path = private_path.with_name(private_path.name + ".pub")
-    _refuse_existing([private_path, public_path], force)
-    private_path.parent.mkdir(parents=True, exist_ok=True)
-    key = ec.generate_private_key(ec.SECP384R1())
-    _write_all_new(
-        {
-            private_path: (
-                key.private_bytes(
-                    serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
-                ),
-                PRIVATE,
-            ),
-            public_path: (
-                key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-                + b"\n",
-                PUBLIC,
-            ),
-        },
-        force,
-    )
+    refuse_existing([private_path, public_path], force)
+    install_file_set(private_path.parent, _node_key_files(private_path.name), force)
     return private_path, public_path
 
 
 def make_node_keys(
     out_dir: str | Path, nodes: int, prefix: str = "supernode", start: int = 0, force: bool = False
 ) -> list[tuple[Path, Path]]:
-    """`nodes` key pairs named <prefix>-<i> / <prefix>-<i>.pub, i = start .. start+nodes-1 (i = partition id)."""
+    """`nodes` key pairs named <prefix>-<i> / <prefix>-<i>.pub, i = start .. start+nodes-1 (i = partition id),
+    written as one set: all pairs or none."""
     if nodes < 1 or start < 0 or not re.fullmatch(r"[A-Za-z0-9_.-]+", prefix) or prefix.startswith("."):
         raise ValueError(
             f"--nodes {nodes}, --start {start}, --prefix {prefix!r}: need nodes >= 1, start >= 0 and a "
             "file-name prefix of letters, digits, '_', '.' and '-' (not starting with '.')"
         )
-    paths = [Path(out_dir) / f"{prefix}-{i}" for i in range(start, start + nodes)]
-    _refuse_existing([q for p in paths for q in (p, p.with_name(p.name + ".pub"))], force)  # all or nothing
-    return [make_node_key(path, force) for path in paths]
+    out = Path(out_dir)
+    names = [f"{prefix}-{i}" for i in range(start, start + nodes)]
+    refuse_existing([out / n for name in names for n in (name, f"{name}.pub")], force)  # before any key is made
+    files = {}
+    for name in names:
+        files.update(_node_key_files(name))
+    install_file_set(out, files, force)
+    return [(out / name, out / f"{name}.pub") for name in names]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -321,10 +306,12 @@ def flower_env(flwr_home: str | Path | None = None, base: dict | None = None) ->
 def start_process(
     command: list[str], log_file: str | Path, env: dict | None = None, cwd: str | Path | None = None
 ) -> subprocess.Popen:
-    """Start a Flower process in its own session (stop it with `stop_processes`), output to `log_file`."""
+    """Start a Flower process in its own session (stop it with `stop_processes`), output appended to `log_file`
+    (created 0600 in a folder created 0700; a symlink at its name is refused, not followed)."""
     log_file = Path(log_file)
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "ab") as log:  # the child keeps its own copy of the descriptor
+    make_private_dir(log_file.parent)
+    fd = os.open(log_file, LOG_FLAGS, PRIVATE)
+    with os.fdopen(fd, "ab") as log:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
             command,
             stdout=log,
@@ -347,8 +334,7 @@ def start_superlink(
 ) -> subprocess.Popen:
     """Start the SuperLink (log in `state_dir`/superlink.log) and return its Popen."""
     command = superlink_command(state_dir, certs_dir, port, host, insecure, allow_remote_insecure)
-    state_dir = Path(state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir = make_private_dir(state_dir)
     return start_process(command, state_dir / "superlink.log", env=env, cwd=state_dir)
 
 
@@ -367,40 +353,8 @@ def wait_for_port(host: str, port: int, timeout: float = 60.0, proc: subprocess.
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 4. The `flwr` CLI's connection to the SuperLink ($FLWR_HOME/config.toml)
+# 4. The `flwr` CLI: its connection to the SuperLink (`write_connection`, in fl_app.deploy_files) and its commands
 # ---------------------------------------------------------------------------------------------------------------
-def write_connection(
-    flwr_home: str | Path,
-    name: str,
-    address: str,
-    root_certificates: str | Path | None = None,
-    insecure: bool = False,
-    default: bool = False,
-) -> Path:
-    """Add/replace `[superlink.<name>]` in $FLWR_HOME/config.toml (address, absolute root-certificates path, or
-    `insecure = true` for a local test). `flwr run . <name>`, `flwr ls <name>`, `flwr supernode ... <name>` and
-    `flwr stop <run-id> <name>` then use it; `default=True` makes it the connection used when none is named."""
-    path = Path(flwr_home) / "config.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    config = tomllib.loads(path.read_text()) if path.exists() else {}
-    superlink = config.setdefault("superlink", {})
-    if "local" not in superlink:  # what `flwr` itself writes into a fresh config.toml
-        superlink.setdefault("default", "local")
-        superlink["local"] = {"address": ":local:"}
-    entry: dict = {"address": address}
-    if insecure:
-        entry["insecure"] = True
-    else:
-        if root_certificates is None:
-            raise ValueError("a TLS connection needs root_certificates (the CA certificate)")
-        entry["root-certificates"] = str(Path(root_certificates).resolve())
-    superlink[name] = entry
-    if default:
-        superlink["default"] = name
-    path.write_text(tomli_w.dumps(config))
-    return path
-
-
 def flwr_cli(args: list[str], env: dict | None = None, timeout: float = 120.0) -> subprocess.CompletedProcess:
     """Run `flwr <args>` and return the completed process (text output)."""
     return subprocess.run(
@@ -530,43 +484,6 @@ def start_supernode(
 # ---------------------------------------------------------------------------------------------------------------
 # 7. Stopping everything
 # ---------------------------------------------------------------------------------------------------------------
-def _proc_table() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, command line) for all processes (Linux /proc)."""
-    table = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (entry / "stat").read_text()
-            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            table[int(entry.name)] = (ppid, cmdline)
-        except (OSError, ValueError, IndexError):
-            continue
-    return table
-
-
-def related_pids(roots: list[int], markers: tuple[str, ...] = ()) -> set[int]:
-    """`roots`, all their descendants, and any process whose command line contains one of `markers` (e.g. the
-    SuperLink's address: detached SuperExec/ServerApp processes name it) and its descendants."""
-    table = _proc_table()
-    found = {pid for pid in roots if pid in table}
-    patterns = [re.compile(re.escape(m) + r"(?![\w.-])") for m in markers]  # 127.0.0.1:80 is not :8080
-    found |= {
-        pid
-        for pid, (_, cmd) in table.items()
-        if ("flwr" in cmd or "flower" in cmd) and any(pt.search(cmd) for pt in patterns)
-    }
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    stack = list(found)
-    while stack:
-        for child in children.get(stack.pop(), []):
-            if child not in found:
-                found.add(child)
-                stack.append(child)
-    return found - {os.getpid()}
-
-
 def stop_processes(procs: list[subprocess.Popen], markers: tuple[str, ...] = (), timeout: float = 15.0) -> None:
     """Stop `procs`, everything they spawned (Flower detaches SuperExec, ServerApp and ClientApp processes into
     their own sessions) and Flower processes whose command line names one of `markers` (e.g. "127.0.0.1:9093":
@@ -574,56 +491,23 @@ def stop_processes(procs: list[subprocess.Popen], markers: tuple[str, ...] = (),
     sign off while their SuperLink still runs: one killed hard stays "online" on the SuperLink for up to two
     heartbeat intervals, ~60 s, and is refused if restarted in that time), then whatever still names a marker.
     SIGTERM to each process and its group, SIGKILL after `timeout`; never this process or its group."""
+
+    def reap() -> None:
+        for p in procs:
+            p.poll()
+
     roots = [p.pid for p in procs if p.poll() is None]
-    _terminate(related_pids(roots, markers) - set(roots), groups=False, timeout=min(timeout, 5.0), procs=procs)
+    terminate(related_pids(roots, markers) - set(roots), groups=False, timeout=min(timeout, 5.0), reap=reap)
     for p in reversed(procs):
         if p.poll() is None:
-            _terminate(related_pids([p.pid]) | {p.pid}, groups=True, timeout=timeout, procs=procs)
+            terminate(related_pids([p.pid]) | {p.pid}, groups=True, timeout=timeout, reap=reap)
     if markers:
-        _terminate(related_pids([], markers), groups=True, timeout=timeout, procs=procs)
+        terminate(related_pids([], markers), groups=True, timeout=timeout, reap=reap)
     for p in procs:
         try:
             p.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             pass
-
-
-def _terminate(pids: set[int], groups: bool, timeout: float, procs: list[subprocess.Popen]) -> None:
-    own_group = os.getpgrp()
-    pgids = set()
-    if groups:
-        for pid in pids:
-            try:
-                pgids.add(os.getpgid(pid))
-            except ProcessLookupError:
-                pass
-    pgids.discard(own_group)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for group in pgids:
-            try:
-                os.killpg(group, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for p in procs:
-                p.poll()  # reap our own children
-            if all(_is_zombie(pid) for pid in pids):
-                return
-            time.sleep(0.2)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat[stat.rindex(")") + 2] == "Z"
-    except (OSError, ValueError, IndexError):
-        return True
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -658,7 +542,7 @@ def recipe(
     if insecure_local_test:
         lines += [
             "# LOCAL TEST ONLY: no TLS, no SuperNode authentication",
-            q(["mkdir", "-p", str(d / "insecure-superlink")]),
+            q(["mkdir", "-p", "-m", "700", str(d / "insecure-superlink")]),
             q(
                 superlink_command(
                     d / "insecure-superlink",
@@ -689,7 +573,7 @@ def recipe(
     lines += [
         f"{me} {q(['certs', '--out', str(d / 'certs'), *host_option])}",
         f"{me} {q(['keys', '--out', str(d / 'keys'), '--nodes', str(nodes)])}",
-        q(["mkdir", "-p", str(d / "superlink")]),
+        q(["mkdir", "-p", "-m", "700", str(d / "superlink")]),
         q(superlink_command(d / "superlink", d / "certs", superlink_port, superlink_host)) + " &",
         f"{me} "
         + q(["connection", connection, "--address", address, "--root-certificates", str(d / "certs" / CA_CERT)]),
@@ -799,6 +683,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(INSECURE_REMOTE_FLAG, action="store_true", help=INSECURE_REMOTE_HELP)
     p.add_argument("--print", action="store_true", help="only print the command")
 
+    p = add_command(sub, "results", "copy a finished run's output folder from the SuperLink's host")
+    p.add_argument("run_id", help="the run id `flwr run` printed")
+    p.add_argument("--connection", required=True, help="connection name the run was started on (flwr run . NAME)")
+    p.add_argument("--out", required=True, help="new local folder for the run's files")
+    p.add_argument(
+        "--runs",
+        type=comma_list(str, "folders"),
+        default=list(DEFAULT_RUNS),
+        help="folders on the SuperLink's host that hold run folders (the parent of the run's output-dir), "
+        "comma-separated; a run folder itself works too",
+    )
+    p.add_argument("--ssh", help="[USER@]HOST of the SuperLink, reached with ssh (unset: this machine)")
+
     p = add_command(sub, "recipe", "print the whole sequence of commands")
     p.add_argument("--dir", default="deploy", help="folder the printed commands put certificates, keys and state in")
     p.add_argument("--nodes", type=int, default=2, help="number of SuperNodes")
@@ -820,6 +717,9 @@ def main(argv: list[str] | None = None) -> None:
         _run_step(parser, args)
     except (ValueError, FileExistsError) as error:  # bad input: the message, not a traceback
         parser.error(str(error))
+    except RuntimeError as error:  # a command it ran failed: its message, not a traceback
+        print(f"{parser.prog}: {error}", file=sys.stderr)
+        sys.exit(1)
 
 
 def _run_step(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -835,7 +735,7 @@ def _run_step(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         command = superlink_command(
             args.state, args.certs, args.port, args.host, args.insecure_local_test, args.insecure_allow_remote
         )
-        Path(args.state).mkdir(parents=True, exist_ok=True)
+        make_private_dir(args.state)
         _exec_or_print(command, args.print)
     elif args.step == "connection":
         if not args.insecure and not args.root_certificates:
@@ -866,6 +766,9 @@ def _run_step(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
             ),
             args.print,
         )
+    elif args.step == "results":
+        fetched = fetch_results(args.run_id, args.connection, args.out, args.runs, args.ssh)
+        print_json(fetched, [fetched], ["run_id", "status", "folder", "out"])
     elif args.step == "recipe":
         budgets = None
         if args.budgets:

@@ -8,33 +8,50 @@ best validation accuracy under the budget; ``--from-cache`` takes the largest ca
 the chosen subnet's BatchNorm is recalibrated on the run's calibration split, and only then is the test split read,
 once, for the report. Saves a standalone model (``ElasticResNet.load_standalone(path)``, or plain ``torch.load``)
 and prints JSON ``{macs, params, val_accuracy, accuracy, arch, source, candidates, out}``. ``--out`` must be a new
-file: the command never overwrites anything (its checkpoint included).
+file: the command never overwrites anything (its checkpoint included) and never writes through a symlink.
+``--checkpoint`` must be a run's final ``supernet.pt`` with its integrity record (content hash): a damaged, truncated
+or unverified file, or a file of another kind (a round ``checkpoint.pt``), is refused naming the file.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
-import torch
-
-from fl_app.run.checkpoint import INTEGRITY, load_verified
+from fl_app.run.checkpoint import load_verified
 from fl_app.run.cli import print_json, tool_parser
 from fl_app.run.config import validate_run_config
+from fl_app.run.files import existing_output, write_new_file
 from fl_app.supernet.evaluation import accuracy, extract_subnet, recalibrate_bn
 from fl_app.supernet.federation import dataset_for, server_splits
 from fl_app.supernet.search import ValidationScorer, evolutionary_search
 from fl_app.supernet.space import SupernetConfig, count_costs
 from fl_app.supernet.subnets import SubnetCache
 
+# what each kind of verified file of this app holds: the final supernet is read, the others are named in the error
+SUPERNET_KEYS = ("supernet", "state_dict", "run_config")
+OTHER_KINDS = {
+    "global_state": "a round checkpoint (checkpoint.pt) of a supernet run",
+    "strategy": "a round checkpoint (checkpoint.pt) of a model-heterogeneous run",
+    "model": "a FedTopo-family client model file",
+}
+
 
 def load_trained(checkpoint: Path) -> tuple[dict, object, SupernetConfig]:
-    """(checkpoint blob, its run config, its supernet config) of a run's ``supernet.pt``."""
-    blob = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    if INTEGRITY in blob:  # written with a content hash: a damaged or altered file is refused
-        blob = load_verified(checkpoint)
-    return blob, validate_run_config(blob["run_config"]), SupernetConfig.from_dict(blob["supernet"])
+    """(checkpoint blob, its run config, its supernet config) of a run's ``supernet.pt``. Only a verified file is
+    read (``load_verified``: integrity record and content hash); anything else raises ``ValueError`` naming it."""
+    blob = load_verified(checkpoint, what=f"--checkpoint {checkpoint}")
+    missing = [key for key in SUPERNET_KEYS if key not in blob]
+    if missing:
+        kind = next((name for key, name in OTHER_KINDS.items() if key in blob), "not a trained supernet")
+        raise ValueError(
+            f"--checkpoint {checkpoint}: {kind}, not the final supernet.pt of a run (it lacks {missing}); "
+            "extract from the supernet.pt a finished run wrote"
+        )
+    try:
+        return blob, validate_run_config(blob["run_config"]), SupernetConfig.from_dict(blob["supernet"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"--checkpoint {checkpoint}: its run config or supernet config is unusable: {error}") from None
 
 
 def choose(
@@ -74,9 +91,7 @@ def refuse_to_overwrite(out: Path, checkpoint: Path) -> str | None:
     """Why writing ``out`` would destroy something (None when it is a new file)."""
     if out.resolve() == checkpoint.resolve():
         return f"--out {out} is the checkpoint itself"
-    if out.exists():
-        return f"--out {out} already exists; choose a new file (nothing is ever overwritten)"
-    return None
+    return existing_output(out)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,7 +128,10 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(problem)
     if args.population < 2 or args.generations < 1:
         parser.error("--population must be >= 2 and --generations >= 1")
-    blob, run, cfg = load_trained(args.checkpoint)
+    try:
+        blob, run, cfg = load_trained(args.checkpoint)
+    except ValueError as error:
+        parser.error(str(error))
     cache = SubnetCache.load(cfg, args.subnet_cache or run.subnet_cache)
     smallest = cache.min_macs if args.from_cache else count_costs(cfg, cfg.min_subnet())[0]
     if args.macs < smallest:
@@ -141,12 +159,10 @@ def main(argv: list[str] | None = None) -> dict:
         "out": str(args.out),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    partial = args.out.with_name(args.out.name + ".partial")
-    model.save_standalone(partial)
-    if args.out.exists():  # appeared while we worked: keep it
-        partial.unlink()
+    try:  # a fresh temporary file linked into place: fails, writing nothing, if --out appeared while we worked
+        write_new_file(args.out, model.save_standalone, mode=None)
+    except FileExistsError:
         parser.error(f"--out {args.out} appeared meanwhile; nothing written")
-    os.replace(partial, args.out)
     print_json(result, [{k: result[k] for k in ("macs", "params", "val_accuracy", "accuracy", "source", "out")}])
     return result
 

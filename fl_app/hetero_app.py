@@ -10,6 +10,7 @@ its model between rounds in its node's ``context.state`` (in simulation and in a
 from __future__ import annotations
 
 import math
+import secrets
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -205,6 +206,9 @@ def client_data(run: RunConfig, pid: int, num_partitions: int) -> tuple[ImageDat
 # -- client --------------------------------------------------------------------------------------------------------
 MODEL_STATE = "hetero-model"  # the ArrayRecord in context.state that holds a client's model between rounds
 MODELS_DIR = "client-models"  # where clients keep model files for a resume (see ``client_model_dirs``)
+# config keys: the run's token (names its model files' folder in a state-dir and is recorded in each file), and the
+# token of the run a resume continues ('' for a checkpoint written before runs had one)
+RUN_TOKEN, RESUME_TOKEN = "run-token", "resume-run-token"
 
 
 def hetero_fingerprint(run: RunConfig, num_clients: int) -> dict:
@@ -220,12 +224,22 @@ def hetero_fingerprint(run: RunConfig, num_clients: int) -> dict:
     )
 
 
+def run_folder(state_dir: str, token: str) -> str:
+    """The folder of one run's model files in a node's ``state-dir``: every run keeps its own (named by the run
+    token, which a resumed run takes over from its checkpoint), so runs sharing a node never replace each other's
+    files. No token (a checkpoint written before runs had one): the ``state-dir`` itself."""
+    return str(Path(state_dir) / f"run-{token}") if token else state_dir
+
+
 def client_model_dirs(config, node_config) -> tuple[str, str]:
     """(folder to save this client's model files in, folder to resume them from); '' = none. A node's own
     ``state-dir`` (node config: a deployment, where only the node can reach its disk) wins over the folders the
-    server names (``client-models-dir`` / ``resume-models-dir``: simulation, one filesystem)."""
+    server names (``client-models-dir`` / ``resume-models-dir``: simulation, one filesystem, inside the run's own
+    output folder); in a ``state-dir`` each run has its own folder (``run_folder``)."""
     own = str(node_config.get("state-dir", ""))
-    return own or str(config.get("client-models-dir", "")), own or str(config.get("resume-models-dir", ""))
+    if own:
+        return run_folder(own, str(config.get(RUN_TOKEN, ""))), run_folder(own, str(config.get(RESUME_TOKEN, "")))
+    return str(config.get("client-models-dir", "")), str(config.get("resume-models-dir", ""))
 
 
 def _model_file(folder: str, pid: int, server_round: int) -> Path:
@@ -240,19 +254,24 @@ def _saved_rounds(folder: str, pid: int) -> list[int]:
     )
 
 
-def save_model_file(run: RunConfig, pid: int, num: int, model, folder: str, server_round: int) -> None:
-    """The client's model after ``server_round`` as a verified file; files no checkpoint can need any more are
-    removed (the newest one at or before the last checkpoint round before this one is kept, and all later)."""
+def save_model_file(run: RunConfig, pid: int, num: int, model, folder: str, server_round: int, token: str = "") -> None:
+    """The client's model after ``server_round`` as a verified file recording the run ``token``; files no checkpoint
+    can need any more are removed (the newest one at or before the last checkpoint round before this one is kept,
+    and all later). A file there for the same round is replaced only when it is this run's (its token; a resumed
+    run training that round again), never another run's."""
     Path(folder).mkdir(parents=True, exist_ok=True)
+    if Path(folder).is_symlink():
+        raise ValueError(f"{folder}: a symlink where this run keeps its model files; nothing is written through it")
     save_verified(
         _model_file(folder, pid, server_round),
         {
             "round": server_round,
             "run_config": run.to_dict(),
+            "run_token": token,
             "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
         },
         hetero_fingerprint(run, num),
-        replace_if=lambda old: old.get("round") == server_round,
+        replace_if=lambda old: old.get("round") == server_round and old.get("run_token", "") == token,
     )
     every = run["checkpoint-every"]
     last_checkpoint = (server_round - 1) // every * every if every else server_round - 1
@@ -262,17 +281,23 @@ def save_model_file(run: RunConfig, pid: int, num: int, model, folder: str, serv
             _model_file(folder, pid, r).unlink(missing_ok=True)
 
 
-def restore_model_file(run: RunConfig, pid: int, num: int, model, folder: str, resume_round: int) -> bool:
+def restore_model_file(
+    run: RunConfig, pid: int, num: int, model, folder: str, resume_round: int, token: str = ""
+) -> bool:
     """Load this client's newest model file from a round <= ``resume_round`` (the checkpoint being resumed);
-    False when there is none (the client never trained before it). A damaged file or one of another run or model
-    raises (``ValueError`` naming it): a resume never silently continues from the wrong model."""
+    False when there is none (the client never trained before it). A damaged file or one of another run (run
+    config, or run ``token`` when the checkpoint has one) or model raises (``ValueError`` naming it): a resume never
+    silently continues from the wrong model."""
     rounds = [r for r in _saved_rounds(folder, pid) if r <= resume_round] if folder else []
     if not rounds:
         return False
-    blob = load_verified(_model_file(folder, pid, rounds[-1]), hetero_fingerprint(run, num))
+    path = _model_file(folder, pid, rounds[-1])
+    blob = load_verified(path, hetero_fingerprint(run, num))
     differing = run_config_differences(blob["run_config"], run.to_dict())
     if differing:
-        raise ValueError(f"{_model_file(folder, pid, rounds[-1])}: saved by a run with other {differing}")
+        raise ValueError(f"{path}: saved by a run with other {differing}")
+    if token and blob.get("run_token") != token:
+        raise ValueError(f"{path}: saved by another run (run token {blob.get('run_token')!r}, resuming {token!r})")
     model.load_state_dict(blob["model"])
     return True
 
@@ -288,7 +313,8 @@ def load_client_model(run: RunConfig, pid: int, state: RecordDict, num: int = 0,
         model.load_state_dict(state.array_records[MODEL_STATE].to_torch_state_dict())
     elif config is not None and "resume-round" in config:
         _, resume_dir = client_model_dirs(config, node_config or {})
-        if restore_model_file(run, pid, num, model, resume_dir, int(config["resume-round"])):
+        token = str(config.get(RESUME_TOKEN, ""))
+        if restore_model_file(run, pid, num, model, resume_dir, int(config["resume-round"]), token):
             save_client_model(model, state)
     return model.to(preferred_device())
 
@@ -337,7 +363,7 @@ def train_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Cont
     save_client_model(model, context.state)
     save_dir, _ = client_model_dirs(config, context.node_config)
     if save_dir:
-        save_model_file(run, pid, num, model, save_dir, server_round)
+        save_model_file(run, pid, num, model, save_dir, server_round, str(config.get(RUN_TOKEN, "")))
     return Message(
         RecordDict(
             {
@@ -365,9 +391,16 @@ def hetero_train_costs(run: RunConfig, pid: int, image_shape: tuple[int, ...], s
 
 
 # -- server --------------------------------------------------------------------------------------------------------
+def _class_counts(run: RunConfig, rows: np.ndarray) -> np.ndarray:
+    """Per-class counts of these training-set rows (what a client of that split reports as its counts)."""
+    train, _ = load_dataset(run["dataset"], run["data-source"], run["data-path"])
+    return np.bincount(train.labels.numpy()[rows], minlength=_num_classes(run)).astype(np.float32)
+
+
 def build_strategy(run: RunConfig, node_of_partition: dict[int, int]):
     """The method's strategy. The server derives every client's split from the seed as the clients do, so it knows
-    the size of each training and test split and holds replies to them."""
+    the size and per-class counts of each training split and the size of each test split, and holds replies to
+    them."""
     if run["method"] not in HETERO_METHOD_TABLE:
         raise ValueError(f"method='{run['method']}': allowed model-heterogeneous methods are {list(HETERO_METHODS)}")
     method = HETERO_METHOD_TABLE[run["method"]]
@@ -379,6 +412,7 @@ def build_strategy(run: RunConfig, node_of_partition: dict[int, int]):
         feature_dim=run["feature-dim"],
         train_size_of_partition={pid: len(rows[pid][0]) for pid in node_of_partition},
         test_size_of_partition={pid: len(rows[pid][1]) for pid in node_of_partition},
+        train_counts_of_partition={pid: _class_counts(run, rows[pid][0]) for pid in node_of_partition},
     )
     return method.strategy(node_of_partition, _num_classes(run), **method.strategy_options(run), **common)
 
@@ -417,17 +451,19 @@ def hetero_summary(run: RunConfig, strategy, num_clients: int, seconds: float, e
 
 
 def write_hetero_checkpoint(out_dir: Path, server_round: int, run: RunConfig, strategy, num_clients: int) -> Path:
+    path = out_dir / CHECKPOINT_FILE
     return save_verified(
-        out_dir / CHECKPOINT_FILE,
+        path,
         {
             "round": server_round,
             "run_config": run.to_dict(),
+            "run_token": strategy.client_config[RUN_TOKEN],
             "num_clients": num_clients,
             "strategy": strategy.checkpoint_state(),
             "rng": capture_rng(),
         },
         hetero_fingerprint(run, num_clients),
-        replace_if=same_run_earlier_round(run, server_round),
+        replace_if=same_run_earlier_round(run, server_round, path),
     )
 
 
@@ -457,6 +493,9 @@ def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
         num_examples={pid: len(rows[pid][0]) for pid in node_of_partition},
     )
     first_round = 1
+    # the run's identity for its clients' model files: new for a new run, the checkpoint's for a resumed one
+    token = str(resumed[1].get("run_token", "")) if resumed is not None else ""
+    strategy.client_config[RUN_TOKEN] = token or secrets.token_hex(8)
     if run["checkpoint-every"]:
         strategy.client_config["client-models-dir"] = str(out_dir / MODELS_DIR)
     if resumed is not None:
@@ -464,17 +503,20 @@ def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
         folder = path.parent
         strategy.restore_state(blob["strategy"])
         first_round = blob["round"] + 1
-        strategy.client_config.update({"resume-models-dir": str(folder / MODELS_DIR), "resume-round": blob["round"]})
+        strategy.client_config.update(
+            {"resume-models-dir": str(folder / MODELS_DIR), "resume-round": blob["round"], RESUME_TOKEN: token}
+        )
         log(INFO, "Resuming from %s at round %d", folder, first_round)
     log(
         INFO,
-        "%s on %s: %d clients (%s family), Dirichlet α=%s, output %s",
+        "%s on %s: %d clients (%s family), Dirichlet α=%s, output %s, run token %s",
         run["method"],
         run["dataset"],
         num_clients,
         run["model-family"],
         run["dirichlet-alpha"],
         out_dir,
+        strategy.client_config[RUN_TOKEN],
     )
 
     def round_done(server_round: int) -> None:

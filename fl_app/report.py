@@ -2,39 +2,50 @@
 
     python -m fl_app.report ~/fl_app_runs/*
     python -m fl_app.report /tmp/smoke --reference feast --out /tmp/smoke/report --plots
+    python -m fl_app.report RUN_FOLDER --clients --out DIR      # each client's labels and budget (reads the data)
     python -m fl_app.report --update-readme README.md docs/*.md $(find experiments -name README.md)
 
 Runs that share everything but the seed are one row: the mean over seeds with its 95% t-interval. With
 ``--reference LABEL`` every other row also gets the paired difference against that label over the seeds both ran.
 Each row names the commit(s) its runs were made at; a table of runs from different commits is refused unless
-``--allow-mixed-commits`` is given.
+``--allow-mixed-commits`` is given. A quantity a run did not record (e.g. client seconds that are all zero) gets no
+table and no plot.
 
 Accuracy is the population-weighted accuracy for the supernet methods (each client scored with a tier it can afford,
 see the run-config key ``population-tier``) and the mean client accuracy for the model-heterogeneous ones (each
 client's own model on its own test split).
+
+Every file read is checked: a malformed field (``completed`` not a boolean, a summary that is not an object, a
+metrics.csv without its columns, text where a number belongs) is an error that names the file, not a count. Files
+are written through ``fl_app.run.files.replace_file``: a symlink at an output name is refused, never written through.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
+import io
 import json
 import math
+import os
 import re
 import sys
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
+
 from fl_app.run.cli import tool_parser
 from fl_app.run.config import KEYS
-from fl_app.run.outputs import write_csv
+from fl_app.run.files import replace_file
 from fl_app.run.stats import Estimate, format_estimate, mean_ci, paired_difference, value_at_budget
 
 # summary key of the headline accuracy, in order of preference
 ACCURACY_KEYS = ("population_weighted_accuracy", "mean_client_accuracy")
 # run-config keys that do not change what a run computes: ignored when grouping runs into rows
 NOT_GROUPED = ("seed", "output-dir", "checkpoint-every", "round-timeout", "resume-from")
+# the files write_tables writes, by table
+TABLE_FILES = {"accuracy": "table.csv", "paired": "paired.csv", "tiers": "tiers.csv", "rounds": "rounds.csv"}
+TABLE_FILES["compute"] = "compute.csv"
 
 
 def settings(run_config: dict) -> dict:
@@ -49,13 +60,147 @@ class MixedCommits(ValueError):
     pass
 
 
+class ReportError(ValueError):
+    """A file of a run folder that cannot be read as the app writes it; the message names the file."""
+
+
+# -- checking what is read -----------------------------------------------------------------------------------------
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# kind -> (test, what is allowed); a table beats an if-chain
+KINDS = {
+    "boolean": (lambda v: isinstance(v, bool), "true or false"),
+    "text": (lambda v: isinstance(v, str), "a string"),
+    "object": (lambda v: isinstance(v, dict), "a JSON object"),
+    "whole": (lambda v: isinstance(v, int) and not isinstance(v, bool), "a whole number"),
+    "count": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a whole number >= 0"),
+    "amount": (lambda v: _is_number(v) and math.isfinite(v) and v >= 0, "a finite number >= 0"),
+    "fraction": (lambda v: v is None or (_is_number(v) and 0 <= v <= 1), "a number in [0, 1] or null"),
+    "tiers": (
+        lambda v: (
+            isinstance(v, list)
+            and all(
+                isinstance(t, dict)
+                and _is_number(t.get("macs"))
+                and math.isfinite(t["macs"])
+                and t["macs"] > 0
+                and _is_number(t.get("accuracy"))
+                and 0 <= t["accuracy"] <= 1
+                for t in v
+            )
+        ),
+        "a list of objects with 'macs' (a number > 0) and 'accuracy' (a number in [0, 1])",
+    ),
+}
+# the fields the report reads, each checked where present (a hand-started run may lack run.json and some keys)
+SUMMARY_FIELDS = {
+    "completed": "boolean",
+    "method": "text",
+    "dataset": "text",
+    "seed": "whole",
+    "rounds": "count",
+    "num_clients": "count",
+    "clients_per_round": "count",
+    "population_weighted_accuracy": "fraction",
+    "mean_client_accuracy": "fraction",
+    "bytes_down": "amount",
+    "bytes_up": "amount",
+    "tiers": "tiers",
+    "run_config": "object",
+}
+RECORD_FIELDS = {
+    "label": "text",
+    "cell": "object",
+    "commit": "text",
+    "dirty": "boolean",
+    "federation": "object",
+    "run_config": "object",
+}
+
+
+def check_fields(path: Path, data, fields: dict) -> dict:
+    if not isinstance(data, dict):
+        raise ReportError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    for key, kind in fields.items():
+        test, allowed = KINDS[kind]
+        if key in data and not test(data[key]):
+            raise ReportError(f"{path}: '{key}' is {data[key]!r}; allowed: {allowed}")
+    return data
+
+
+def read_json(path: Path, fields: dict) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as error:
+        raise ReportError(f"{path}: cannot be read ({error.strerror or error})") from None
+    except ValueError as error:
+        raise ReportError(f"{path}: not valid JSON ({error})") from None
+    return check_fields(path, data, fields)
+
+
+def read_table(
+    path: Path, required: tuple, numeric: tuple = (), any_of: tuple = (), whole: str = "round"
+) -> pd.DataFrame:
+    """A CSV table with its ``required`` columns, at least one of ``any_of``, whole numbers >= 0 in the column
+    ``whole`` and numbers (or empty / nan) in the ``numeric`` columns it has; an error names the file, the column
+    and the line."""
+    try:
+        # without a header row pandas refuses a line longer than the first and marks a shorter one with NaN (an
+        # empty field stays ''), so every line is checked against the header; numbers are converted below
+        lines = pd.read_csv(path, header=None, dtype=str, keep_default_na=False)
+    except FileNotFoundError:
+        raise ReportError(f"{path}: missing (a finished run writes it)") from None
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
+        raise ReportError(f"{path}: not a readable CSV table ({str(error).strip()})") from None
+    short = lines.isna().any(axis=1).to_numpy()
+    if short.any():
+        raise ReportError(f"{path}: not a readable CSV table (line {int(short.argmax()) + 1} has too few fields)")
+    header = list(lines.iloc[0])
+    if len(set(header)) < len(header):
+        raise ReportError(f"{path}: a column name appears twice ({', '.join(header)})")
+    frame = pd.DataFrame(lines.iloc[1:].to_numpy(), columns=header)
+    missing = [c for c in required if c not in frame.columns]
+    if any_of and not any(c in frame.columns for c in any_of):
+        missing.append(" or ".join(any_of))
+    if missing:
+        raise ReportError(f"{path}: no column {', '.join(missing)} (columns: {', '.join(map(str, frame.columns))})")
+    for column in [c for c in (whole, *numeric) if c in frame.columns]:
+        # Python's float: every value is exactly the one the run wrote, whatever pandas' own parser does
+        converted = [_number_or_none(v) for v in frame[column]]
+        bad = next((i for i, v in enumerate(converted) if v is None), None)
+        if bad is not None:
+            raise ReportError(f"{path}: line {bad + 2}, column '{column}': {frame[column].iloc[bad]!r} is not a number")
+        frame[column] = pd.Series(converted, index=frame.index, dtype=float)
+    counted = frame[whole] if whole in frame.columns else pd.Series(dtype=float)
+    ok = counted.notna() & (counted == counted.round()) & (counted >= 0)
+    if not ok.all():
+        bad = int((~ok).to_numpy().argmax())
+        raise ReportError(
+            f"{path}: line {bad + 2}, column '{whole}': {frame[whole].iloc[bad]!r}; allowed: a whole number >= 0"
+        )
+    return frame.assign(**{whole: counted.astype(int)}) if whole in frame.columns else frame
+
+
+def _number_or_none(text: str) -> float | None:
+    """A CSV cell as a number: '' is nan (not recorded in that row); text that is no number is None."""
+    if text == "":
+        return math.nan
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+# -- runs ----------------------------------------------------------------------------------------------------------
 @dataclass
 class Run:
     folder: Path
     summary: dict
     record: dict  # the runner's run.json ({} for runs started by hand)
     curve: list[tuple[int, float]] = field(default_factory=list)  # (round, accuracy) at each evaluation
-    round_rows: list[dict] = field(default_factory=list)  # rounds.csv
+    rounds: pd.DataFrame | None = None  # rounds.csv (None when the run wrote none)
 
     @property
     def label(self) -> str:
@@ -100,38 +245,76 @@ class Run:
             self.summary.get("num_clients"),
         )
 
+    def records(self, column: str) -> bool:
+        """Whether rounds.csv recorded ``column``: there, finite in every round and not zero in all of them (a
+        quantity the run did not measure is written as zeros or nan)."""
+        if self.rounds is None or column not in self.rounds.columns:
+            return False
+        values = self.rounds[column]
+        return bool(values.notna().all() and values.map(math.isfinite).all() and values.sum() > 0)
+
+    def compute_points(self, column: str) -> list[tuple[int, float, float]]:
+        """(round, cumulative client compute after it, accuracy) at each evaluated round; [] when unrecorded."""
+        if not self.records(column):
+            return []
+        cumulative = dict(zip(self.rounds["round"], self.rounds[column].cumsum()))
+        return [(r, float(cumulative[r]), a) for r, a in self.curve if r in cumulative]
+
     def compute_curve(self, column: str) -> list[tuple[float, float]]:
         """(cumulative client compute after the round, accuracy) at each evaluated round; [] when unrecorded."""
-        if not self.round_rows or column not in self.round_rows[0]:
-            return []
-        total, cumulative = 0.0, {}
-        for row in self.round_rows:
-            total += float(row[column] or 0)
-            cumulative[int(row["round"])] = total
-        return [(cumulative[r], a) for r, a in self.curve if r in cumulative]
-
-
-def read_csv(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
+        return [(c, a) for _, c, a in self.compute_points(column)]
 
 
 def load_run(folder: Path) -> Run:
     folder = Path(folder)
-    summary = json.loads((folder / "summary.json").read_text())
-    try:
-        record = json.loads((folder / "run.json").read_text())
-    except (OSError, ValueError):
-        record = {}
-    curve = {}
-    for row in read_csv(folder / "metrics.csv"):
-        for key in ACCURACY_KEYS:
-            if row.get(key) not in (None, ""):
-                curve[int(row["round"])] = float(row[key])
-                break
-    return Run(folder, summary, record, sorted(curve.items()), read_csv(folder / "rounds.csv"))
+    summary = read_json(folder / "summary.json", SUMMARY_FIELDS)
+    record = read_json(folder / "run.json", RECORD_FIELDS) if os.path.lexists(folder / "run.json") else {}
+    if "seed" in record and not KINDS["whole"][0](record["seed"]):
+        raise ReportError(f"{folder / 'run.json'}: 'seed' is {record['seed']!r}; allowed: a whole number")
+    seed = (record.get("run_config") or summary.get("run_config") or {}).get("seed", 0)
+    if "seed" not in summary and not KINDS["whole"][0](seed):
+        raise ReportError(f"{folder}: run config 'seed' is {seed!r}; allowed: a whole number")
+    metrics = read_table(folder / "metrics.csv", ("round",), ACCURACY_KEYS, any_of=ACCURACY_KEYS)
+    for key in (k for k in ACCURACY_KEYS if k in metrics.columns):
+        outside = metrics[key].notna() & ~metrics[key].between(0, 1)
+        if outside.any():
+            line = int(outside.to_numpy().argmax())
+            raise ReportError(
+                f"{folder / 'metrics.csv'}: line {line + 2}, column '{key}': {float(metrics[key].iloc[line])!r}; "
+                "allowed: a number in [0, 1] or empty"
+            )
+    # a row's accuracy: the first accuracy column it has a value in; a round's: its last row with one
+    present = [k for k in ACCURACY_KEYS if k in metrics.columns]
+    accuracy = metrics[present].bfill(axis=1).iloc[:, 0]
+    curve = accuracy.groupby(metrics["round"]).last().dropna()
+    rounds = None
+    if os.path.lexists(folder / "rounds.csv"):
+        rounds = read_table(folder / "rounds.csv", ("round",), tuple(c for c, _ in COMPUTE_COLUMNS))
+        repeated = rounds["round"].duplicated()
+        if repeated.any():
+            raise ReportError(
+                f"{folder / 'rounds.csv'}: round {rounds['round'][repeated].iloc[0]} appears twice (one row per round)"
+            )
+    return Run(folder, summary, record, [(int(r), float(a)) for r, a in curve.items()], rounds)
+
+
+def suite_folders(path: Path) -> list[Path]:
+    """The run folders a suite.json lists (inside the suite folder), those with a summary.json."""
+    listed = read_json(path / "suite.json", {})
+    runs = listed.get("runs")
+    if not isinstance(runs, list) or not all(isinstance(r, dict) and isinstance(r.get("folder"), str) for r in runs):
+        raise ReportError(f"{path / 'suite.json'}: 'runs' must be a list of objects with a 'folder' string")
+    folders = []
+    for entry in runs:
+        relative = Path(entry["folder"])
+        if relative.is_absolute() or ".." in relative.parts:
+            raise ReportError(
+                f"{path / 'suite.json'}: run folder '{entry['folder']}' is not inside the suite folder; allowed: a "
+                "relative path without '..'"
+            )
+        if (path / relative / "summary.json").exists():
+            folders.append(path / relative)
+    return folders
 
 
 def find_runs(paths: list[Path]) -> list[Run]:
@@ -141,14 +324,14 @@ def find_runs(paths: list[Path]) -> list[Run]:
         if (path / "summary.json").exists():
             folders.append(path)
         elif (path / "suite.json").exists():
-            listed = json.loads((path / "suite.json").read_text())["runs"]
-            folders += [path / r["folder"] for r in listed if (path / r["folder"] / "summary.json").exists()]
+            folders += suite_folders(path)
         else:
             folders += sorted(p.parent for p in path.rglob("summary.json") if ".interrupted-" not in str(p))
     runs = [load_run(f) for f in dict.fromkeys(folders)]
     return [run for run in runs if run.summary.get("completed", True)]  # a failed run's summary says completed: false
 
 
+# -- rows ----------------------------------------------------------------------------------------------------------
 @dataclass
 class Row:
     runs: list[Run]
@@ -168,37 +351,42 @@ class Row:
     def commits(self) -> str:
         return ", ".join(sorted({run.commit for run in self.runs}))
 
+    @property
+    def seeds(self) -> int:
+        return len(self.runs)
+
 
 def group_runs(runs: list[Run]) -> list[Row]:
-    """One row per set of runs that differ only in the seed; a row's name is its label and grid cell, plus the
-    run-config keys that tell apart rows that would otherwise share a name."""
-    groups: dict[tuple, list[Run]] = defaultdict(list)
-    for run in runs:
-        groups[run.group_key()].append(run)
-    rows = [Row(sorted(members, key=lambda r: r.seed)) for members in groups.values()]
-    by_name = defaultdict(list)
+    """One row per set of runs that differ only in the seed (in the order the rows first appear, each row's runs by
+    seed); a row's name is its label and grid cell, plus the run-config keys that tell apart rows that would
+    otherwise share a name."""
+    frame = pd.DataFrame(
+        {"run": runs, "key": [json.dumps(run.group_key()) for run in runs], "seed": [run.seed for run in runs]}
+    )
+    rows = [
+        Row(list(members.sort_values("seed", kind="stable")["run"])) for _, members in frame.groupby("key", sort=False)
+    ]
     for row in rows:
         cell = ", ".join(f"{k}={v}" for k, v in row.first.cell.items())
         row.name = f"{row.first.label} ({cell})" if cell else row.first.label
-        by_name[row.name].append(row)
-    for same in (group for group in by_name.values() if len(group) > 1):
-        configs = [r.first.config or {"rounds": r.first.summary.get("rounds")} for r in same]
+    names = pd.Series([row.name for row in rows])
+    for _, same in names[names.duplicated(keep=False)].groupby(names, sort=False):
+        group = [rows[i] for i in same.index]
+        configs = [r.first.config or {"rounds": r.first.summary.get("rounds")} for r in group]
         differing = sorted(
             k
             for k in set().union(*configs)
             if k not in NOT_GROUPED and len({json.dumps(c.get(k)) for c in configs}) > 1
         )
-        for row, config in zip(same, configs):
+        for row, config in zip(group, configs):
             row.name += " [" + ", ".join(f"{k}={config.get(k)}" for k in differing) + "]"
     return rows
 
 
 def check_commits(runs: list[Run], allow_mixed: bool) -> None:
-    commits = defaultdict(int)
-    for run in runs:
-        commits[run.commit] += 1
+    commits = pd.Series([run.commit for run in runs]).value_counts().sort_index()
     if len(commits) > 1 and not allow_mixed:
-        listed = ", ".join(f"{c} ({n} runs)" for c, n in sorted(commits.items()))
+        listed = ", ".join(f"{c} ({n} runs)" for c, n in commits.items())
         raise MixedCommits(
             f"these runs were made at different commits: {listed}; rerun them at one commit, or pass "
             "--allow-mixed-commits to put them in one table (each row names its commits)"
@@ -216,39 +404,82 @@ def seeds_text(row: Row) -> str:
     return ",".join(str(run.seed) for run in row.runs)
 
 
+# -- tables --------------------------------------------------------------------------------------------------------
+def run_frame(rows: list[Row], **values) -> pd.DataFrame:
+    """One line per run: its row's index and, per keyword, ``value(run)`` (runs in row order, each row's by seed)."""
+    return pd.DataFrame(
+        [
+            {"row": i, "seed": run.seed, **{name: value(run) for name, value in values.items()}}
+            for i, row in enumerate(rows)
+            for run in row.runs
+        ],
+        columns=["row", "seed", *values],
+    )
+
+
+def estimates(frame: pd.DataFrame, by: list[str], column: str, prefix: str = "") -> pd.DataFrame:
+    """Mean, 95% half-width and count of ``column`` per group (the t-interval of ``fl_app.run.stats``; values in
+    the frame's order, so each mean is summed in seed order as every earlier table was)."""
+    grouped = frame.groupby(by, sort=True)[column].agg(lambda values: mean_ci(values.tolist()))
+    return pd.DataFrame(
+        {
+            f"{prefix}{column}": [e.mean for e in grouped],
+            f"{prefix}{column}_ci95": [e.half_width for e in grouped],
+            "n": [e.n for e in grouped],
+        },
+        index=grouped.index,
+    )
+
+
+def records(frame: pd.DataFrame) -> list[dict]:
+    return frame.to_dict("records")
+
+
 def accuracy_rows(rows: list[Row]) -> list[dict]:
-    table = []
-    for row in rows:
-        s = row.first.summary
-        acc = row.estimate()
-        table.append(
-            {
-                "method": row.name,
-                "dataset": s.get("dataset", "?"),
-                "rounds": s.get("rounds", "?"),
-                "seeds": seeds_text(row),
-                "tiers": tier_text(row.first),
-                "accuracy": acc.mean,
-                "accuracy_ci95": acc.half_width,
-                "n": acc.n,
-                "accuracy_kind": row.first.accuracy_kind,
-                "mb_down": row.estimate(lambda r: r.summary.get("bytes_down", math.nan) / 1e6).mean,
-                "mb_up": row.estimate(lambda r: r.summary.get("bytes_up", math.nan) / 1e6).mean,
-                "commit": row.commits,
-            }
-        )
-    return table
+    if not rows:
+        return []
+    frame = run_frame(
+        rows,
+        accuracy=lambda run: run.accuracy,
+        mb_down=lambda run: run.summary.get("bytes_down", math.nan) / 1e6,
+        mb_up=lambda run: run.summary.get("bytes_up", math.nan) / 1e6,
+    )
+    acc = estimates(frame, ["row"], "accuracy")
+    table = pd.DataFrame(
+        {
+            "method": [row.name for row in rows],
+            "dataset": [row.first.summary.get("dataset", "?") for row in rows],
+            "rounds": [row.first.summary.get("rounds", "?") for row in rows],
+            "seeds": [seeds_text(row) for row in rows],
+            "tiers": [tier_text(row.first) for row in rows],
+            "accuracy": acc["accuracy"].to_numpy(),
+            "accuracy_ci95": acc["accuracy_ci95"].to_numpy(),
+            "n": acc["n"].to_numpy(),
+            "accuracy_kind": [row.first.accuracy_kind for row in rows],
+            "mb_down": estimates(frame, ["row"], "mb_down")["mb_down"].to_numpy(),
+            "mb_up": estimates(frame, ["row"], "mb_up")["mb_up"].to_numpy(),
+            "commit": [row.commits for row in rows],
+        }
+    )
+    return records(table)
+
+
+def reference_row(rows: list[Row], row: Row, reference: str) -> Row | None:
+    """The row of the reference label in ``row``'s grid cell; of several (e.g. hand-made runs of two lengths), the
+    one whose settings differ least. None for the reference's own rows."""
+    candidates = [r for r in rows if r.first.label == reference and r.first.cell == row.first.cell]
+    if not candidates or row in candidates:
+        return None
+    return min(candidates, key=lambda r: config_distance(r.first.config, row.first.config))
 
 
 def paired_rows(rows: list[Row], reference: str) -> list[dict]:
     """Each row against the row of the reference label in the same grid cell, paired by seed."""
     table = []
     for row in rows:
-        candidates = [r for r in rows if r.first.label == reference and r.first.cell == row.first.cell]
-        if not candidates or row in candidates:
+        ref = reference_row(rows, row, reference)
+        if ref is None:
             continue
-        # several reference rows (e.g. hand-made runs of two lengths): the one whose settings differ least
-        ref = min(candidates, key=lambda r: config_distance(r.first.config, row.first.config))
         paired = paired_difference(row.by_seed(), ref.by_seed())
         table.append(
             {
@@ -269,42 +500,72 @@ def config_distance(a: dict, b: dict) -> int:
 
 
 def tier_rows(rows: list[Row]) -> list[dict]:
-    table = []
-    for row in rows:
-        count = min(len(run.summary.get("tiers") or []) for run in row.runs)
-        for i in range(count):
-            acc = row.estimate(lambda run, i=i: run.summary["tiers"][i]["accuracy"])
-            table.append(
-                {
-                    "method": row.name,
-                    "tier_mmacs": round(row.first.summary["tiers"][i]["macs"] / 1e6, 3),
-                    "accuracy": acc.mean,
-                    "accuracy_ci95": acc.half_width,
-                    "n": acc.n,
-                }
-            )
-    return table
+    """Per row and tier (the tiers every run of the row reported): the tier's MMACs and its accuracy."""
+    frame = pd.DataFrame(
+        [
+            {"row": i, "tier": t, "macs": tier["macs"], "accuracy": tier["accuracy"]}
+            for i, row in enumerate(rows)
+            for run in row.runs
+            for t, tier in enumerate(run.summary.get("tiers") or [])
+        ],
+        columns=["row", "tier", "macs", "accuracy"],
+    )
+    if frame.empty:
+        return []
+    runs_with_tier = frame.groupby(["row", "tier"])["tier"].transform("size")
+    frame = frame[runs_with_tier == frame["row"].map(lambda i: rows[i].seeds)]  # tiers every run of the row has
+    acc = estimates(frame, ["row", "tier"], "accuracy")
+    first = frame.groupby(["row", "tier"], sort=True)["macs"].first()
+    table = pd.DataFrame(
+        {
+            "method": [rows[i].name for i, _ in acc.index],
+            "tier_mmacs": [round(macs / 1e6, 3) for macs in first],
+            "accuracy": acc["accuracy"].to_numpy(),
+            "accuracy_ci95": acc["accuracy_ci95"].to_numpy(),
+            "n": acc["n"].to_numpy(),
+        }
+    )
+    return records(table)
+
+
+def curve_frame(rows: list[Row]) -> pd.DataFrame:
+    """One line per run and evaluated round: row index, seed, round, accuracy."""
+    return pd.DataFrame(
+        [
+            {"row": i, "seed": run.seed, "round": rnd, "accuracy": acc}
+            for i, row in enumerate(rows)
+            for run in row.runs
+            for rnd, acc in run.curve
+        ],
+        columns=["row", "seed", "round", "accuracy"],
+    )
 
 
 def round_rows(rows: list[Row]) -> list[dict]:
-    table = []
-    for row in rows:
-        rounds = sorted({r for run in row.runs for r, _ in run.curve})
-        for rnd in rounds:
-            acc = row.estimate(lambda run, rnd=rnd: dict(run.curve).get(rnd, math.nan))
-            table.append(
-                {"method": row.name, "round": rnd, "accuracy": acc.mean, "accuracy_ci95": acc.half_width, "n": acc.n}
-            )
-    return table
+    frame = curve_frame(rows)
+    if frame.empty:
+        return []
+    acc = estimates(frame, ["row", "round"], "accuracy")
+    table = pd.DataFrame(
+        {
+            "method": [rows[i].name for i, _ in acc.index],
+            "round": [int(r) for _, r in acc.index],
+            "accuracy": acc["accuracy"].to_numpy(),
+            "accuracy_ci95": acc["accuracy_ci95"].to_numpy(),
+            "n": acc["n"].to_numpy(),
+        }
+    )
+    return records(table)
 
 
 COMPUTE_COLUMNS = (("client_train_flops", "client training FLOPs"), ("client_seconds", "client seconds"))
 
 
 def compute_column(runs: list[Run]) -> tuple[str, str] | None:
-    """The best compute measure every run recorded per round (analytic FLOPs before seconds)."""
+    """The best compute measure every run recorded per round (analytic FLOPs before seconds); None when none was
+    recorded by all (a quantity written as zeros or nan was not measured: no table or plot is built on it)."""
     for column, text in COMPUTE_COLUMNS:
-        if runs and all(run.round_rows and column in run.round_rows[0] for run in runs):
+        if runs and all(run.records(column) for run in runs):
             return column, text
     return None
 
@@ -322,26 +583,27 @@ def equal_compute_rows(rows: list[Row], reference: str | None = None) -> tuple[l
     if found is None:
         return [], ""
     column, text = found
-    totals = [row.estimate(lambda run: total_compute(run, column)) for row in rows]
-    references = [t.mean for row, t in zip(rows, totals) if row.first.label == reference and t.n]
-    budget = min(references) if references else min(total_compute(run, column) for row in rows for run in row.runs)
-    table = []
-    for row, total in zip(rows, totals):
-        acc = row.estimate(lambda run: value_at_budget(run.compute_curve(column), budget))
-        table.append(
-            {
-                "method": row.name,
-                "compute_budget": budget,
-                "total_compute": total.mean,
-                "reached_budget": total.mean >= budget,
-                "accuracy_at_budget": acc.mean,
-                "accuracy_at_budget_ci95": acc.half_width,
-                "n": acc.n,
-            }
-        )
-    return table, text
+    frame = run_frame(rows, total=lambda run: total_compute(run, column))
+    totals = estimates(frame, ["row"], "total")
+    references = [t for row, t, n in zip(rows, totals["total"], totals["n"]) if row.first.label == reference and n]
+    budget = min(references) if references else float(frame["total"].min())
+    frame["at_budget"] = [value_at_budget(run.compute_curve(column), budget) for row in rows for run in row.runs]
+    acc = estimates(frame, ["row"], "at_budget", prefix="accuracy_")
+    table = pd.DataFrame(
+        {
+            "method": [row.name for row in rows],
+            "compute_budget": budget,
+            "total_compute": totals["total"].to_numpy(),
+            "reached_budget": [bool(t >= budget) for t in totals["total"]],
+            "accuracy_at_budget": acc["accuracy_at_budget"].to_numpy(),
+            "accuracy_at_budget_ci95": acc["accuracy_at_budget_ci95"].to_numpy(),
+            "n": acc["n"].to_numpy(),
+        }
+    )
+    return records(table), text
 
 
+# -- markdown ------------------------------------------------------------------------------------------------------
 def percent(mean: float, half: float) -> str:
     if math.isnan(mean):
         return "–"
@@ -354,13 +616,15 @@ def markdown(header: list[str], lines: list[list]) -> str:
     return "\n".join(out)
 
 
+ACCURACY_TITLES = {
+    "population_weighted_accuracy": "population-weighted accuracy (%)",
+    "mean_client_accuracy": "mean client accuracy (%)",
+}
+
+
 def accuracy_markdown(table: list[dict]) -> str:
     kinds = {row["accuracy_kind"] for row in table}
-    title = {
-        "population_weighted_accuracy": "population-weighted accuracy (%)",
-        "mean_client_accuracy": "mean client accuracy (%)",
-    }
-    acc_header = title[kinds.pop()] if len(kinds) == 1 else "accuracy (%)"
+    acc_header = ACCURACY_TITLES[kinds.pop()] if len(kinds) == 1 else "accuracy (%)"
     return markdown(
         ["method", "dataset", "rounds", "seeds", "tiers (MMACs)", acc_header, "MB down", "MB up", "commit"],
         [
@@ -431,6 +695,7 @@ def report(runs: list[Run], reference: str | None = None, allow_mixed_commits: b
         "compute": compute,
         "compute_text": compute_text,
         "rows": rows,
+        "reference": reference,
     }
 
 
@@ -444,120 +709,78 @@ def report_text(tables: dict) -> str:
     return "\n\n".join(parts)
 
 
+# -- writing -------------------------------------------------------------------------------------------------------
+def csv_bytes(table: list[dict]) -> bytes:
+    """The table as CSV, written as ``csv.DictWriter`` writes it (CRLF lines, nan for a missing value)."""
+    buffer = io.StringIO()
+    pd.DataFrame(table).to_csv(buffer, index=False, lineterminator="\r\n", na_rep="nan")
+    return buffer.getvalue().encode()
+
+
+def write_file(path: Path, content) -> Path:
+    """Create or rewrite one output file (a symlink or folder at the name is refused: ``ReportError``)."""
+    try:
+        return replace_file(path, content)
+    except FileExistsError as error:
+        raise ReportError(str(error)) from None
+
+
 def write_tables(out: Path, tables: dict) -> str:
     """table.md (what is printed) and table.csv, paired.csv, tiers.csv, rounds.csv, compute.csv."""
     out.mkdir(parents=True, exist_ok=True)
     text = report_text(tables)
-    (out / "table.md").write_text(text + "\n")
-    for name in ("accuracy", "paired", "tiers", "rounds", "compute"):
+    write_file(out / "table.md", (text + "\n").encode())
+    for name, filename in TABLE_FILES.items():
         if tables[name]:
-            write_csv(out / ("table.csv" if name == "accuracy" else f"{name}.csv"), tables[name])
+            write_file(out / filename, csv_bytes(tables[name]))
     return text
+
+
+def stale_files(out: Path, tables: dict, plotted: list[Path] | None = None) -> list[Path]:
+    """Table files (and, after plotting, plot files) in ``out`` this report did not write: left from an earlier
+    report, of other runs or of a quantity no longer reported; they are named, not removed."""
+    stale = [out / f for name, f in TABLE_FILES.items() if not tables[name] and os.path.lexists(out / f)]
+    if plotted is not None:
+        from fl_app.plots import PLOTS
+
+        stale += [out / name for name in PLOTS if out / name not in plotted and os.path.lexists(out / name)]
+    return stale
 
 
 def write_suite_tables(
     out: Path, folders: list[Path], reference: str | None = None, allow_mixed_commits: bool = False, plots: bool = True
 ) -> str:
     """The runner's last step: tables (and plots) of a suite's finished runs, written into its folder."""
-    runs = [load_run(f) for f in folders]
     try:
+        runs = [load_run(f) for f in folders]
         tables = report(runs, reference, allow_mixed_commits)
+        text = write_tables(out, tables)
+        if plots:
+            write_plots(out, tables)
     except (MixedCommits, ValueError) as error:
         return f"no table written: {error}"
-    text = write_tables(out, tables)
-    if plots:
-        write_plots(out, tables)
     return text
 
 
-# -- plots ---------------------------------------------------------------------------------------------------------
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    _pyplot().close(fig)
-
-
 def write_plots(out: Path, tables: dict) -> list[Path]:
-    """accuracy_per_round.png (bands = 95% interval over seeds), accuracy_vs_compute.png, accuracy_vs_macs.png
-    (error bars per tier), traffic.png (MB down/up per method)."""
-    plt, rows, written = _pyplot(), tables["rows"], []
+    """The summary plots (see ``fl_app.plots``), written into ``out``."""
+    from fl_app import plots
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for row in rows:
-        points = [r for r in tables["rounds"] if r["method"] == row.name]
-        x = [p["round"] for p in points]
-        y = [100 * p["accuracy"] for p in points]
-        half = [100 * (p["accuracy_ci95"] if not math.isnan(p["accuracy_ci95"]) else 0) for p in points]
-        ax.plot(x, y, marker="o", markersize=3, label=row.name)
-        ax.fill_between(x, [a - h for a, h in zip(y, half)], [a + h for a, h in zip(y, half)], alpha=0.2)
-    ax.set(xlabel="round", ylabel="accuracy (%)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    written.append(out / "accuracy_per_round.png")
-    _save(fig, written[-1])
+    return plots.write_plots(out, tables, write_file)
 
-    found = compute_column([run for row in rows for run in row.runs])
-    if found:
-        column, text = found
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for row in rows:
-            for i, run in enumerate(row.runs):
-                curve = run.compute_curve(column)
-                ax.plot(
-                    [c for c, _ in curve],
-                    [100 * a for _, a in curve],
-                    marker="o",
-                    markersize=3,
-                    alpha=0.7,
-                    color=f"C{rows.index(row) % 10}",
-                    label=row.name if i == 0 else None,
-                )
-        ax.set(xlabel=f"cumulative {text}", ylabel="accuracy (%)")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-        written.append(out / "accuracy_vs_compute.png")
-        _save(fig, written[-1])
 
-    if tables["tiers"]:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for row in rows:
-            points = [t for t in tables["tiers"] if t["method"] == row.name]
-            if points:
-                ax.errorbar(
-                    [p["tier_mmacs"] for p in points],
-                    [100 * p["accuracy"] for p in points],
-                    yerr=[100 * (0 if math.isnan(p["accuracy_ci95"]) else p["accuracy_ci95"]) for p in points],
-                    marker="o",
-                    capsize=3,
-                    label=row.name,
-                )
-        ax.set_xscale("log")
-        ax.set(xlabel="MMACs", ylabel="test accuracy (%)")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-        written.append(out / "accuracy_vs_macs.png")
-        _save(fig, written[-1])
+# -- each client's data and budget ---------------------------------------------------------------------------------
+def client_plot(folder: Path, out: Path) -> Path:
+    """clients_<label>_seed<N>.png: every client's training labels (redrawn from the run config with the app's own
+    partitioning; checked against the partition sizes clients.csv recorded) and its budget or model."""
+    from fl_app import plots
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    names = [r["method"] for r in tables["accuracy"]]
-    x = range(len(names))
-    ax.bar([i - 0.2 for i in x], [r["mb_down"] for r in tables["accuracy"]], width=0.4, label="down")
-    ax.bar([i + 0.2 for i in x], [r["mb_up"] for r in tables["accuracy"]], width=0.4, label="up")
-    ax.set_xticks(list(x), names, rotation=30, ha="right", fontsize=7)
-    ax.set(ylabel="MB per run")
-    ax.legend()
-    written.append(out / "traffic.png")
-    _save(fig, written[-1])
-    return written
+    run = load_run(folder)
+    counts, budgets, architectures = plots.client_partitions(run)
+    name = re.sub(r"[^A-Za-z0-9_.=-]+", "_", run.label + "".join(f"_{k}={v}" for k, v in run.cell.items()))
+    out.mkdir(parents=True, exist_ok=True)
+    figure = plots.figure_clients(run, counts, budgets, architectures)
+    return write_file(out / f"clients_{name}_seed{run.seed}.png", plots.png_bytes(figure))
 
 
 # -- tables kept in READMEs ----------------------------------------------------------------------------------------
@@ -601,6 +824,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, help="write table.md and the CSV tables here (unset: print only)")
     parser.add_argument("--plots", action="store_true", help="with --out: also write the plots")
     parser.add_argument(
+        "--clients",
+        action="store_true",
+        help="with --out: the paths are run folders; plot each client's labels and budget (reads the run's data)",
+    )
+    parser.add_argument(
         "--allow-mixed-commits", action="store_true", help="let one table hold runs made at different commits"
     )
     parser.add_argument(
@@ -613,24 +841,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.update_readme:
-        root = Path(__file__).resolve().parents[1]
-        for path in args.paths:
-            path.write_text(regenerate_readme(path.read_text(), root))
-            print(f"updated {path}")
-        return 0
     try:
+        if args.update_readme:
+            root = Path(__file__).resolve().parents[1]
+            for path in args.paths:
+                text = path.read_text()
+                updated = regenerate_readme(text, root)
+                if updated != text:
+                    write_file(path, updated.encode())
+                print(f"{'updated' if updated != text else 'unchanged'} {path}")
+            return 0
+        if args.clients:
+            if not args.out:
+                raise ValueError("--clients writes plots: give --out DIR")
+            for folder in args.paths:
+                print(f"wrote {client_plot(folder, args.out)}")
+            return 0
         tables = report(find_runs(args.paths), args.reference, args.allow_mixed_commits)
-    except (MixedCommits, ValueError) as error:
+        if not args.out:
+            print(report_text(tables))
+            return 0
+        print(write_tables(args.out, tables))
+        plotted = write_plots(args.out, tables) if args.plots else None
+        for path in plotted or []:
+            print(f"wrote {path}")
+        for path in stale_files(args.out, tables, plotted):
+            print(f"note: {path} is left from an earlier report (this one has nothing to put there)", file=sys.stderr)
+    except (MixedCommits, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if args.out:
-        print(write_tables(args.out, tables))
-        if args.plots:
-            for path in write_plots(args.out, tables):
-                print(f"wrote {path}")
-    else:
-        print(report_text(tables))
     return 0
 
 

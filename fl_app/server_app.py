@@ -9,6 +9,7 @@ from flwr.serverapp import Grid, ServerApp
 from fl_app.hetero_app import HETERO_METHODS, run_hetero
 from fl_app.node_discovery import check_federation, discover_nodes
 from fl_app.run.config import SUPERNET_METHODS, validate_run_config
+from fl_app.run.tracker import tracking
 from fl_app.supernet_app import prepare_feast, run_feast
 
 app = ServerApp()
@@ -17,11 +18,14 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     run = validate_run_config(dict(context.run_config))
-    nodes = discover_nodes(
-        grid, timeout=run["round-timeout"], while_waiting=lambda: SERVER_PREPARE.get(run["method"], lambda r: None)(run)
-    )
-    check_federation(nodes)
-    SERVER_RUNS[run["method"]](grid, run, nodes)
+    with tracking(run, context.run_id):  # the run id beside the results; the tracker's package checked before training
+        nodes = discover_nodes(
+            grid,
+            timeout=run["round-timeout"],
+            while_waiting=lambda: SERVER_PREPARE.get(run["method"], lambda r: None)(run),
+        )
+        check_federation(nodes)
+        SERVER_RUNS[run["method"]](grid, run, nodes)
 
 
 # method -> server run; every method in fl_app.run.config.METHODS has an entry

@@ -13,7 +13,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from clients.feast import SubnetPlan, plan_subnets, train_subnets
+from clients.feast import SubnetPlan, plan_subnets, read_routed, train_subnets
 from clients.local_training import LocalSettings
 from fl_app.data.images import DATASETS
 from fl_app.models.elastic_resnet import ElasticResNet
@@ -40,7 +40,7 @@ from fl_app.run.seeds import derived_seed
 from fl_app.supernet.evaluation import TierEvaluator
 from fl_app.supernet.federation import Federation, client_data, dataset_for, partition_rows, server_splits
 from fl_app.supernet.slicing import slice_state, subnet_shapes
-from fl_app.supernet.space import Subnet, load_supernet_config, width_sliced_config
+from fl_app.supernet.space import load_supernet_config
 from fl_app.supernet.training_costs import train_costs
 from strategies.feast import FeastStrategy
 from strategies.fedavg_min import FedAvgMinStrategy
@@ -56,12 +56,14 @@ def make_supernet_strategy(
     budgets: dict[int, float],
     node_of_partition: dict[int, int],
     examples_of_partition: dict[int, int] | None = None,
+    labels_of_partition: dict[int, list[int]] | None = None,
 ) -> FeastStrategy:
     common = dict(
         **round_options(run, len(budgets)),
         routing=run["routing"],
         weighting=run["aggregation-weights"],
         examples_of_partition=examples_of_partition,
+        labels_of_partition=labels_of_partition,
     )
     args = (fed.cfg, fed.cache, budgets, node_of_partition)
     method = run["method"]
@@ -85,6 +87,21 @@ def make_supernet_strategy(
     return strategy_class(*args, **common)
 
 
+def partition_reports(
+    run: RunConfig, fed: Federation, budgets: dict[int, float]
+) -> tuple[dict[int, int], dict[int, list[int]]]:
+    """What each client must report as num-examples and labels: its partition's size and label set (the server
+    splits the data from the seed and the budgets as the clients do)."""
+    rows_of = partition_rows(run, len(budgets), [budgets[p] for p in range(len(budgets))])
+    train_labels = dataset_for(run, fed.cfg)[0].labels
+    examples = {pid: len(rows) for pid, rows in enumerate(rows_of)}
+    held = {
+        pid: sorted(int(c) for c in torch.unique(train_labels[torch.as_tensor(rows, dtype=torch.long)]))
+        for pid, rows in enumerate(rows_of)
+    }
+    return examples, held
+
+
 def strategy_tiers(run: RunConfig, fed: Federation, strategy: FeastStrategy):
     """Reporting tiers: the width rates for width-sliced methods, the single fixed model for fedavg-min,
     cached subnets otherwise."""
@@ -106,15 +123,16 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
     """FEAST and the methods built on the supernet: route, train, aggregate, evaluate tiers, write results."""
     num_clients = len(nodes)
     fed = Federation.build(run, num_clients)
+    # a node's declared budget outside the supernet's range fails the run here, before training, as a malformed
+    # partition answer does at discovery (the budgets are fixed for the run: the γ-allocation splits rows by them)
     budgets = fed.client_budgets(
-        run, {pid: info["budget-macs"] for pid, info in nodes.items() if "budget-macs" in info}
+        run,
+        {pid: info["budget-macs"] for pid, info in nodes.items() if "budget-macs" in info},
+        {pid: info["node_id"] for pid, info in nodes.items()},
     )
-    examples = {
-        pid: len(rows)
-        for pid, rows in enumerate(partition_rows(run, num_clients, [budgets[p] for p in range(num_clients)]))
-    }
+    examples, held = partition_reports(run, fed, budgets)
     strategy = make_supernet_strategy(
-        run, fed, budgets, {pid: info["node_id"] for pid, info in nodes.items()}, examples
+        run, fed, budgets, {pid: info["node_id"] for pid, info in nodes.items()}, examples, held
     )
     tiers = strategy_tiers(run, fed, strategy)
     resumed = load_round_checkpoint(run["resume-from"], run, num_clients) if run["resume-from"] else None
@@ -265,30 +283,25 @@ def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Conte
     (``context`` unused): everything arrives with the message."""
     started, began = time.perf_counter(), time.time()
     fed = _federation(tuple(sorted(run.values.items())), num)
-    config = msg.content.config_records["config"]
-    dtype = str(config["payload-dtype"])
-    cfg = width_sliced_config(fed.cfg) if config.get("model", "supernet") == "width-sliced" else fed.cfg
-    bounds = Subnet(config["bounds-d"], config["bounds-e"], config["bounds-w"])
+    # what the server sent, checked before anything is trained (a bad broadcast raises: an error reply)
+    routed = read_routed(msg.content, run, fed.cfg, fed.budget_range, pid, num)
+    cfg, bounds, received, dtype = routed.cfg, routed.bounds, routed.received, routed.dtype
 
     model = ElasticResNet(cfg, bounds)
-    received = record_to_state(msg.content.array_records["arrays"], dtype)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in received.items()}, strict=False)
-    model.set_width_scaler(float(config.get("width-rate", 1.0)))
-    if "arch-d" in config:
-        arch = Subnet(config["arch-d"], config["arch-e"], config["arch-w"])
-        plan, returned = SubnetPlan(arch, None, []), subnet_shapes(cfg, arch)
+    model.set_width_scaler(routed.width_rate)
+    if routed.arch is not None:
+        plan, returned = SubnetPlan(routed.arch, None, []), subnet_shapes(cfg, routed.arch)
     else:
-        plan = plan_subnets(fed.cache, float(config["budget-macs"]), bounds, run.train_subnets)
+        plan = plan_subnets(fed.cache, routed.budget, bounds, run.train_subnets)
         returned = {k: v.shape for k, v in received.items()}
-    data = client_data(run, pid, num, config.get("partition-budgets"))  # declared budgets shape the split
+    data = client_data(run, pid, num, routed.partition_budgets)  # declared budgets shape the split
     labels = sorted(int(c) for c in torch.unique(data.labels))
     logit_mask = None
-    if config.get("mask-labels", False):  # HeteroFL: only the classifier rows of labels held here are trained
+    if routed.mask_labels:  # HeteroFL: only the classifier rows of labels held here are trained
         logit_mask = torch.zeros(cfg.n_classes, dtype=torch.bool)
         logit_mask[labels] = True
-    settings = LocalSettings.from_run(
-        run, float(config["lr"]), derived_seed(run["seed"], int(config["server-round"]), pid)
-    )
+    settings = LocalSettings.from_run(run, routed.lr, derived_seed(run["seed"], routed.server_round, pid))
     metrics = train_subnets(model, plan, data, settings, logit_mask)
 
     # send back exactly what was received, cut to the trained subnet when one was assigned
@@ -315,7 +328,7 @@ def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Conte
         DEBUG,
         "client timeline: partition %d round %s from %.3f to %.3f",
         pid,
-        config["server-round"],
+        routed.server_round,
         began,
         time.time(),
     )

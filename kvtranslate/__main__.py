@@ -65,8 +65,21 @@ def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_device_args(p: argparse.ArgumentParser) -> None:
+    from .models import DTYPES
+
     p.add_argument("--device", default="auto", help="cpu, cuda[:N] or auto (CUDA when present)")
-    p.add_argument("--threads", type=int, default=1, help="CPU threads for torch (the machine is shared)")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="auto",
+        help="dtype the models load in (from_pretrained's dtype); auto: the one their config.json records "
+        "(float32 for the tiny checkpoints). Translators compute in float32",
+    )
+    add_threads_arg(p)
+
+
+def add_threads_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's own choice)")
 
 
 def add_pair_args(p: argparse.ArgumentParser) -> None:
@@ -158,7 +171,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     from .pipeline import save_translator
     from .train import train_translator
 
-    pair = load_pair(args.source, args.target, args.device)
+    pair = load_pair(args.source, args.target, args.device, args.dtype)
     translator, history, cfg = train_translator(pair, **train_overrides(args))
     cfg.update(source=args.source, target=args.target)
     save_translator(translator, cfg, args.out)
@@ -175,7 +188,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from .models import load_pair
     from .pipeline import encode_pair_items, load_translator
 
-    pair = load_pair(args.source, args.target, args.device)
+    pair = load_pair(args.source, args.target, args.device, args.dtype)
     translator = load_translator(pair, args.translator)[0] if args.translator else None
     data = encode_pair_items(pair, make_dataset(args.n, seed=args.seed, split="eval"))
     results = {}
@@ -225,6 +238,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
         sizes=sizes,
         pairs=args.pairs,
         jobs=args.jobs,
+        threads=args.threads,
+        dtype=args.dtype,
     )
     print_table(["pair", *DEMO_TABLE], [[name] + [r.get(k) for k in DEMO_TABLE] for name, r in summary.items()])
 
@@ -274,11 +289,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--log", help="JSON-lines log (default OUT/pretrain_log.jsonl; kvtranslate/results/ for the committed folder)"
     )
+    add_threads_arg(p)
     p.set_defaults(func=cmd_pretrain)
 
     p = sub.add_parser("train", help="train a translator for one source -> target pair", formatter_class=FORMATTER)
     add_pair_args(p)
-    p.add_argument("--out", required=True, help="folder for translator.pt, translator.json and history.json")
+    p.add_argument(
+        "--out", required=True, help="folder for the translator (config.json, model.safetensors) and history.json"
+    )
     add_train_args(p)
     add_device_args(p)
     p.set_defaults(func=cmd_train)
@@ -305,8 +323,15 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="whole offline pipeline at CPU scale; writes OUT/summary.json and plots", formatter_class=FORMATTER
     )
     p.add_argument("--out", required=True, help="folder for summary.json, details.json, CSVs, plot and log")
-    p.add_argument("--quick", action="store_true", help="much smaller run (smoke test)")
-    p.add_argument("--save-translators", action="store_true", help="also write every trained translator")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a few minutes instead of ~24 on 2 cores: every pair and part at QUICK sizes (a smoke test; its "
+        "briefly trained translators score near the no-context bound)",
+    )
+    p.add_argument(
+        "--save-translators", action="store_true", help="also write every trained translator (OUT/translators/)"
+    )
     p.add_argument(
         "--pairs",
         type=comma_list,
@@ -321,8 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--jobs",
         type=int,
         default=JOBS,
-        help="pairs run side by side, one process each with --threads threads (2: the main pair in one process, the "
-        "other pairs in the other; 1 on a machine shared with other work)",
+        help="pairs run side by side, one process each with --threads threads (default: torch's thread count "
+        "shared among the processes; 2: the main pair in one process, the other pairs in the other; 1 on a machine "
+        "shared with other work)",
     )
     add_device_args(p)
     p.set_defaults(func=cmd_demo)
@@ -335,7 +361,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     from .models import TINY_SPECS, pick_device, set_threads
 
     try:
-        set_threads(getattr(args, "threads", 1))  # the machine is shared: one thread unless told otherwise
+        set_threads(getattr(args, "threads", None))  # torch's own thread count unless --threads is given
         if hasattr(args, "device"):
             args.device = pick_device(args.device)
     except ValueError as e:

@@ -69,6 +69,9 @@ def extract_kv(model: PreTrainedModel, cache: DynamicCache, mask: Tensor) -> KV:
 def inject_kv(model: PreTrainedModel, kv: KV, mask: Tensor) -> DynamicCache:
     """List of pre-RoPE (keys, values) -> fresh DynamicCache (a cache is mutated by the next forward)."""
     check_kv(model, kv, mask)
+    # a translator computes in its own dtype (float32) beside a bfloat16 / float16 model: the cache takes the
+    # model's (no copy when they agree)
+    kv = [(k.to(model.dtype), v.to(model.dtype)) for k, v in kv]
     if uses_rope(model):
         positions = positions_from_mask(mask)
         kv = [(apply_rope(model, k, positions), v) for k, v in kv]

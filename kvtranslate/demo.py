@@ -32,16 +32,16 @@ from .evaluate import (
     qa_scores,
     time_translate_vs_prefill,
 )
-from .models import load_pair
+from .models import check_dtype, load_pair
 from .pipeline import encode_pair_items, long_items, position_limit, save_translator
 from .train import train_translator
 
 Log = Callable[[str], Any]
 # half of the training facts phrased with random words of the training templates (held-out ones untouched): more
-# retention on held-out phrasings for every kind, beyond seed-to-seed spread (README, retention studies)
+# retention on held-out phrasings for every kind, beyond seed-to-seed spread (experiments/results/kvtranslate/README.md)
 PHRASE_MIX = 0.5
 # the key channels weigh 16x in the KV reconstruction: long-context retention beyond seed-to-seed spread (the keys
-# are what loses the facts; README, retention studies)
+# are what loses the facts; experiments/results/kvtranslate/README.md)
 W_KEY = 16.0
 RECIPE = dict(phrase_mix=PHRASE_MIX, w_key=W_KEY)
 VARIANTS: dict[str, dict[str, Any]] = {  # name -> training overrides
@@ -67,7 +67,7 @@ PAIRS: dict[tuple[str, str], dict[str, Any]] = {
 INJECTION_POINTS = (0.25, 0.5, 0.75, 1.0)
 # sized for <= 30 minutes on 2 otherwise idle cores with JOBS processes: the main pair (4 translators x `steps`,
 # the injection study, the multi-agent run) in one, the three other pairs (9 translators x `coverage_steps`) in
-# the other; measured at 18.6 and 23.9 minutes end to end on two machines (README, Demo)
+# the other; measured at 18.6 and 23.9 minutes end to end on two machines (experiments/results/kvtranslate/README.md)
 FULL = dict(
     steps=2000, coverage_steps=450, n_train=3000, n_eval=300, n_long=100, n_inject=160, n_docs=40, long_facts=22
 )
@@ -85,9 +85,11 @@ def run_pair(
     parts: dict[str, Any],
     save_translators: bool = False,
     device: str | torch.device = "cpu",
+    dtype: str = "auto",
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Bounds, translators, QA, long context and timing of one pair; `parts` is its PAIRS entry."""
-    pair = load_pair(source_name, target_name, device)
+    """Bounds, translators, QA, long context and timing of one pair; `parts` is its PAIRS entry; the models load
+    in `dtype` (models.DTYPES)."""
+    pair = load_pair(source_name, target_name, device, dtype)
     source_tok, target_tok = pair.source_tok, pair.target_tok
     label = pair_name(source_name, target_name)
     eval_data = encode_pair_items(pair, make_dataset(cfg["n_eval"], seed=seed + 7, split="eval"))
@@ -121,7 +123,8 @@ def run_pair(
         )
         translators[name] = translator
         if save_translators:
-            save_translator(translator, tcfg, os.path.join(out_dir, "translators", label.replace("->", "__"), name))
+            folder = os.path.join(out_dir, "translators", label.replace("->", "__"), name)
+            save_translator(translator, dict(tcfg, source=source_name, target=target_name), folder)
         details["train"][name] = history
         scores, preds = qa_scores(eval_data, "translated", pair, translator)
         long_f1, _, _ = extractive_f1(long_data, "translated", pair, translator)
@@ -233,6 +236,7 @@ def run_pair_logged(
     save_translators: bool,
     device: str,
     threads: int,
+    dtype: str,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """run_pair in a worker process (demo --jobs): its log lines are appended to the run's demo_log.jsonl."""
     torch.set_num_threads(threads)
@@ -244,11 +248,18 @@ def run_pair_logged(
             log_file.flush()
 
         parts = PAIRS[(source_name, target_name)]
-        return run_pair(source_name, target_name, cfg, out_dir, seed, log, parts, save_translators, device)
+        return run_pair(source_name, target_name, cfg, out_dir, seed, log, parts, save_translators, device, dtype)
 
 
 def pair_name(source: str, target: str) -> str:
     return f"{source}->{target}"
+
+
+def worker_threads(threads: int | None, jobs: int) -> int:
+    """Threads of each of `jobs` worker processes: --threads, else this process's thread count (torch's choice:
+    one per core) shared among them, since torch's default in every worker would put jobs x cores threads on
+    the cores."""
+    return threads if threads is not None else max(1, torch.get_num_threads() // jobs)
 
 
 def run_demo(
@@ -260,16 +271,22 @@ def run_demo(
     sizes: dict[str, int] | None = None,
     pairs: list[tuple[str, str]] | None = None,
     jobs: int = 1,
+    threads: int | None = None,
+    dtype: str = "auto",
 ) -> dict[str, dict[str, Any]]:
     """sizes: overrides of FULL / QUICK (steps, coverage_steps, n_eval, ...), recorded in summary.json's run.
     pairs: the (source, target) keys of PAIRS to run (default: all). With a subset, the other pairs an earlier
-    run wrote to out_dir are kept, and this run is added to summary.json's `runs` (each names its pairs)."""
+    run wrote to out_dir are kept, and this run is added to summary.json's `runs` (each names its pairs).
+    threads: of each worker process with jobs > 1 (see `worker_threads`; with one job this process's count
+    applies). dtype: the models' (models.DTYPES)."""
     selected = list(PAIRS) if pairs is None else [tuple(p) for p in pairs]
     unknown = [p for p in selected if p not in PAIRS]
     if unknown:
         raise ValueError(f"--pairs {unknown} not among the demo's pairs: {[':'.join(p) for p in PAIRS]}")
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
+    check_dtype(dtype)
+    pair_threads = torch.get_num_threads() if jobs == 1 else worker_threads(threads, jobs)
     torch.manual_seed(seed)
     cfg = {**(QUICK if quick else FULL), **(sizes or {})}
     os.makedirs(out_dir, exist_ok=True)
@@ -298,7 +315,8 @@ def run_demo(
         log_file.write(line + "\n")
         log_file.flush()
 
-    log(json.dumps(dict(event="command", pairs=[pair_name(*p) for p in selected], seed=seed, config=cfg, jobs=jobs)))
+    selected_names = [pair_name(*p) for p in selected]
+    log(json.dumps(dict(event="command", pairs=selected_names, seed=seed, config=cfg, jobs=jobs, threads=pair_threads)))
     start, done = time.time(), []
 
     def finished(res: dict[str, Any], details: dict[str, Any]) -> None:
@@ -314,9 +332,10 @@ def run_demo(
             quick=quick,
             config=cfg,
             minutes=round(minutes, 2),
-            threads=torch.get_num_threads(),
+            threads=pair_threads,
             jobs=jobs,
             device=str(device),
+            dtype=dtype,
             pairs=done,
             complete=len(order) == len(PAIRS),
             machine=f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".strip(),
@@ -330,15 +349,22 @@ def run_demo(
     if jobs == 1:
         for source_name, target_name in selected:
             parts = PAIRS[(source_name, target_name)]
-            finished(*run_pair(source_name, target_name, *common, log, parts, save_translators, device))
+            finished(*run_pair(source_name, target_name, *common, log, parts, save_translators, device, dtype))
     else:
-        # one process per pair at a time, each with the parent's thread count; the pairs' numbers do not depend on
-        # which process ran them (every translator and passage set is seeded)
-        threads = torch.get_num_threads()
+        # one process per pair at a time; the pairs' numbers do not depend on which process ran them (every
+        # translator and passage set is seeded)
         with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [
                 pool.submit(
-                    run_pair_logged, source_name, target_name, *common, log_path, save_translators, str(device), threads
+                    run_pair_logged,
+                    source_name,
+                    target_name,
+                    *common,
+                    log_path,
+                    save_translators,
+                    str(device),
+                    pair_threads,
+                    dtype,
                 )
                 for source_name, target_name in selected  # the main pair first: it is the longest
             ]

@@ -37,6 +37,13 @@ INITS = ("hf", "torch")
 CHECKPOINT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoints")
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 N_POSITIONS = 256
+# --dtype: "auto" loads a checkpoint in the dtype its config.json records (the tiny checkpoints: float32), as
+# transformers' from_pretrained does; the others load it in that dtype
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Eager attention rather than transformers' default (sdpa): every committed result was computed with it, and sdpa
+# sums in another order (the tiny targets' cached keys differ by about 1e-6), so results would no longer be
+# bit-identical. None lets transformers choose.
+ATTN_IMPLEMENTATION = "eager"
 
 # name -> family, tokenizer vocab size, tokenizer name (models may share one), architecture
 TINY_SPECS = {
@@ -166,13 +173,27 @@ def resolve(name_or_path: str) -> str:
     return name_or_path  # hub id such as "gpt2" or "Qwen/Qwen2.5-0.5B"
 
 
+def check_dtype(dtype: str | torch.dtype) -> str | torch.dtype:
+    """A --dtype name of DTYPES (or a torch.dtype), else an error naming the flag and the allowed values."""
+    if isinstance(dtype, torch.dtype) or dtype in DTYPES:
+        return dtype
+    raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+
+
 def load_model(
-    name_or_path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    name_or_path: str,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "cpu",
+    attn_implementation: str | None = ATTN_IMPLEMENTATION,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A model (eval mode, on `device`) and its tokenizer by name or path (see `resolve`); `dtype` is one of DTYPES
+    or a torch.dtype, passed to from_pretrained as its `dtype`."""
+    dtype = check_dtype(dtype)
     where = resolve(name_or_path)
     config = AutoConfig.from_pretrained(where)
     family_of(config)  # before loading weights: an unsupported family fails with its name
-    model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation="eager").eval()
+    attention = {} if attn_implementation is None else dict(attn_implementation=attn_implementation)
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **attention).eval()
     return model.to(device), load_tokenizer(where)
 
 
@@ -192,9 +213,16 @@ class ModelPair:
         return self.target.device
 
 
-def load_pair(source: str, target: str, device: str | torch.device = "cpu") -> ModelPair:
-    """Both models of a pair by name or path (see `resolve`), on `device`."""
-    return ModelPair(*load_model(source, device=device), *load_model(target, device=device))
+def load_pair(
+    source: str,
+    target: str,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "auto",
+    attn_implementation: str | None = ATTN_IMPLEMENTATION,
+) -> ModelPair:
+    """Both models of a pair by name or path (see `resolve`), on `device`, in `dtype` (see `load_model`)."""
+    load = dict(dtype=dtype, device=device, attn_implementation=attn_implementation)
+    return ModelPair(*load_model(source, **load), *load_model(target, **load))
 
 
 def pick_device(name: str) -> torch.device:
@@ -208,8 +236,10 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def set_threads(n: int) -> None:
-    """CPU threads for torch (the shared machine runs everything on one)."""
+def set_threads(n: int | None) -> None:
+    """CPU threads for torch (--threads); None leaves torch's own choice."""
+    if n is None:
+        return
     if n < 1:
         raise ValueError(f"--threads must be >= 1, got {n}")
     torch.set_num_threads(n)

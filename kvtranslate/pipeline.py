@@ -19,7 +19,7 @@ from .corpus import QAItem, has_same_type_distractor, make_long_dataset
 from .models import ModelPair, kv_geometry
 from .scoring import pad_left
 from .tokenization import encode_item
-from .translators import KVTranslator, source_features, target_embeddings
+from .translators import CONFIG_NAME, KVTranslator, source_features, target_embeddings
 
 # the translator's architecture (train.TRAIN_DEFAULTS adds the training settings)
 TRANSLATOR_DEFAULTS: dict[str, Any] = dict(
@@ -122,10 +122,11 @@ def translate_batch(
     if source_kv is None:
         with torch.no_grad():
             source_kv = prefill_kv(pair.source, batch["src_ids"], batch["src_mask"])
-    feats = aligned_features(source_kv, batch["index"])
+    dtype = translator.w_src.dtype  # models in bfloat16 / float16 feed a float32 translator (no copy when equal)
+    feats = aligned_features(source_kv, batch["index"]).to(dtype)
     with torch.no_grad():
         emb = target_embeddings(pair.target, batch["tgt_ids"], batch["tgt_mask"])  # the translator builds the window
-    return translator(feats, emb, batch["tgt_mask"])
+    return translator(feats, emb.to(dtype), batch["tgt_mask"])
 
 
 def build_translator(pair: ModelPair, cfg: dict[str, Any]) -> KVTranslator:
@@ -150,19 +151,42 @@ def build_translator(pair: ModelPair, cfg: dict[str, Any]) -> KVTranslator:
 
 
 def save_translator(translator: KVTranslator, cfg: dict[str, Any], folder: str) -> None:
-    """translator.pt (the state dict) and translator.json (every setting) in `folder`."""
-    os.makedirs(folder, exist_ok=True)
-    torch.save(translator.state_dict(), os.path.join(folder, "translator.pt"))
-    with open(os.path.join(folder, "translator.json"), "w") as f:
-        json.dump({k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}, f, indent=1)
+    """config.json (architecture, and every setting under `training`) and model.safetensors in `folder`."""
+    translator.save_pretrained(folder, training={k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()})
+
+
+# the files older versions wrote: the state dict (torch.save) and the settings
+LEGACY_WEIGHTS, LEGACY_CONFIG = "translator.pt", "translator.json"
 
 
 def load_translator(pair: ModelPair, folder: str) -> tuple[KVTranslator, dict[str, Any]]:
-    """A translator saved by `save_translator`, in eval mode on the target's device, and its settings."""
-    with open(os.path.join(folder, "translator.json")) as f:
+    """A translator saved by `save_translator` (or a translator.pt folder of older versions), in eval mode on the
+    target's device, and its settings; a translator made for models of other shapes is refused."""
+    if not os.path.isfile(os.path.join(folder, LEGACY_WEIGHTS)) or os.path.isfile(os.path.join(folder, CONFIG_NAME)):
+        translator = KVTranslator.from_pretrained(folder, pair.device)
+        check_fits(translator, pair, folder)
+        return translator, {**TRANSLATOR_DEFAULTS, **translator.training_settings}
+    with open(os.path.join(folder, LEGACY_CONFIG)) as f:
         # every setting is saved; folders written before the window option existed read one token
         cfg = {**TRANSLATOR_DEFAULTS, "window": 1, **json.load(f)}
     translator = build_translator(pair, cfg)
-    state = torch.load(os.path.join(folder, "translator.pt"), map_location=pair.device, weights_only=True)
+    state = torch.load(os.path.join(folder, LEGACY_WEIGHTS), map_location=pair.device, weights_only=True)
     translator.load_state_dict(state)
     return translator.eval(), cfg
+
+
+def check_fits(translator: KVTranslator, pair: ModelPair, folder: str) -> None:
+    """The saved translator reads the pair's source cache and writes the target's (layers, KV heads, head width,
+    embedding width), else an error naming the folder and both shapes."""
+    keys = ("layers", "kv_heads", "head_dim")
+    saved = translator.config
+    for side, model in (("source", pair.source), ("target", pair.target)):
+        want = {k: kv_geometry(model)[k] for k in keys}
+        have = {k: saved[f"{side}_geom"][k] for k in keys}
+        if have != want:
+            raise ValueError(f"translator {folder} was made for a {side} cache of {have}, this pair's is {want}")
+    if saved["target_embed_dim"] != kv_geometry(pair.target)["hidden"]:
+        raise ValueError(
+            f"translator {folder} reads target embeddings {saved['target_embed_dim']} wide, this target's are "
+            f"{kv_geometry(pair.target)['hidden']}"
+        )

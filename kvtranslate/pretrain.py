@@ -9,7 +9,7 @@ the trials behind each choice are in checkpoints/README.md):
 - 4% of the batches are long passages (8-24 facts) in the second half, so the long-context variant stays in
   distribution;
 - PyTorch-scale init with untied embeddings (models.init_for_retrieval), AdamW lr 1e-3 with warm-up and linear
-  decay, batch 32, 8,000 steps, one thread.
+  decay, batch 32, 8,000 steps (the committed checkpoints: one thread, `--threads 1`).
 Closed-set accuracy (log-likelihood of 4 candidates, lm-eval style), open exact match and binding accuracy (the
 items with a same-type distractor) are logged. The other options (answer-token loss weight, all-same-attribute
 "binding drill" passages, HF init with tied embeddings, full LM loss) are kept for the recorded trials.

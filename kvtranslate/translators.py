@@ -6,7 +6,7 @@ and position for learned-position families) of t and the `window` - 1 target tok
 table reads, not a prefill. They tell the translator which target sub-token it is writing when several share
 one source token, and the local window lets it write what the target's own early layers mix in from the
 preceding tokens (e.g. which name a value follows): without it a translated cache lost name-value binding
-(kvtranslate/README.md).
+(experiments/results/kvtranslate/README.md, History).
 
 Kinds:
 - "mot": M expert MLPs per target layer mixed by a token-wise router (softmax, or top-k renormalised) with a
@@ -21,11 +21,15 @@ With `src_window` > 1 each target token also reads the source part (per-layer K/
 All target layers are computed in batched matrix products, which keeps the translator cheaper than a prefill.
 """
 
+import json
 import math
+import os
+from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import Tensor
 from transformers import PreTrainedModel
 
@@ -37,6 +41,9 @@ KINDS = ("mot", "single", "shared-latent", "mot-latent")
 MIXTURE_KINDS = ("mot", "mot-latent")  # M experts and a router per target layer
 LATENT_KINDS = ("shared-latent", "mot-latent")  # one encoder of all source layers into a latent per token
 GATINGS = ("softmax", "topk")
+# a saved translator: a folder with these two files (as transformers saves a model)
+CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
+MODEL_TYPE = "kvtranslate-translator"  # config.json's model_type
 
 
 def source_features(kv: KV) -> Tensor:
@@ -98,6 +105,22 @@ class KVTranslator(nn.Module):
             raise ValueError(f"gating must be one of {GATINGS}, got {gating!r}")
         if kind in MIXTURE_KINDS and not 1 <= top_k <= n_experts:
             raise ValueError(f"top_k must be in 1..n_experts={n_experts}, got {top_k}")
+        # every constructor argument: what config.json records and from_pretrained rebuilds the translator from
+        self.config: dict[str, Any] = dict(
+            source_geom=dict(source_geom),
+            target_geom=dict(target_geom),
+            target_embed_dim=target_embed_dim,
+            kind=kind,
+            k_layers=k_layers,
+            hidden=hidden,
+            n_experts=n_experts,
+            gating=gating,
+            top_k=top_k,
+            latent=latent,
+            window=window,
+            embed_dim=embed_dim,
+            src_window=src_window,
+        )
         self.kind, self.gating, self.top_k, self.window, self.src_window = kind, gating, top_k, window, src_window
         self.n_experts = n_experts if kind in MIXTURE_KINDS else 1
         L_t, L_s = target_geom["layers"], source_geom["layers"]
@@ -197,6 +220,43 @@ class KVTranslator(nn.Module):
             data = torch.cat(rows[j])
             self.out_mean[j, 0] = data.mean(0)
             self.out_std[j, 0] = data.std(0).clamp(min=1e-3)
+
+    def save_pretrained(self, folder: str, training: dict[str, Any] | None = None) -> None:
+        """`folder`/config.json (the constructor's arguments, model_type, and `training`: the settings it was
+        trained with) and `folder`/model.safetensors (every weight and buffer)."""
+        os.makedirs(folder, exist_ok=True)
+        config = dict(model_type=MODEL_TYPE, **self.config, training=training or {})
+        with open(os.path.join(folder, CONFIG_NAME), "w") as f:
+            json.dump(config, f, indent=1)
+        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        save_file(state, os.path.join(folder, WEIGHTS_NAME), metadata={"format": "pt"})
+
+    @classmethod
+    def from_pretrained(cls, folder: str, device: str | torch.device = "cpu") -> "KVTranslator":
+        """A translator saved by `save_pretrained`, in eval mode on `device`; its training settings are in
+        `.training_settings`. (A folder of translator.pt from older versions loads with pipeline.load_translator.)"""
+        config = read_config(folder)
+        translator = cls(**{k: v for k, v in config.items() if k not in ("model_type", "training")})
+        translator.load_state_dict(load_file(os.path.join(folder, WEIGHTS_NAME)))
+        translator.training_settings = config.get("training", {})
+        return translator.to(device).eval()
+
+
+def read_config(folder: str) -> dict[str, Any]:
+    """config.json of a translator folder, checked to be one (an error naming the folder and the files it lacks)."""
+    paths = [os.path.join(folder, name) for name in (CONFIG_NAME, WEIGHTS_NAME)]
+    missing = [os.path.basename(p) for p in paths if not os.path.isfile(p)]
+    if missing:
+        raise FileNotFoundError(
+            f"translator folder {folder} has no {' / '.join(missing)} (it needs {CONFIG_NAME} and {WEIGHTS_NAME})"
+        )
+    with open(paths[0]) as f:
+        config = json.load(f)
+    if config.get("model_type") != MODEL_TYPE:
+        raise ValueError(
+            f"{paths[0]}: model_type is {config.get('model_type')!r}, not {MODEL_TYPE!r} (not a kvtranslate translator)"
+        )
+    return config
 
 
 def balance_loss(probs: Tensor, mask: Tensor | None = None) -> Tensor:

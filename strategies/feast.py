@@ -15,14 +15,16 @@ from fl_app.run.payload import RecordState, record_bytes, record_to_state, state
 from fl_app.supernet.slicing import slice_state, state_numel, subnet_shapes
 from fl_app.supernet.space import Subnet, SupernetConfig
 from fl_app.supernet.subnets import SubnetCache
-from strategies.rounds import LiveNodes, RoundLog, RoundLoop, sample_partitions
+from strategies.rounds import LiveNodes, RoundLog, RoundLoop, arrays_bytes, sample_partitions
 from strategies.screening import (
-    NON_NEGATIVE,
+    CLIENT_SECONDS,
+    TRAIN_LOSS,
     MetricSpec,
     examples_spec,
     labels_spec,
     magnitude_bound,
     metrics_problem,
+    raised,
     record_problem,
 )
 from strategies.sparse import sparse_average, update_problem
@@ -44,6 +46,7 @@ class FeastStrategy(RoundLoop):
         min_reply_fraction: float = 1.0,
         lr_of_round=None,
         examples_of_partition: dict[int, int] | None = None,
+        labels_of_partition: dict[int, list[int]] | None = None,
     ):
         self.cfg, self.cache, self.budgets = cfg, cache, budgets
         self.node_of_partition = node_of_partition
@@ -53,6 +56,8 @@ class FeastStrategy(RoundLoop):
         self.lr_of_round = lr_of_round or (lambda r: 0.0)
         # what each client must report as num-examples (its partition size), when the server can know it
         self.examples_of_partition = examples_of_partition
+        # the labels each client's partition holds (what it must report as labels), when the server can know them
+        self.labels_of_partition = labels_of_partition
         self.global_state: dict[str, np.ndarray] = {}
         self.routed: dict[int, tuple[Subnet, Subnet | None]] = {}  # partition id -> (bounds, arch) this round
         self.rounds: dict[int, RoundLog] = {}
@@ -95,14 +100,16 @@ class FeastStrategy(RoundLoop):
         return None
 
     def metric_specs(self, partition_id: int) -> dict[str, MetricSpec]:
-        """What a reply's metrics must be: num-examples is the partition's size when the server knows it (it weighs
-        the reply), labels are distinct classes of the model, loss and time finite and non-negative."""
+        """What a reply's metrics must be: num-examples is the partition's size and labels are the partition's
+        labels when the server knows them (num-examples weighs the reply, HeteroFL masks classifier rows by labels),
+        else distinct classes of the model; loss and time finite, non-negative and below their ceilings."""
         size = None if self.examples_of_partition is None else self.examples_of_partition[partition_id]
+        held = None if self.labels_of_partition is None else self.labels_of_partition[partition_id]
         return {
             "num-examples": examples_spec(size, exact=True),
-            "labels": labels_spec(self.model_cfg.n_classes),
-            "train-loss": NON_NEGATIVE,
-            "client-seconds": NON_NEGATIVE,
+            "labels": labels_spec(self.model_cfg.n_classes, held=held),
+            "train-loss": TRAIN_LOSS,
+            "client-seconds": CLIENT_SECONDS,
         }
 
     # -- checkpoints ------------------------------------------------------------------------------------------
@@ -153,7 +160,15 @@ class FeastStrategy(RoundLoop):
     def reply_problem(self, server_round: int, partition_id: int, reply: Message, view: dict) -> str | None:
         """Why a reply cannot be aggregated (None when it can): ``strategies.screening``'s checks, in order of cost:
         metrics, then array metadata against exactly what was routed (nothing decoded yet), then the decoded
-        tensors (finite, within the magnitude bound of the global tensor they update, prefix slices of it)."""
+        tensors (finite, within the magnitude bound of the global tensor they update, prefix slices of it, running
+        variances not negative). Decoding reads only what the screened metadata allows (``payload.array_values``);
+        anything it or a check raises is the reply's rejection, never the end of the round."""
+        try:
+            return self._reply_problem(server_round, partition_id, reply, view)
+        except Exception as error:  # whatever one reply makes a check raise rejects that reply only
+            return raised(error)
+
+    def _reply_problem(self, server_round: int, partition_id: int, reply: Message, view: dict) -> str | None:
         if partition_id not in self.routed:
             return "not sampled this round"
         record = reply.content.array_records.get("arrays")
@@ -169,12 +184,9 @@ class FeastStrategy(RoundLoop):
         )
         if problem:
             return problem
-        try:
-            return update_problem(
-                view, RecordState(record, self.payload_dtype), 1.0, expected, self._magnitude_bounds(server_round, view)
-            )
-        except ValueError as error:  # the data's own header disagrees with the screened metadata
-            return str(error)
+        return update_problem(
+            view, RecordState(record, self.payload_dtype), 1.0, expected, self._magnitude_bounds(server_round, view)
+        )
 
     def _magnitude_bounds(self, server_round: int, view: dict) -> dict[str, float]:
         if self._bounds is None or self._bounds[0] != server_round:
@@ -189,9 +201,10 @@ class FeastStrategy(RoundLoop):
             else self.to_wire_view(self.global_state, server_round)
         )
         accepted, losses = [], []
-        for pid, reply in log_.screen(server_round, replies, self.node_of_partition, self._sent):
+        replies = list(replies)
+        log_.bytes_up += sum(arrays_bytes(reply, "arrays") for reply in replies)  # what arrived, credited or not
+        for pid, reply in log_.screen(server_round, replies, self._sent):
             record = reply.content.array_records.get("arrays")
-            log_.bytes_up += record_bytes(record) if record is not None else 0
             problem = self.reply_problem(server_round, pid, reply, view)
             if problem:
                 log(WARNING, "round %d: reply from client %d rejected: %s", server_round, pid, problem)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from fl_app.run.config import check_choice
-from strategies.hetero_base import HeteroStrategy, counts_problem
+from strategies.hetero_base import HeteroStrategy
 
 
 # -- FedTopo merge -------------------------------------------------------------------------------------------------
@@ -80,8 +80,7 @@ class FedTopoStrategy(HeteroStrategy):
         return {"relations": (self.num_classes, self.num_classes), "counts": (self.num_classes,)}
 
     def upload_problem(self, partition_id, upload):
-        size = None if self.train_size_of_partition is None else self.train_size_of_partition[partition_id]
-        return counts_problem(upload["counts"], size, exact_total=True) or relations_problem(
+        return self.partition_counts_problem(partition_id, upload["counts"]) or relations_problem(
             upload["relations"], upload["counts"]
         )
 

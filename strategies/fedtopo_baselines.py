@@ -11,7 +11,8 @@ from flwr.common.logger import log
 from torch import nn
 
 from fl_app.run.config import check_choice
-from strategies.hetero_base import HeteroStrategy, absent_rows_problem, counts_problem
+from strategies.hetero_base import HeteroStrategy
+from strategies.screening import absent_rows_problem
 
 
 def weighted_class_means(means: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -53,7 +54,7 @@ class _ClassMeanStrategy(HeteroStrategy):
 
     key = "means"
     count_weighted = True  # FedProto weighs client i's class-c mean by n_ic; FD takes the plain mean over holders
-    exact_counts = True  # counts of the whole training split (FD: of the classes seen in training, so at most)
+    seen_only = False  # counts of the whole training split (FD: only of the classes seen in training, others 0)
 
     def mean_dim(self) -> int:
         return self.feature_dim
@@ -65,8 +66,7 @@ class _ClassMeanStrategy(HeteroStrategy):
         return self.global_arrays.get(self.key) if key == "means" else None
 
     def upload_problem(self, partition_id, upload):
-        size = None if self.train_size_of_partition is None else self.train_size_of_partition[partition_id]
-        return counts_problem(upload["counts"], size, self.exact_counts) or absent_rows_problem(
+        return self.partition_counts_problem(partition_id, upload["counts"], self.seen_only) or absent_rows_problem(
             "means", upload["means"], upload["counts"]
         )
 
@@ -93,7 +93,7 @@ class FdStrategy(_ClassMeanStrategy):
     name = "fd"
     key = "soft-labels"
     count_weighted = False
-    exact_counts = False
+    seen_only = True
 
     def mean_dim(self) -> int:  # mean logits
         return self.num_classes

@@ -18,45 +18,25 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fl_app.run.payload import record_bytes, record_to_state, state_to_record
-from strategies.rounds import LiveNodes, RoundLog, RoundLoop, sample_partitions
+from strategies.rounds import LiveNodes, RoundLog, RoundLoop, arrays_bytes, sample_partitions
 from strategies.screening import (
+    CLIENT_SECONDS,
     MAX_WEIGHT,
-    NON_NEGATIVE,
+    TRAIN_LOSS,
     MetricSpec,
+    counts_problem,
     examples_spec,
     magnitude_bound,
     metrics_problem,
+    raised,
     record_problem,
     tensor_problem,
 )
 
-
-# -- screening shared by the methods' uploads ------------------------------------------------------------------
-def counts_problem(counts: np.ndarray, partition_size: int | None, exact_total: bool) -> str | None:
-    """Why per-class counts cannot be trusted: not finite, negative or fractional, or more than the partition holds
-    (in total, or exactly its size with ``exact_total``: counts of the whole training split)."""
-    if not np.all(np.isfinite(counts)):
-        return "'counts' contains NaN or Inf"
-    if np.any(counts < 0) or np.any(counts != np.round(counts)):
-        return f"'counts' must be non-negative integers, got {np.asarray(counts).tolist()}"
-    total, limit = float(counts.sum()), partition_size if partition_size is not None else MAX_WEIGHT
-    if total > limit or (exact_total and partition_size is not None and total != partition_size):
-        relation = "equal" if exact_total and partition_size is not None else "at most"
-        return f"'counts' sum to {total:.0f}, must be {relation} {limit} (the partition's training split)"
-    return None
-
-
-def absent_rows_problem(name: str, values: np.ndarray, counts: np.ndarray) -> str | None:
-    """Per-class statistics of classes the client does not hold must be zero (nothing was measured)."""
-    if np.any(values[counts == 0] != 0):
-        return f"'{name}' has non-zero rows for classes with count 0"
-    return None
-
-
 TRAIN_METRIC_KEYS = {
-    "train-loss": NON_NEGATIVE,
+    "train-loss": TRAIN_LOSS,
     "local-steps": MetricSpec("int", low=0, required=False),
-    "client-seconds": NON_NEGATIVE,
+    "client-seconds": CLIENT_SECONDS,
 }
 UPLOAD_RECORD, METRICS_RECORD = "upload", "metrics"
 
@@ -93,6 +73,7 @@ class HeteroStrategy(RoundLoop):
         feature_dim: int = 64,
         train_size_of_partition: dict[int, int] | None = None,
         test_size_of_partition: dict[int, int] | None = None,
+        train_counts_of_partition: dict[int, np.ndarray] | None = None,
     ):
         self.node_of_partition, self.num_classes = node_of_partition, num_classes
         # in a deployment nodes leave, join and rejoin: sampling and evaluation follow the connected ones
@@ -105,6 +86,8 @@ class HeteroStrategy(RoundLoop):
         self.client_config: dict = {}  # extra config every message carries (where clients keep their models)
         # what each client must report as its training / test split size, when the server can know it
         self.train_size_of_partition, self.test_size_of_partition = train_size_of_partition, test_size_of_partition
+        # each training split's per-class counts (what clients that upload counts must report), when known
+        self.train_counts_of_partition = train_counts_of_partition
         self.global_arrays: dict[str, np.ndarray] = {}
         self.rounds: dict[int, RoundLog] = {}
         self.eval_rounds: dict[int, RoundLog] = {}
@@ -134,6 +117,13 @@ class HeteroStrategy(RoundLoop):
     def magnitude_reference(self, key: str) -> np.ndarray | None:
         """The global array an uploaded array is bounded by (``screening.magnitude_bound``; None: 1e3)."""
         return None
+
+    def partition_counts_problem(self, partition_id: int, counts: np.ndarray, seen_only: bool = False) -> str | None:
+        """``screening.counts_problem`` against this partition's true counts (or its split's size, when the server
+        does not know the counts)."""
+        known = None if self.train_counts_of_partition is None else self.train_counts_of_partition[partition_id]
+        size = None if self.train_size_of_partition is None else self.train_size_of_partition[partition_id]
+        return counts_problem(counts, known, size, seen_only)
 
     def upload_bound(self, key: str) -> float:
         """Largest |value| of an uploaded array: counts are bounded by ``counts_problem`` (the partition's size)."""
@@ -175,7 +165,15 @@ class HeteroStrategy(RoundLoop):
         return {"num-examples": examples_spec(size, exact=True), **TRAIN_METRIC_KEYS}
 
     def reply_problem(self, partition_id: int, reply: Message) -> tuple[str | None, dict]:
-        """(why the reply cannot be used or None, its decoded upload). Checks in order of cost (see the class)."""
+        """(why the reply cannot be used or None, its decoded upload). Checks in order of cost (see the class);
+        decoding reads only what the screened metadata allows (``payload.array_values``), and anything it or a check
+        raises is the reply's rejection, never the end of the round."""
+        try:
+            return self._reply_problem(partition_id, reply)
+        except Exception as error:  # whatever one reply makes a check raise rejects that reply only
+            return raised(error), {}
+
+    def _reply_problem(self, partition_id: int, reply: Message) -> tuple[str | None, dict]:
         if partition_id not in self._sent:
             return "not sampled this round", {}
         content = reply.content
@@ -190,10 +188,7 @@ class HeteroStrategy(RoundLoop):
         ) or record_problem(record, self.expected_upload(), self.payload_dtype)
         if problem:
             return problem, {}
-        try:
-            upload = record_to_state(record, self.payload_dtype)
-        except ValueError as error:  # the data's own header disagrees with the screened metadata
-            return str(error), {}
+        upload = record_to_state(record, self.payload_dtype)
         for key, values in upload.items():
             problem = tensor_problem(key, values, self.upload_bound(key))
             if problem:
@@ -203,9 +198,9 @@ class HeteroStrategy(RoundLoop):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         log_ = self.rounds.setdefault(server_round, RoundLog())
         uploads, losses = [], []
-        for pid, reply in log_.screen(server_round, replies, self.node_of_partition, self._sent):
-            record = reply.content.array_records.get(UPLOAD_RECORD)
-            log_.bytes_up += record_bytes(record) if isinstance(record, ArrayRecord) else 0
+        replies = list(replies)
+        log_.bytes_up += sum(arrays_bytes(reply, UPLOAD_RECORD) for reply in replies)  # what arrived, credited or not
+        for pid, reply in log_.screen(server_round, replies, self._sent):
             problem, upload = self.reply_problem(pid, reply)
             if problem:
                 log(WARNING, "round %d: reply from client %d rejected: %s", server_round, pid, problem)
@@ -256,6 +251,12 @@ class HeteroStrategy(RoundLoop):
         return list(self._eval_sent.values())
 
     def evaluation_problem(self, partition_id: int, reply: Message) -> str | None:
+        try:
+            return self._evaluation_problem(partition_id, reply)
+        except Exception as error:  # whatever one reply makes a check raise rejects that reply only
+            return raised(error)
+
+    def _evaluation_problem(self, partition_id: int, reply: Message) -> str | None:
         size = None if self.test_size_of_partition is None else self.test_size_of_partition[partition_id]
         specs = {
             "correct": MetricSpec("int", low=0, high=size if size is not None else MAX_WEIGHT),
@@ -274,7 +275,7 @@ class HeteroStrategy(RoundLoop):
             return None
         log_ = self.eval_rounds.setdefault(server_round, RoundLog(sampled=sorted(self.node_of_partition)))
         per_client = {}
-        for pid, reply in log_.screen(server_round, replies, self.node_of_partition, self._eval_sent):
+        for pid, reply in log_.screen(server_round, replies, self._eval_sent):
             problem = self.evaluation_problem(pid, reply)
             if problem:
                 log(WARNING, "round %d: evaluation reply from client %d rejected: %s", server_round, pid, problem)

@@ -12,13 +12,14 @@ from typing import Iterable, Mapping
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
-from flwr.common.constant import ErrorCode
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fl_app.run.config import RunConfig
 from fl_app.run.lr_schedule import lr_schedule
+from strategies.screening import raised
 
 
 def round_options(run: RunConfig, num_partitions: int) -> dict:
@@ -143,31 +144,29 @@ class RoundLog:
         }
 
     def screen(
-        self,
-        server_round: int,
-        replies: Iterable[Message],
-        node_of_partition: Mapping[int, int],
-        sent: Mapping[int, Message] | None = None,
+        self, server_round: int, replies: Iterable[Message], sent: Mapping[int, Message]
     ) -> list[tuple[int, Message]]:
         """(partition id, reply) of the replies without error, in partition order; errors are logged as failures.
 
-        A reply belongs to the partition whose message it answers: ``metadata.reply_to_message_id`` against the ids
-        the grid gave the messages in ``sent`` (partition id -> message) when it pushed them. The SuperLink's own
-        error replies (a node that died: NODE_UNAVAILABLE) carry the SuperLink's node id as sender, so the sender
-        cannot tell whose they are. Replies the ids cannot place fall back to their sender's node id. Each
-        partition counts once: a second reply for it, or a reply nobody can place, is logged and ignored."""
-        partition_of_message = {m.metadata.message_id: pid for pid, m in (sent or {}).items() if m.metadata.message_id}
-        partition_of_node = {n: p for p, n in node_of_partition.items()}
+        A reply is credited to partition p only when it answers the message ``sent[p]`` of this round
+        (``metadata.reply_to_message_id`` is the id the grid gave that message when it pushed it) and comes from the
+        node that message was sent to. The one exception is the SuperLink's own error reply for a message it could
+        not deliver (a node that died: NODE_UNAVAILABLE), which carries the SuperLink's node id as sender: an error
+        from ``SUPERLINK_NODE_ID`` that answers ``sent[p]`` counts as p's failure. Every other reply (one that
+        answers a message of another round, a replayed one, one from a node answering another node's message) is
+        logged and ignored, as is a second reply for a partition: each partition counts once."""
+        partition_of_message = {m.metadata.message_id: p for p, m in sent.items() if m.metadata.message_id}
+        partition_of_node = {m.metadata.dst_node_id: p for p, m in sent.items()}
         usable = []
         for reply in replies:
-            meta = reply.metadata
-            pid = partition_of_message.get(meta.reply_to_message_id, partition_of_node.get(meta.src_node_id))
+            pid, why_not = self._partition_of(reply, sent, partition_of_message, partition_of_node)
             if pid is None:
                 log(
                     WARNING,
-                    "round %d: a reply from node %d answers no message of this round: ignored",
+                    "round %d: a reply from node %d %s: ignored",
                     server_round,
-                    meta.src_node_id,
+                    reply.metadata.src_node_id,
+                    why_not,
                 )
                 continue
             if pid in self.answered:
@@ -177,11 +176,33 @@ class RoundLog:
             if reply.has_error():
                 log(WARNING, "round %d: client %d failed: %s", server_round, pid, reply.error.reason)
                 self.failed.append(pid)
-                if reply.error.code == ErrorCode.NODE_UNAVAILABLE or meta.src_node_id != node_of_partition.get(pid):
+                if reply.error.code == ErrorCode.NODE_UNAVAILABLE or reply.metadata.src_node_id == SUPERLINK_NODE_ID:
                     self.unreached.append(pid)
             else:
                 usable.append((pid, reply))
         return sorted(usable, key=lambda answer: answer[0])
+
+    @staticmethod
+    def _partition_of(
+        reply: Message, sent: Mapping[int, Message], partition_of_message: dict, partition_of_node: dict
+    ) -> tuple[int | None, str]:
+        """(the partition ``reply`` is credited to, or None and why not); see ``screen``."""
+        meta = reply.metadata
+        if meta.src_node_id == SUPERLINK_NODE_ID and reply.has_error():
+            pid = partition_of_message.get(meta.reply_to_message_id)
+            return pid, "" if pid is not None else "(the SuperLink's error) answers no message of this round"
+        pid = partition_of_node.get(meta.src_node_id)
+        if pid is None:
+            answered = partition_of_message.get(meta.reply_to_message_id)
+            if answered is not None:
+                return None, f"answers the message sent to client {answered}, on another node"
+            return None, "was sent no message this round"
+        if sent[pid].metadata.message_id != meta.reply_to_message_id:
+            answered = partition_of_message.get(meta.reply_to_message_id)
+            if answered is not None:
+                return None, f"(client {pid}'s node) answers the message sent to client {answered}"
+            return None, f"(client {pid}'s node) answers no message of this round (another round's, or none)"
+        return pid, ""
 
     def close(
         self, server_round: int, valid: int, min_reply_fraction: float, sent_bytes: Mapping[int, int] | None = None
@@ -207,6 +228,14 @@ class RoundLog:
                 f"(min-reply-fraction={min_reply_fraction} needs {needed}); "
                 f"failed: {self.failed}, rejected: {self.rejected}"
             )
+
+
+def arrays_bytes(reply: Message, name: str) -> int:
+    """Bytes of a reply's ArrayRecord ``name`` that arrived (0 for an error reply or one without it)."""
+    if reply.has_error():
+        return 0
+    record = reply.content.array_records.get(name)
+    return record.count_bytes() if isinstance(record, ArrayRecord) else 0
 
 
 def round_totals(rounds: Mapping[int, RoundLog]) -> dict:
@@ -319,8 +348,9 @@ class LiveNodes:
             node = reply.metadata.src_node_id
             try:
                 info = partition_info(reply, self.num_partitions)
-            except ValueError as problem:
-                self._refuse(node, str(problem))
+            except Exception as problem:  # a malformed answer refuses that node; it never ends the round
+                reason = raised(problem)  # a ValueError's message names the node already
+                self._refuse(node, reason if isinstance(problem, ValueError) else f"SuperNode {node}: {reason}")
                 continue
             pid = info["partition-id"]
             previous = self.node_of_partition.get(pid)

@@ -14,7 +14,9 @@ Arrays, in two stages:
    - the shape is exactly the expected one;
    - the serialized size is exactly what an .npy blob of that shape and dtype occupies (``payload.npy_bytes``), so an
      oversized blob (e.g. 256 MiB under a valid key) is refused without being read.
-   Decoding (``fl_app.run.payload``) then checks that the decoded header agrees with that metadata.
+   Decoding (``fl_app.run.payload.array_values``) reads the values from that metadata, never from the .npy header
+   inside the data: the header must be byte for byte the one NumPy writes for the screened dtype and shape (a header
+   claiming a huge shape once made NumPy allocate it: MemoryError).
 2. ``tensor_problem(name, tensor, max_abs)`` on each decoded tensor: every element finite and
    ``max|x| <= max_abs``. ``magnitude_bound(reference)`` is the bound for a tensor that updates a global tensor
    ``reference``:
@@ -31,16 +33,26 @@ Arrays, in two stages:
 
    tests/test_hostile_feast.py measures honest training against it: 1.9x at most, at ten times the default lr.
 
+   ``variance_problem(name, tensor)``: BatchNorm running variances are never negative.
+
+What the server derives, it checks exactly: each partition's per-class training counts follow from the seed (the
+server splits the data as the clients do), so ``counts_problem`` requires the uploaded counts to equal them (FD
+reports only the classes it saw in training: each count is 0 or the true one), and ``labels_spec(..., held=...)``
+requires a reply's ``labels`` to be the partition's label set.
+
 Metrics: ``metrics_problem(metrics, specs)`` checks a ``MetricRecord`` against a ``MetricSpec`` per key: the value's
 kind (``int``, ``float``, ``int-list``, ``float-list``; an int passes where a float is wanted, a bool never passes as
 an int, a scalar never passes as a list nor a list as a scalar), finiteness, an inclusive range ``low..high`` for
-every element, list length and distinct elements. Keys without a spec are ignored (nothing reads them).
+every element, list length, distinct elements and, with ``equals``, exactly these elements (in any order). Keys
+without a spec are ignored (nothing reads them).
 Common specs: ``examples_spec(partition_size)`` (num-examples: a positive int, at most the partition's size when the
 server knows it, else at most ``MAX_WEIGHT``; with ``exact=True`` equal to it), ``labels_spec(num_classes)``
-(distinct ints in 0..C-1), ``NON_NEGATIVE`` (train-loss, client-seconds: finite floats >= 0).
+(distinct ints in 0..C-1), ``TRAIN_LOSS`` (finite, 0..``MAX_TRAIN_LOSS``), ``CLIENT_SECONDS`` (finite,
+0..``MAX_CLIENT_SECONDS``).
 
 Order of use in a strategy: metrics, then ``record_problem``, then decode and ``tensor_problem`` / ``state_problem``
-and the method's own invariants; see ``FeastStrategy.reply_problem``.
+and the method's own invariants; see ``FeastStrategy.reply_problem``. Any exception raised while a reply is decoded
+or checked rejects that reply, with ``raised(error)`` as its reason: it never ends the round.
 """
 
 from __future__ import annotations
@@ -52,13 +64,17 @@ from typing import Any, Mapping
 import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord
 
-from fl_app.run.payload import npy_bytes
+from fl_app.run.payload import NUMPY_STYPE, npy_bytes
 
 RELATIVE_BOUND = 1e3  # a reply's max-abs may be this many times the global tensor's (or 1, if that is smaller)
 MAX_ABS = 1e6  # and never larger than this
 MAX_WEIGHT = 2**31 - 1  # the largest aggregation weight (num-examples) a reply may claim
-NUMPY_STYPE = "numpy.ndarray"
 WIRE_DTYPES = {"float32": "float32", "bfloat16": "int16"}  # payload dtype -> dtype of the arrays on the wire
+# Ceilings of reported statistics (they are logged and written to results, never used to weigh anything). A mean
+# cross-entropy of 1e4 means a probability of e^-10000 for the true class: only a diverged client gets near it; no
+# round of this project waits a week for a client.
+MAX_TRAIN_LOSS = 1e4
+MAX_CLIENT_SECONDS = 7 * 24 * 3600.0
 
 
 def wire_dtype(payload_dtype: str) -> str:
@@ -136,6 +152,59 @@ def state_problem(
     return None
 
 
+def variance_problem(name: str, tensor: np.ndarray) -> str | None:
+    """A BatchNorm running variance (``*running_var``) below zero: no variance is negative."""
+    if name.endswith("running_var") and np.size(tensor) and float(np.min(tensor)) < 0:
+        return f"'{name}' is a running variance with a negative element ({float(np.min(tensor)):.3g})"
+    return None
+
+
+def counts_problem(
+    counts: np.ndarray, known: np.ndarray | None, partition_size: int | None = None, seen_only: bool = False
+) -> str | None:
+    """Why uploaded per-class counts cannot be trusted: not finite, negative or fractional; not the partition's true
+    per-class counts ``known`` (with ``seen_only``: each count 0 or the true one, for clients that report only the
+    classes they saw in training). Without ``known``, the counts must sum to at most ``partition_size`` (exactly it
+    unless ``seen_only``)."""
+    counts = np.asarray(counts)
+    if not np.all(np.isfinite(counts)):
+        return "'counts' contains NaN or Inf"
+    if np.any(counts < 0) or np.any(counts != np.round(counts)):
+        return f"'counts' must be non-negative integers, got {_short(counts.tolist())}"
+    if known is not None:
+        known = np.asarray(known)
+        matches = (counts == known) | (counts == 0) if seen_only else counts == known
+        if counts.shape != known.shape or not np.all(matches):
+            relation = "each 0 or equal to" if seen_only else "equal to"
+            return (
+                f"'counts' are {_short(counts.tolist())}, must be {relation} the partition's training split's "
+                f"{_short(known.tolist())}"
+            )
+        return None
+    total, limit = float(counts.sum()), partition_size if partition_size is not None else MAX_WEIGHT
+    exact = partition_size is not None and not seen_only
+    if total > limit or (exact and total != partition_size):
+        relation = "equal" if exact else "at most"
+        return f"'counts' sum to {total:.0f}, must be {relation} {limit} (the partition's training split)"
+    return None
+
+
+def absent_rows_problem(name: str, values: np.ndarray, counts: np.ndarray) -> str | None:
+    """Per-class statistics of classes the client does not hold must be zero (nothing was measured)."""
+    if np.any(values[counts == 0] != 0):
+        return f"'{name}' has non-zero rows for classes with count 0"
+    return None
+
+
+def raised(error: BaseException) -> str:
+    """The rejection reason of a reply whose decoding or checking raised ``error``: a ValueError's message is the
+    reason (decoding raises it for data that disagrees with its metadata); anything else is named with its type."""
+    if isinstance(error, ValueError):
+        return str(error)
+    text = str(error) if len(str(error)) <= 200 else str(error)[:197] + "..."
+    return f"checking it raised {type(error).__name__}: {text}"
+
+
 # -- metrics -----------------------------------------------------------------------------------------------------
 METRIC_KINDS = ("int", "float", "int-list", "float-list")
 
@@ -143,7 +212,8 @@ METRIC_KINDS = ("int", "float", "int-list", "float-list")
 @dataclass(frozen=True)
 class MetricSpec:
     """What one metric of a reply must be: ``kind`` (see METRIC_KINDS), every element finite and in
-    ``low..high`` (inclusive), lists at most ``max_length`` long and, with ``distinct``, without repeats."""
+    ``low..high`` (inclusive), lists at most ``max_length`` long and, with ``distinct``, without repeats; with
+    ``equals``, exactly that value (a list: those elements, in any order)."""
 
     kind: str
     low: float = -math.inf
@@ -151,6 +221,7 @@ class MetricSpec:
     required: bool = True
     max_length: int = 1 << 16
     distinct: bool = False
+    equals: tuple | None = None
 
     def __post_init__(self):
         if self.kind not in METRIC_KINDS:
@@ -177,6 +248,9 @@ class MetricSpec:
                 return f"metric '{key}'={_short(value)} is not finite"
             if not self.low <= element <= self.high:
                 return f"metric '{key}'={_short(value)} outside {self.low:g}..{self.high:g}"
+        if self.equals is not None and sorted(elements) != sorted(self.equals):
+            wanted = list(self.equals) if self.kind.endswith("-list") else self.equals[0]
+            return f"metric '{key}'={_short(value)}, the server derives {_short(wanted)} for this client"
         return None
 
 
@@ -207,6 +281,8 @@ def metrics_problem(metrics: Any, specs: Mapping[str, MetricSpec]) -> str | None
 
 
 NON_NEGATIVE = MetricSpec("float", low=0.0, required=False)
+TRAIN_LOSS = MetricSpec("float", low=0.0, high=MAX_TRAIN_LOSS, required=False)
+CLIENT_SECONDS = MetricSpec("float", low=0.0, high=MAX_CLIENT_SECONDS, required=False)
 
 
 def examples_spec(partition_size: int | None = None, exact: bool = False) -> MetricSpec:
@@ -217,6 +293,15 @@ def examples_spec(partition_size: int | None = None, exact: bool = False) -> Met
     return MetricSpec("int", low=partition_size if exact else 1, high=partition_size)
 
 
-def labels_spec(num_classes: int, required: bool = False) -> MetricSpec:
-    """labels: distinct class indices 0..C-1."""
-    return MetricSpec("int-list", low=0, high=num_classes - 1, required=required, max_length=num_classes, distinct=True)
+def labels_spec(num_classes: int, required: bool = False, held=None) -> MetricSpec:
+    """labels: distinct class indices 0..C-1; with ``held`` (the partition's labels, when the server knows them),
+    exactly those, and required."""
+    return MetricSpec(
+        "int-list",
+        low=0,
+        high=num_classes - 1,
+        required=required or held is not None,
+        max_length=num_classes,
+        distinct=True,
+        equals=None if held is None else tuple(int(c) for c in held),
+    )

@@ -10,7 +10,7 @@ import numpy as np
 from flwr.common.logger import log
 
 from fl_app.supernet.slicing import is_prefix_shape, prefix_region
-from strategies.screening import MAX_WEIGHT, keys_problem, magnitude_bound, tensor_problem
+from strategies.screening import MAX_WEIGHT, keys_problem, magnitude_bound, tensor_problem, variance_problem
 
 State = Mapping[str, np.ndarray]
 
@@ -26,7 +26,8 @@ def update_problem(
 
     ``expected_shapes``, when given, are the exact slices the client was sent: an update must return those. Every
     tensor must be finite and within ``magnitude_bounds[name]`` (default: ``screening.magnitude_bound`` of the
-    global tensor), which also keeps the float32 sums below finite; weights are at most ``screening.MAX_WEIGHT``.
+    global tensor), which also keeps the float32 sums below finite; BatchNorm running variances are not negative;
+    weights are at most ``screening.MAX_WEIGHT``.
     """
     if not (isinstance(weight, (int, float)) and math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
         return f"weight {weight!r} is not a finite number in (0, {MAX_WEIGHT}]"
@@ -43,7 +44,7 @@ def update_problem(
         if expected_shapes is not None and shape != tuple(expected_shapes[name]):
             return f"'{name}' has shape {shape}, but {tuple(expected_shapes[name])} was routed"
         bound = magnitude_bounds[name] if magnitude_bounds is not None else magnitude_bound(global_state[name])
-        problem = tensor_problem(name, tensor, bound)
+        problem = tensor_problem(name, tensor, bound) or variance_problem(name, tensor)
         if problem:
             return problem
     return None

@@ -28,11 +28,11 @@ from typing import Callable, Iterable
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import Error
-from flwr.common.constant import ErrorCode
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode  # the SuperLink answers for a dead node under its id
 
 from experiments.flower_internals import set_message_id, set_reply_source
+from strategies.screening import MAX_CLIENT_SECONDS, MAX_TRAIN_LOSS
 
-SUPERLINK_NODE_ID = 0  # the SuperLink answers for a dead node under its own id
 NEVER = object()  # a corruption's result: the client never answers
 
 
@@ -209,11 +209,12 @@ def _first_name(record: ArrayRecord) -> str:
     return next(iter(record.keys()))
 
 
-def _set_values(value: float):
-    """Put ``value`` into the first array's first element (bfloat16 payloads: as a bfloat16 bit pattern)."""
+def _set_values(value: float, pick: Callable[[ArrayRecord], str] | None = None):
+    """Put ``value`` into the first element of the array ``pick(record)`` names (default: the first array;
+    bfloat16 payloads: as a bfloat16 bit pattern)."""
 
     def change(record):
-        name = _first_name(record)
+        name = (pick or _first_name)(record)
         data = record[name].numpy().copy()
         if data.dtype == np.int16:  # a bfloat16 payload: the upper half of the float32 bit pattern
             data.flat[0] = np.array([value], dtype=np.float32).view(np.int32)[0] >> 16
@@ -262,6 +263,26 @@ def _lying_header(record):
     record[name] = Array(array.dtype, tuple(array.shape), array.stype, Array(flat).data)
 
 
+HUGE_CLAIM = 2**45  # elements a crafted .npy header claims: 128 TiB of float32, more than any address space holds
+
+
+def crafted_header(array: Array, shape: tuple = (HUGE_CLAIM,)) -> Array:
+    """``array`` with its metadata, byte count and values unchanged, but the .npy header inside its data claiming
+    ``shape``: a reader that trusts the header (``np.load``, ``Array.numpy``) allocates that shape."""
+    header_size = len(array.data) - int(np.prod(array.shape, dtype=np.int64)) * np.dtype(array.dtype).itemsize
+    text = f"{{'descr': {np.lib.format.dtype_to_descr(np.dtype(array.dtype))!r}, 'fortran_order': False, "
+    text += f"'shape': {tuple(shape)!r}, }}"
+    body = text.ljust(header_size - 10 - 1) + "\n"  # after the magic string, the version and the 2-byte length
+    assert len(body) + 10 == header_size, "the claim does not fit in the header's room"
+    header = b"\x93NUMPY\x01\x00" + len(body).to_bytes(2, "little") + body.encode("latin-1")
+    return Array(array.dtype, tuple(array.shape), array.stype, header + array.data[header_size:])
+
+
+def _huge_header(record):
+    name = _first_name(record)
+    record[name] = crafted_header(record[name])
+
+
 def _with_metric(key: str, value) -> Callable:
     def corrupt(content: RecordDict, msg: Message) -> RecordDict:
         copy = RecordDict(dict(content))
@@ -270,11 +291,16 @@ def _with_metric(key: str, value) -> Callable:
         if value is None:
             changed.pop(key, None)
         else:
-            changed[key] = value
+            changed[key] = value(changed[key]) if callable(value) else value  # a callable edits the honest value
         copy[name] = MetricRecord(changed)
         return copy
 
     return corrupt
+
+
+def set_value_corruption(name: str, value: float, pick: Callable[[ArrayRecord], str]) -> Corruption:
+    """A reply whose array ``pick(record)`` has ``value`` as its first element."""
+    return array_corruption(name, _set_values(value, pick))
 
 
 def array_corruption(name: str, change) -> Corruption:
@@ -285,11 +311,15 @@ METRIC_KEYS = ("num-examples", "labels", "train-loss", "client-seconds")
 
 
 def standard_corruptions(
-    num_classes: int = 10, metric_keys: Iterable[str] = METRIC_KEYS, payload_dtype: str = "float32"
+    num_classes: int = 10,
+    metric_keys: Iterable[str] = METRIC_KEYS,
+    payload_dtype: str = "float32",
+    exact_labels: bool = False,
 ) -> list[Corruption]:
     """Every kind of bad reply for a method whose replies carry an ArrayRecord and a MetricRecord; metric
-    corruptions only for the ``metric_keys`` the method's replies use. Wrong dtypes are every dtype but the
-    payload's wire dtype (float32, or int16 for bfloat16)."""
+    corruptions only for the ``metric_keys`` the method's replies use (with ``exact_labels``, also labels that are
+    valid classes but not the partition's, which the server knows). Wrong dtypes are every dtype but the payload's
+    wire dtype (float32, or int16 for bfloat16)."""
     keys = set(metric_keys)
     wrong_dtypes = [
         np.complex64,
@@ -324,6 +354,7 @@ def standard_corruptions(
         array_corruption("extra-huge-key", _extra_huge),
         array_corruption("huge-under-valid-key", _oversized_under_valid_key),
         array_corruption("header-disagrees-with-metadata", _lying_header),
+        array_corruption("header-claims-a-huge-shape", _huge_header),
         Corruption(
             "no-arrays",
             lambda content, msg: RecordDict({k: v for k, v in content.items() if not isinstance(v, ArrayRecord)}),
@@ -349,9 +380,25 @@ def standard_corruptions(
             ("floats", [0.5]),
             ("repeated", [1, 1]),
         ],
-        "train-loss": [("list", [1.0, 2.0]), ("nan", float("nan")), ("negative", -1.0), ("inf", float("inf"))],
-        "client-seconds": [("list", [1.0]), ("negative", -3.0), ("nan", float("nan"))],
+        "train-loss": [
+            ("list", [1.0, 2.0]),
+            ("nan", float("nan")),
+            ("negative", -1.0),
+            ("inf", float("inf")),
+            ("above-ceiling", 10 * MAX_TRAIN_LOSS),
+        ],
+        "client-seconds": [
+            ("list", [1.0]),
+            ("negative", -3.0),
+            ("nan", float("nan")),
+            ("above-ceiling", 10 * MAX_CLIENT_SECONDS),
+        ],
     }
+    if exact_labels:  # the server knows each partition's labels: in range and distinct, but not the partition's
+        metric_cases["labels"] += [
+            ("one-class-left-out", lambda held: held[:-1] if len(held) > 1 else [(held[0] + 1) % num_classes]),
+            ("a-class-not-held", lambda held: held + [min(set(range(num_classes)) - set(held))]),
+        ]
     for key in sorted(keys & set(metric_cases)):
         corruptions += [Corruption(f"{key}-{case}", _with_metric(key, value)) for case, value in metric_cases[key]]
     return corruptions

@@ -98,7 +98,7 @@ def test_federation_level_checks():
     assert [default.clients_per_round(n) for n in (1, 2, 8, 9)] == [1, 1, 4, 4]
     run = validate_run_config({"clients-per-round": 2})
     fed = Federation.build(run, 4)
-    with pytest.raises(ValueError, match="budget-macs=1000 of partition 2 is below the smallest cached subnet"):
+    with pytest.raises(ValueError, match=r"partition-id=2 declared budget-macs=1000 in its node-config; allowed: a"):
         fed.client_budgets(run, {2: 1000.0})
     assert fed.client_budgets(run, {2: 5e6})[2] == 5e6
     with pytest.raises(ValueError, match="budget-max-macs=1000 is below the smallest cached subnet"):

@@ -164,14 +164,14 @@ def test_recipe_quotes_every_path(tmp_path):
     parsed = [shlex.split(line.removesuffix(" &")) for line in lines if not line.startswith("#")]
     assert ["python", "-m", "fl_app.deploy", "certs", "--out", str(folder / "certs")] in parsed
     assert ["python", "-m", "fl_app.deploy", "keys", "--out", str(folder / "keys"), "--nodes", "2"] in parsed
-    assert ["mkdir", "-p", str(folder / "superlink")] in parsed
+    assert ["mkdir", "-p", "-m", "700", str(folder / "superlink")] in parsed
     assert ["flwr", "supernode", "register", str(folder / "keys" / "supernode-1.pub"), "deployment"] in parsed
     superlink = next(tokens for tokens in parsed if tokens[0] == "flower-superlink")
     assert superlink[superlink.index("--ssl-keyfile") + 1] == str((folder / "certs" / "server.key").resolve())
     node = next(tokens for tokens in parsed if tokens[0] == "flower-supernode")
     assert node[node.index("--auth-supernode-private-key") + 1] == str((folder / "keys" / "supernode-0").resolve())
     insecure = deploy.recipe(folder, 1, insecure_local_test=True).splitlines()
-    assert ["mkdir", "-p", str(folder / "insecure-superlink")] in [
+    assert ["mkdir", "-p", "-m", "700", str(folder / "insecure-superlink")] in [
         shlex.split(line) for line in insecure if line.startswith("mkdir")
     ]
 

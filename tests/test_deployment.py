@@ -1,6 +1,7 @@
 """A real deployment on loopback: `flower-superlink` with TLS and SuperNode authentication, two registered
 `flower-supernode`s (partition 0 and 1) and `flwr run` against it; a third SuperNode with an unregistered key is
-refused. Every process (and what it spawns) is stopped by PID in the fixture's finalizer, even on failure.
+refused; the run's output folder is fetched by its run id (`fl_app.deploy results`). Every process (and what it
+spawns) is stopped by PID in the fixture's finalizer, even on failure.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import pytest
 
 from experiments.flower_env import free_ports
 from experiments.flower_runs import APP_DIR, flwr_run
-from fl_app import deploy
+from fl_app import deploy, deploy_results
 
+pytestmark = pytest.mark.slow  # real Flower processes: minutes; skipped by -m "not slow"
 ROOT = Path(__file__).resolve().parents[1]
 CONNECTION = "tls-deployment"
 RUN_CONFIG = {"num-server-rounds": 2, "eval-every": 2, "max-local-steps": 3, "calib-size": 64, "val-size": 64}
@@ -128,6 +130,13 @@ def test_tls_deployment_runs_and_refuses_unregistered_supernode(tls_deployment):
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_clients"] == NUM_NODES
+
+    # the user who started the run fetches its folder by run id (here the SuperLink's host is this machine)
+    fetched = deploy_results.fetch_results(run_id, CONNECTION, d.tmp / "fetched", runs=[str(d.tmp)], env=d.env)
+    assert fetched["status"] == "finished:completed" and fetched["folder"] == str(out)
+    copied = {p.relative_to(d.tmp / "fetched"): p.read_bytes() for p in (d.tmp / "fetched").rglob("*") if p.is_file()}
+    assert copied == {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert json.loads((d.tmp / "fetched" / "flower_run.json").read_text()) == {"flower_run_id": run_id}
     assert summary["failed_replies"] == 0
     assert summary["tiers"] and all(0 <= t["accuracy"] <= 1 for t in summary["tiers"])
 

@@ -17,6 +17,7 @@ from experiments.in_process_grid import run_in_process
 from fl_app.run.checkpoint import load_verified
 from fl_app.run.config import validate_run_config
 
+pytestmark = pytest.mark.slow  # real Flower processes: minutes; skipped by -m "not slow"
 NUM_SUPERNODES = 3
 TINY = {
     "method": "fedtopo",

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 import subprocess
 import sys
 import time
@@ -17,11 +16,13 @@ import pytest
 import torch
 
 from experiments.flower_runs import flwr_run as run_app
+from experiments.flower_runs import run_status, start_run
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.run.checkpoint import load_verified, supernet_fingerprint
 from fl_app.run.config import validate_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # real Flower processes: minutes; skipped by -m "not slow"
 TINY = (
     "num-server-rounds=2 clients-per-round=2 max-local-steps=3 batch-size=16 eval-every=1 val-size=200 "
     "calib-size=200 tiers='0.5e6,2e6,13.6e6' checkpoint-every=1"
@@ -127,34 +128,17 @@ def test_a_killed_run_resumed_from_its_checkpoint_ends_like_an_uninterrupted_one
     weights as the uninterrupted run (`feast_run`, same seed and config)."""
     straight, _ = feast_run
     killed, resumed = tmp_path / "killed", tmp_path / "resumed"
-    log_path = tmp_path / "killed.log"
-    with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(
-            [
-                "flwr",
-                "run",
-                str(ROOT),
-                "--stream",
-                "--run-config",
-                f"{TINY} output-dir='{killed}'",
-                "--federation-config",
-                FEDERATION,
-            ],
-            env=flwr_env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            deadline = time.time() + 600
-            while not (killed / "checkpoint.pt").exists() and time.time() < deadline and proc.poll() is None:
-                time.sleep(0.5)
-            assert (killed / "checkpoint.pt").exists(), log_path.read_text()[-3000:]
-            run_id = re.search(r"Successfully started run (\d+)", log_path.read_text()).group(1)
-            subprocess.run(["flwr", "stop", run_id], env=flwr_env, capture_output=True, timeout=120)
-            proc.wait(timeout=300)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    run_id = start_run(f"{TINY} output-dir='{killed}'", FEDERATION, flwr_env, [])  # the id from --format json
+    try:
+        deadline = time.time() + 600
+        while not (killed / "checkpoint.pt").exists() and time.time() < deadline:
+            assert not run_status(run_id, flwr_env, [], attempts=1).startswith("finished"), "ended before round 1"
+            time.sleep(0.5)
+        assert (killed / "checkpoint.pt").exists()
+    finally:
+        subprocess.run(["flwr", "stop", run_id], env=flwr_env, capture_output=True, timeout=120)
+        # the log stream ends with the run: nothing writes into its folder after this
+        subprocess.run(["flwr", "log", run_id, "--stream"], env=flwr_env, capture_output=True, timeout=300)
     assert not (killed / "summary.json").exists()  # it did not get to finish
     assert torch.load(killed / "checkpoint.pt", weights_only=True)["round"] == 1
 

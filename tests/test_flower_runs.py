@@ -1,24 +1,59 @@
-"""An interrupted `flwr run` is stopped in the SuperLink, so it cannot go on writing into the run's folder."""
+"""`flwr_run` takes the run id from `flwr run --format json` (never from log text), follows the run with `flwr log`,
+and stops an interrupted run in the SuperLink, so it cannot go on writing into the run's folder."""
 
+import json
 import subprocess
 
 import pytest
 
 from experiments import flower_runs
 
+STARTED = {"success": True, "run-id": "4242", "federation-id": "", "fab-id": "fl-app/fl-app"}
 
-def test_interrupt_stops_the_run_in_the_superlink(tmp_path, monkeypatch):
+
+def test_the_run_id_comes_from_json_and_an_interrupt_stops_the_run(tmp_path, monkeypatch):
     calls = []
 
     def fake_run(command, **kwargs):
         calls.append(command)
         if command[:2] == ["flwr", "run"]:
-            kwargs["stdout"].write("Successfully started run 4242\n")
+            assert "--format" in command and command[command.index("--format") + 1] == "json"
+            assert "--stream" not in command
+            # a log line that looks like another run id must not matter
+            return subprocess.CompletedProcess(command, 0, json.dumps(STARTED, indent=2), "Successfully started run 1")
+        if command[:2] == ["flwr", "log"]:
+            kwargs["stdout"].write(b"INFO : [ROUND 1/2]\n")
             kwargs["stdout"].flush()
             raise KeyboardInterrupt
         return subprocess.CompletedProcess(command, 0, "", "")
 
     monkeypatch.setattr(flower_runs.subprocess, "run", fake_run)
     with pytest.raises(KeyboardInterrupt):
-        flower_runs.flwr_run({"method": "feast"}, log_file=tmp_path / "run.log")
-    assert calls[-1][:3] == ["flwr", "stop", "4242"]
+        flower_runs.flwr_run({"method": "feast"}, log_file=tmp_path / "run.log", superlink="lab")
+    assert calls[1] == ["flwr", "log", "4242", "lab", "--stream"]
+    assert calls[-1][:4] == ["flwr", "stop", "4242", "lab"]
+    assert (tmp_path / "run.log").read_bytes() == b"Successfully started run 4242\nINFO : [ROUND 1/2]\n"
+
+
+def test_the_status_comes_from_flwr_ls(tmp_path, monkeypatch):
+    def fake_run(command, **kwargs):
+        if command[:2] == ["flwr", "run"]:
+            return subprocess.CompletedProcess(command, 0, json.dumps(STARTED), "")
+        if command[:2] == ["flwr", "ls"]:
+            assert command[command.index("--run-id") + 1] == "4242"
+            return subprocess.CompletedProcess(command, 0, json.dumps({"runs": [{"status": "finished:failed"}]}), "")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(flower_runs.subprocess, "run", fake_run)
+    assert flower_runs.flwr_run("method='feast'") == ("4242", "finished:failed")
+
+
+def test_a_run_that_did_not_start_is_an_error(monkeypatch):
+    failed = {"success": False, "error-message": "Failed to start run"}
+    monkeypatch.setattr(
+        flower_runs.subprocess,
+        "run",
+        lambda command, **kwargs: subprocess.CompletedProcess(command, 1, json.dumps(failed), ""),
+    )
+    with pytest.raises(RuntimeError, match="flwr run did not start a run"):
+        flower_runs.flwr_run("method='feast'")

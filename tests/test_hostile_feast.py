@@ -19,7 +19,7 @@ from fl_app.supernet.slicing import slice_state, subnet_shapes
 from fl_app.supernet.space import Subnet, SupernetConfig, width_sliced_config
 from fl_app.supernet.subnets import SubnetCache
 from fl_app.supernet_app import make_supernet_strategy
-from tests.hostile import check_hostile, node_of, run_rounds, standard_corruptions
+from tests.hostile import Corruption, check_hostile, node_of, run_rounds, set_value_corruption, standard_corruptions
 
 TINY = SupernetConfig.from_dict(
     {
@@ -65,7 +65,7 @@ def supernet_setup(method: str):
             }
         )
         return make_supernet_strategy(
-            run, SimpleNamespace(cfg=TINY, cache=CACHE), BUDGETS, {p: node_of(p) for p in BUDGETS}, EXAMPLES
+            run, SimpleNamespace(cfg=TINY, cache=CACHE), BUDGETS, {p: node_of(p) for p in BUDGETS}, EXAMPLES, LABELS
         )
 
     def honest(msg: Message, pid: int) -> RecordDict:
@@ -99,6 +99,28 @@ def supernet_setup(method: str):
     return make_strategy, state_to_record(initial), honest, payload
 
 
+def _first_running_var(record) -> str:
+    return next(name for name in record.keys() if name.endswith("running_var"))
+
+
+def supernet_corruptions(method: str, payload: str, make_strategy) -> list[Corruption]:
+    """The standard corruptions (the server knows every partition's labels) and, for the methods whose replies
+    carry BatchNorm statistics, a negative running variance (within the magnitude bound)."""
+    corruptions = standard_corruptions(10, payload_dtype=payload, exact_labels=True)
+    strategy = make_strategy(1.0)
+    if any(name.endswith("running_var") for name in strategy.routed_shapes(strategy.model_cfg.max_subnet())):
+        corruptions.append(set_value_corruption("negative-running-var", -1.0, _first_running_var))
+    return corruptions
+
+
+def test_the_matrix_holds_the_decoding_and_derived_value_cases():
+    for method in METHODS:
+        make_strategy, _, _, payload = supernet_setup(method)
+        names = {c.name for c in supernet_corruptions(method, payload, make_strategy)}
+        assert {"header-claims-a-huge-shape", "labels-a-class-not-held", "train-loss-above-ceiling"} <= names
+        assert ("negative-running-var" in names) == (method not in ("heterofl", "fedrolex")), method
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_one_hostile_client_of_three_changes_nothing(flower_ids, method):
     make_strategy, initial, honest, payload = supernet_setup(method)
@@ -107,7 +129,7 @@ def test_one_hostile_client_of_three_changes_nothing(flower_ids, method):
     # the reference did real work: two honest replies moved the model, and the third client would have too
     assert any(not np.array_equal(reference.global_state[k], clean.global_state[k]) for k in clean.global_state)
     outcomes = {}
-    for corruption in standard_corruptions(10, payload_dtype=payload):
+    for corruption in supernet_corruptions(method, payload, make_strategy):
         strategy, _ = check_hostile(
             make_strategy, initial, honest, lambda s: s.global_state, corruption, reference=reference
         )

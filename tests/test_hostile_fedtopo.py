@@ -61,6 +61,7 @@ def make_strategy_of(method: str):
             feature_dim=D,
             train_size_of_partition=TRAIN,
             test_size_of_partition=TEST,
+            train_counts_of_partition={p: np.array(c, np.float32) for p, c in COUNTS.items()},
             **kwargs,
         )
 
@@ -137,6 +138,17 @@ def _set(key: str, index, value):
     return change
 
 
+def _move_count(source: int, target: int):
+    """One example moved from class ``source`` to class ``target`` (both held): the total stays the split's."""
+
+    def change(upload):
+        upload["counts"] = np.array(upload["counts"], np.float32)
+        upload["counts"][source] -= 1
+        upload["counts"][target] += 1
+
+    return change
+
+
 def method_corruptions(method: str) -> list[Corruption]:
     cases = []
     if method in ("fedtopo", "fd", "fedproto", "fedtgp"):
@@ -146,6 +158,7 @@ def method_corruptions(method: str) -> list[Corruption]:
             ("counts-negative", _set("counts", 0, -30.0)),
             ("counts-fraction", _set("counts", 0, 29.5)),
             ("counts-over-partition", _set("counts", 0, 31.0)),
+            ("counts-moved-between-classes", _move_count(0, 1)),  # the right total, not the partition's counts
         ]
     if method == "fedtopo":
         cases += [
@@ -181,11 +194,12 @@ FIRST_ARRAY = (
     "missing-key",
     "huge-under-valid-key",
     "header-disagrees-with-metadata",
+    "header-claims-a-huge-shape",
 )
 
 
 def corruptions_of(method: str) -> list[Corruption]:
-    standard = standard_corruptions(C, metric_keys=("num-examples", "train-loss"))
+    standard = standard_corruptions(C, metric_keys=("num-examples", "train-loss", "client-seconds"))
     if method == "local":
         standard = [c for c in standard if not c.name.startswith(FIRST_ARRAY)]
     return standard + method_corruptions(method)

@@ -29,7 +29,9 @@ import pytest
 
 from experiments.flower_env import free_port, isolated_env, process_groups, stop_local_superlink
 from experiments.flower_runs import flwr_run
+from fl_app.run.processes import live_group_members, process_table, signal_groups
 
+pytestmark = pytest.mark.slow  # real Flower processes: minutes; skipped by -m "not slow"
 RUN_CONFIG = (
     "num-server-rounds=1 clients-per-round=2 max-local-steps=2 batch-size=16 eval-every=1 val-size=64 "
     "calib-size=64 checkpoint-every=0"
@@ -39,36 +41,14 @@ FEDERATION = "num-supernodes=2 client-resources-num-cpus=1"
 MAX_RAY_TEMP_DIR_LEN = 45
 
 
-def _live_members(groups: set[int]) -> list[int]:
-    """Pids in `groups` that are not zombies."""
-    alive = []
-    for pid_dir in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (pid_dir / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
-            if int(fields[2]) in groups and fields[0] != "Z":
-                alive.append(int(pid_dir.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return alive
-
-
 def _stop_groups(groups: set[int], grace: float = 5.0) -> None:
     """SIGTERM every group, wait up to `grace` seconds, SIGKILL what is left (Ray's GCS server and autoscaler
     monitor were still running 16 s after a SIGTERM here)."""
-    for group in groups:
-        try:
-            os.killpg(group, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    signal_groups(groups, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while _live_members(groups) and time.monotonic() < deadline:
+    while live_group_members(groups) and time.monotonic() < deadline:
         time.sleep(0.5)
-    for group in groups:
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    signal_groups(groups, signal.SIGKILL)
 
 
 def _ray_executable() -> str | None:
@@ -266,12 +246,12 @@ def _client_actor_groups() -> dict[int, int]:
     """pid -> process group of every running Ray worker that hosts a ClientApp actor (Ray renames the process
     `ray::ClientAppActor...`); the group says which node's raylet forked it."""
     found = {}
-    for pid_dir in Path("/proc").glob("[0-9]*"):
-        try:
-            if (pid_dir / "cmdline").read_bytes().startswith(b"ray::ClientAppActor"):
-                found[int(pid_dir.name)] = os.getpgid(int(pid_dir.name))
-        except (OSError, ProcessLookupError):
-            continue
+    for pid, (_, cmdline) in process_table().items():
+        if cmdline.startswith("ray::ClientAppActor"):
+            try:
+                found[pid] = os.getpgid(pid)
+            except ProcessLookupError:
+                continue
     return found
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fl_app.report import MixedCommits, find_runs, main, regenerate_readme, report, report_text
+from fl_app.report import MixedCommits, find_runs, main, regenerate_readme, report, report_text, write_tables
 from fl_app.run.outputs import write_csv, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,3 +140,154 @@ def test_equal_compute_reads_every_row_at_the_references_total_flops(tmp_path):
     assert rows["fedavg-min"]["accuracy_at_budget"] == 0.3 and not rows["fedavg-min"]["reached_budget"]
     text = report_text(tables)
     assert "client training FLOPs" in text and "| fedavg-min | 8 | 30.0 (final; ran out before) |" in text
+
+
+# -- the committed tables ------------------------------------------------------------------------------------------
+# each committed suite folder, as its README makes it: (paths, reference, allow mixed commits)
+COMMITTED_SUITES = {
+    "compare-seeds": (["experiments/results/compare-seeds"], "feast", False),
+    "ablations-seeds": (["experiments/results/ablations-seeds"], "feast", False),
+    "gamma-seeds": (["experiments/results/gamma-seeds"], "deepfednas", False),
+    "fedtopo-16rounds": (["experiments/results/fedtopo-16rounds/runs"], "fedtopo", False),
+    "fedtopo-inprocess": (["experiments/results/fedtopo-inprocess/runs"], "fedtopo", True),
+    "fedtopo-100clients": (["experiments/results/fedtopo-100clients/runs"], "fedtopo", True),
+}
+TABLE_NAMES = ("table.md", "table.csv", "paired.csv", "tiers.csv", "rounds.csv", "compute.csv")
+
+
+@pytest.mark.parametrize("suite", sorted(COMMITTED_SUITES))
+def test_committed_suite_tables_are_byte_identical_to_what_the_report_writes(suite, tmp_path):
+    """The tables (grouped and aggregated with pandas) equal, byte for byte, the committed ones; a table the report
+    does not write (a quantity not recorded) is not committed either."""
+    paths, reference, mixed = COMMITTED_SUITES[suite]
+    tables = report(find_runs([ROOT / p for p in paths]), reference, mixed)
+    write_tables(tmp_path, tables)
+    committed = ROOT / "experiments/results" / suite
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert written == sorted(n for n in TABLE_NAMES if (committed / n).exists())
+    for name in written:
+        assert (tmp_path / name).read_bytes() == (committed / name).read_bytes(), f"{suite}/{name}"
+
+
+def test_a_quantity_not_recorded_gets_no_table(tmp_path):
+    """client_seconds written as zeros (the in-process driver does not measure it): no "accuracy at 0 client
+    seconds" table."""
+    for seed in (0, 1):
+        folder = make_run(tmp_path / f"r{seed}", seed=seed, accuracy=0.3 + seed / 10)
+        write_csv(folder / "rounds.csv", [{"round": r, "client_seconds": 0.0} for r in range(1, 5)])
+    tables = report(find_runs([tmp_path]))
+    assert tables["compute"] == [] and "client seconds" not in report_text(tables)
+
+
+# -- malformed files: an error naming the file ---------------------------------------------------------------------
+def _refused(tmp_path, capsys, fragment: str) -> str:
+    assert main([str(tmp_path / "runs")]) == 2
+    error = capsys.readouterr().err
+    assert fragment in error, error
+    return error
+
+
+def test_a_summary_that_is_not_an_object_is_refused_naming_the_file(tmp_path, capsys):
+    make_run(tmp_path / "runs/ok", seed=0)
+    (tmp_path / "runs/bad").mkdir()
+    (tmp_path / "runs/bad/summary.json").write_text("[1, 2]")
+    _refused(tmp_path, capsys, f"{tmp_path / 'runs/bad/summary.json'}: expected a JSON object")
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("completed", "false"),  # a string: would have been counted as a finished run
+        ("completed", 0),
+        ("population_weighted_accuracy", "0.3"),
+        ("population_weighted_accuracy", 37.5),  # a percentage where a fraction belongs
+        ("seed", 1.5),
+        ("bytes_down", None),
+        ("tiers", [{"macs": "small", "accuracy": 0.3}]),
+    ],
+)
+def test_malformed_summary_fields_are_refused_naming_file_and_field(tmp_path, capsys, field, value):
+    folder = make_run(tmp_path / "runs/a", seed=0)
+    summary = json.loads((folder / "summary.json").read_text())
+    (folder / "summary.json").write_text(json.dumps({**summary, field: value}))
+    _refused(tmp_path, capsys, f"{folder / 'summary.json'}: '{field}' is {value!r}; allowed: ")
+
+
+def test_a_garbled_run_record_is_refused_not_ignored(tmp_path, capsys):
+    folder = make_run(tmp_path / "runs/a", seed=0, commit="a" * 40)
+    (folder / "run.json").write_text('{"commit": "aaaa", "label": ')
+    _refused(tmp_path, capsys, f"{folder / 'run.json'}: not valid JSON")
+    (folder / "run.json").write_text(json.dumps({"commit": "a" * 40, "dirty": "no"}))
+    _refused(tmp_path, capsys, f"{folder / 'run.json'}: 'dirty' is 'no'; allowed: true or false")
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("round,train_loss\n4,0.3\n", "no column population_weighted_accuracy or mean_client_accuracy"),
+        ("population_weighted_accuracy\n0.3\n", "no column round"),
+        ("round,population_weighted_accuracy\n4,abc\n", "line 2, column 'population_weighted_accuracy': 'abc'"),
+        ("round,population_weighted_accuracy\nfour,0.3\n", "line 2, column 'round': 'four'"),
+        ("round,population_weighted_accuracy\n4.5,0.3\n", "line 2, column 'round'"),
+        ("round,population_weighted_accuracy\n4,0.3,1,2\n", "not a readable CSV table"),
+        ("round,population_weighted_accuracy\n4,30.5\n", "allowed: a number in [0, 1]"),
+        ("", "not a readable CSV table"),
+    ],
+)
+def test_missing_or_garbled_metrics_columns_are_refused_naming_the_file(tmp_path, capsys, text, fragment):
+    folder = make_run(tmp_path / "runs/a", seed=0)
+    (folder / "metrics.csv").write_text(text)
+    error = _refused(tmp_path, capsys, f"{folder / 'metrics.csv'}: ")
+    assert fragment in error
+
+
+def test_a_run_without_metrics_and_text_in_a_compute_column_are_refused(tmp_path, capsys):
+    folder = make_run(tmp_path / "runs/a", seed=0)
+    write_csv(folder / "rounds.csv", [{"round": 1, "client_train_flops": "many"}])
+    _refused(tmp_path, capsys, f"{folder / 'rounds.csv'}: line 2, column 'client_train_flops': 'many'")
+    (folder / "rounds.csv").unlink()
+    (folder / "metrics.csv").unlink()
+    _refused(tmp_path, capsys, f"{folder / 'metrics.csv'}: missing")
+
+
+def test_a_suite_listing_a_folder_outside_itself_is_refused(tmp_path):
+    make_run(tmp_path / "elsewhere/run", seed=0)
+    (tmp_path / "suite").mkdir()
+    write_json(tmp_path / "suite/suite.json", {"runs": [{"folder": "../elsewhere/run"}]})
+    with pytest.raises(ValueError, match="suite.json: run folder '../elsewhere/run' is not inside the suite folder"):
+        find_runs([tmp_path / "suite"])
+
+
+# -- writing: never through a symlink ------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["table.md", "table.csv", "rounds.csv", "accuracy_per_round.png"])
+def test_out_never_writes_through_a_planted_symlink(tmp_path, capsys, name):
+    for seed in (0, 1):
+        make_run(tmp_path / "runs" / f"f{seed}", seed=seed, accuracy=0.3 + seed / 100)
+    out, victim = tmp_path / "out", tmp_path / "victim.txt"
+    out.mkdir()
+    victim.write_text("not the report's\n")
+    (out / name).symlink_to(victim)
+    assert main([str(tmp_path / "runs"), "--out", str(out), "--plots"]) == 2
+    assert f"{out / name} is a symlink" in capsys.readouterr().err
+    assert victim.read_text() == "not the report's\n" and (out / name).is_symlink()
+
+
+def test_out_never_writes_through_a_planted_temporary_name(tmp_path):
+    for seed in (0, 1):
+        make_run(tmp_path / "runs" / f"f{seed}", seed=seed, accuracy=0.3 + seed / 100)
+    out, victim = tmp_path / "out", tmp_path / "victim.txt"
+    out.mkdir()
+    victim.write_text("not the report's\n")
+    for name in ("table.md", "table.csv", "rounds.csv"):
+        (out / f"{name}.tmp").symlink_to(victim)
+    assert main([str(tmp_path / "runs"), "--out", str(out)]) == 0
+    assert victim.read_text() == "not the report's\n"
+    assert not (out / "table.csv").is_symlink() and (out / "table.csv").read_text().startswith("method,")
+
+
+def test_update_readme_does_not_write_through_a_symlink(tmp_path, capsys):
+    target = tmp_path / "real.md"
+    target.write_text("<!-- report: experiments/results/compare/runs -->\nold\n<!-- /report -->\n")
+    (tmp_path / "link.md").symlink_to(target)
+    assert main(["--update-readme", str(tmp_path / "link.md")]) == 2
+    assert "is a symlink" in capsys.readouterr().err and target.read_text().endswith("old\n<!-- /report -->\n")

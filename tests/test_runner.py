@@ -177,6 +177,13 @@ def test_key_added_to_the_registry_later_at_its_default_still_matches(tmp_path):
     assert launcher.launched == []
 
 
+def test_a_run_mirrored_to_a_tracker_is_reused_by_one_without(tmp_path):
+    # the tracker only mirrors metrics: it changes nothing a run computes, so it is not a reason to retrain
+    run(tmp_path, SUITE.replace("eval-every = 1", 'eval-every = 1\ntracker = "tensorboard"'))
+    _, launcher, _ = run(tmp_path)
+    assert launcher.launched == []
+
+
 def test_interrupted_suite_resumes_and_keeps_the_partial_run(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path, launcher=FakeLauncher(interrupt_at=4))
@@ -234,6 +241,7 @@ def smoke(tmp_path_factory):
     return out, result, "\n".join(lines)
 
 
+@pytest.mark.slow  # real `flwr run`s
 def test_smoke_suite_finishes_with_progress_and_a_table_with_intervals(smoke):
     out, result, text = smoke
     assert not result["failed"], text
@@ -251,6 +259,7 @@ def test_smoke_suite_finishes_with_progress_and_a_table_with_intervals(smoke):
     assert "| feast | fedavg-min |" in table
 
 
+@pytest.mark.slow  # real `flwr run`s
 def test_smoke_suite_again_trains_nothing_and_a_changed_key_is_refused(smoke, tmp_path):
     out, _, _ = smoke
     lines = []
@@ -265,14 +274,32 @@ def test_smoke_suite_again_trains_nothing_and_a_changed_key_is_refused(smoke, tm
         run_suite(changed, out, printer=lambda *a, **k: None)
 
 
+@pytest.mark.slow  # real `flwr run`s
+def test_a_smoke_run_retrained_into_a_new_folder_equals_the_first_bit_for_bit(smoke, tmp_path):
+    """verify on the real app: one smoke run through `flwr run` again gives the same numbers (CPU, same seed)."""
+    from experiments.runner import verify
+
+    out, _, _ = smoke
+    lines = []
+    suite = load_suite(ROOT / "experiments/suites/smoke.toml", seeds=[1], methods=["fedavg-min"])
+    equal = verify(suite, out, tmp_path / "again", printer=lambda text, **_: lines.append(text))
+    text = "\n".join(lines)
+    assert equal, text
+    assert "EQUAL   fedavg-min seed=1" in text and "bit-identical" in text
+
+
 @pytest.mark.parametrize("suite_file", sorted((ROOT / "experiments/suites").glob("*.toml")), ids=lambda p: p.name)
 def test_every_committed_suite_is_valid(suite_file, tmp_path):
     runs = plan(load_suite(suite_file), tmp_path)
     suite = load_suite(suite_file)
     assert len(runs) == len(suite.seeds) * len(suite.methods) * max(1, math.prod(len(v) for v in suite.grid.values()))
     assert suite.reference in suite.methods
-    if suite.base.get("data-source") == "local":
-        assert Path(suite.base["data-path"]).is_absolute()  # read from the repository root, not the caller's folder
+    for run in runs:  # the app gets an absolute data-path read from the repository root, not the caller's folder
+        data_path = run.launch_config()["data-path"]
+        if run.run_config["data-source"] == "local":
+            assert Path(data_path).is_absolute() and (Path(data_path) / "train.parquet").is_file()
+            assert not Path(run.run_config["data-path"]).is_absolute()  # what records keep
+            assert run.data["path"] == "../shared/data/cifar10" and len(run.data["sha256"]) == 2
 
 
 def test_wrappers_run_their_suites_through_the_runner(monkeypatch):
@@ -315,3 +342,132 @@ def test_command_line_changes_seeds_methods_and_values(tmp_path, capsys):
     assert [line.split()[:3] for line in printed] == [["train", "feast", "seed=3"], ["train", "feast-kd0", "seed=3"]]
     assert main(["plan", suite, "--out", str(tmp_path), "--run-config", "num-server-round=40"]) == 2
     assert "did you mean 'num-server-rounds'" in capsys.readouterr().err
+
+
+# -- a suite folder belongs to one suite; the committed results are not overwritten by accident -------------------
+def snapshot(folder: Path) -> dict:
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"methods": ["feast"]},  # a subset of the methods
+        {"seeds": [0]},  # a subset of the seeds
+        {"text": SUITE.replace("feast-kd0 = ", "feast-lr = { method = 'feast', lr = 0.1 }\nx = ")},  # another suite
+    ],
+    ids=["methods-subset", "seeds-subset", "another-suite"],
+)
+def test_a_subset_or_another_suite_into_a_suite_folder_is_refused_and_nothing_is_written(tmp_path, change):
+    run(tmp_path)
+    before = snapshot(tmp_path / "out")
+    suite = load_suite(
+        write_suite(tmp_path, change.get("text", SUITE), name="other.toml"), change.get("seeds"), change.get("methods")
+    )
+    launcher = FakeLauncher()
+    with pytest.raises(SuiteMismatch) as error:
+        run_suite(suite, tmp_path / "out", launch=launcher, printer=lambda *a, **k: None, plots=False)
+    assert "suite.json" in str(error.value) and "feast-kd0 seed=" in str(error.value)  # the runs it would drop
+    assert launcher.launched == [] and snapshot(tmp_path / "out") == before
+
+
+def test_extending_a_suite_with_seeds_trains_only_the_new_runs(tmp_path):
+    run(tmp_path)
+    _, launcher, _ = run(tmp_path, SUITE.replace("seeds = [0, 1, 2]", "seeds = [0, 1, 2, 3]"))
+    assert sorted(launcher.launched) == sorted((label, 3, {}) for label in OFFSET)
+
+
+def test_committed_results_folders_are_refused_unless_asked_for(tmp_path, monkeypatch):
+    from experiments import runner
+
+    monkeypatch.setattr(runner, "RESULTS", tmp_path / "results", raising=False)
+    suite = write_suite(tmp_path, SUITE)
+    with pytest.raises(SuiteMismatch, match="--into-committed"):
+        run_suite(suite, tmp_path / "results/x", launch=FakeLauncher(), printer=lambda *a, **k: None, plots=False)
+    assert not (tmp_path / "results/x").exists()
+    result = run_suite(
+        suite,
+        tmp_path / "results/x",
+        launch=FakeLauncher(),
+        printer=lambda *a, **k: None,
+        plots=False,
+        into_committed=True,
+    )
+    assert not result["failed"] and (tmp_path / "results/x/suite.json").exists()
+
+
+def test_the_real_committed_folders_are_refused_before_anything_is_written(capsys):
+    from experiments.runner import main
+
+    folder = ROOT / "experiments/results/compare-seeds"
+    before = {p: p.stat().st_mtime_ns for p in folder.rglob("*")}
+    argv = ["run", str(ROOT / "experiments/suites/compare.toml"), "--out", str(folder), "--methods", "feast"]
+    assert main([*argv, "--seeds", "0"]) == 2
+    assert "--into-committed" in capsys.readouterr().err
+    assert {p: p.stat().st_mtime_ns for p in folder.rglob("*")} == before
+
+
+# -- records without machine paths; reuse by data content ----------------------------------------------------------
+def string_values(value) -> list[str]:
+    if isinstance(value, dict):
+        return [s for item in value.values() for s in string_values(item)]
+    if isinstance(value, list):
+        return [s for item in value for s in string_values(item)]
+    return [value] if isinstance(value, str) else []
+
+
+def test_records_hold_no_absolute_path_and_name_the_data_by_content(tmp_path):
+    run(tmp_path)
+    folder = tmp_path / "out/runs/feast/seed0"
+    for name in (RUN_RECORD, "summary.json"):
+        record = json.loads((folder / name).read_text())
+        assert record["run_config"]["output-dir"] == "."  # the stand-in wrote the absolute folder into its summary
+        assert not [s for s in string_values(record) if s.startswith("/")], name
+    suite_record = json.loads((tmp_path / "out/suite.json").read_text())
+    assert not [s for s in string_values(suite_record) if s.startswith("/")]
+    data = json.loads((folder / RUN_RECORD).read_text())["data"]
+    assert set(data["sha256"]) == {"train.parquet", "test.parquet"}  # the bundled sample: data-source default
+
+
+def local_data_suite(tmp_path, data: Path) -> Path:
+    text = SUITE.replace("[base]\n", f"[base]\ndata-source = 'local'\ndata-path = '{data}'\n")
+    return write_suite(tmp_path, text)
+
+
+def copy_sample(folder: Path) -> Path:
+    from fl_app.run.resources import bundled_file
+
+    folder.mkdir(parents=True)
+    for name in ("train.parquet", "test.parquet"):
+        (folder / name).write_bytes(bundled_file(f"data/cifar10-sample/{name}").read_bytes())
+    return folder
+
+
+def test_runs_are_reused_by_data_content_not_by_path(tmp_path):
+    first, second = copy_sample(tmp_path / "a"), copy_sample(tmp_path / "b")
+    printer = lambda *a, **k: None  # noqa: E731
+    run_suite(local_data_suite(tmp_path, first), tmp_path / "out", launch=FakeLauncher(), printer=printer, plots=False)
+    launcher = FakeLauncher()  # the same files at another path: nothing to train
+    run_suite(local_data_suite(tmp_path, second), tmp_path / "out", launch=launcher, printer=printer, plots=False)
+    assert launcher.launched == []
+    (second / "test.parquet").write_bytes((second / "test.parquet").read_bytes()[:-1] + b"x")
+    with pytest.raises(SuiteMismatch, match="data sha256 of test.parquet"):
+        plan(load_suite(local_data_suite(tmp_path, second)), tmp_path / "out")
+
+
+def test_committed_runs_are_reused_from_a_checkout_at_another_path(tmp_path, monkeypatch):
+    """The committed ablation suite, planned as from a clone at another path with its own ../shared beside it."""
+    from experiments import runner
+
+    data = ROOT.parent / "shared/data/cifar10"
+    if not (data / "train.parquet").is_file():
+        pytest.skip("no ../shared/data/cifar10 beside the checkout")
+    clone = tmp_path / "elsewhere/main"
+    (clone / "experiments").mkdir(parents=True)
+    (tmp_path / "elsewhere/shared/data").mkdir(parents=True)
+    (tmp_path / "elsewhere/shared/data/cifar10").symlink_to(data)
+    monkeypatch.setattr(runner, "ROOT", clone)
+    suite = load_suite(ROOT / "experiments/suites/ablations.toml")
+    runs = plan(suite, ROOT / "experiments/results/ablations-seeds")
+    assert [r.action for r in runs] == ["reuse"] * 10
+    assert str(runs[0].launch_config()["data-path"]).startswith(str(clone.parent / "shared"))

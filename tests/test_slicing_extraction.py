@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from fl_app.models.elastic_resnet import ElasticResNet
@@ -167,13 +168,17 @@ def test_search_respects_the_budget_and_explores_beyond_the_cache(cpu_cfg, cpu_c
 def _trained_checkpoint(tmp_path, cpu_cfg, monkeypatch):
     """A supernet.pt as a run writes it, and a dataset whose test split records when it is read."""
     import fl_app.extract as extract
+    from fl_app.run.checkpoint import model_fingerprint, save_verified
     from fl_app.run.config import validate_run_config
 
     torch.manual_seed(0)
     state = {k: v for k, v in ElasticResNet(cpu_cfg).state_dict().items() if not k.endswith("num_batches_tracked")}
     run = validate_run_config({"val-size": 40, "calib-size": 40})
-    path = tmp_path / "supernet.pt"
-    torch.save({"supernet": cpu_cfg.to_dict(), "state_dict": state, "run_config": run.to_dict()}, path)
+    path = save_verified(
+        tmp_path / "supernet.pt",
+        {"supernet": cpu_cfg.to_dict(), "state_dict": state, "run_config": run.to_dict()},
+        model_fingerprint(run, cpu_cfg.to_dict()),
+    )
 
     train, test = _images(200, 1), _images(60, 2)
     log = {"searching": False, "test_reads_while_choosing": 0, "test_reads": 0}
@@ -260,3 +265,81 @@ def test_extract_refuses_a_damaged_verified_supernet(tmp_path, cpu_cfg):
     torch.save(blob, path)
     with pytest.raises(ValueError, match="hash"):
         load_trained(path)
+
+
+def _extract_from_cache(checkpoint, out):
+    import fl_app.extract as extract
+
+    return extract.main(["--checkpoint", str(checkpoint), "--macs", "2e6", "--out", str(out), "--from-cache"])
+
+
+def _unverified(path, bad, cpu_cfg):
+    blob = torch.load(path, weights_only=True)
+    del blob["integrity"]
+    torch.save(blob, bad)
+
+
+def _damaged_record_key(path, bad, cpu_cfg):
+    blob = torch.load(path, weights_only=True)
+    blob["integrjty"] = blob.pop("integrity")  # one flipped letter in the record's key
+    torch.save(blob, bad)
+
+
+def _truncated(path, bad, cpu_cfg):
+    bad.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _round_checkpoint(path, bad, cpu_cfg):
+    from fl_app.run.checkpoint import load_verified, model_fingerprint, save_verified
+
+    blob = load_verified(path)
+    save_verified(
+        bad,
+        {"round": 2, "run_config": blob["run_config"], "num_clients": 3, "global_state": blob["state_dict"]},
+        model_fingerprint(blob["run_config"], cpu_cfg.to_dict()),
+    )
+
+
+@pytest.mark.parametrize(
+    "make_bad, reason",
+    [
+        (_unverified, "not a verified checkpoint"),
+        (_damaged_record_key, "not a verified checkpoint"),
+        (_truncated, "not a readable checkpoint"),
+        (_round_checkpoint, "a round checkpoint"),
+    ],
+    ids=["unverified", "damaged-record-key", "truncated", "round-checkpoint"],
+)
+def test_extract_reads_only_a_verified_final_supernet(tmp_path, cpu_cfg, monkeypatch, capsys, make_bad, reason):
+    checkpoint, _, _, _ = _trained_checkpoint(tmp_path, cpu_cfg, monkeypatch)
+    bad, out = tmp_path / "bad.pt", tmp_path / "subnet.pt"
+    make_bad(checkpoint, bad, cpu_cfg)
+    with pytest.raises(SystemExit) as exit_:
+        _extract_from_cache(bad, out)
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err
+    assert f"--checkpoint {bad}: " in error and reason in error, error
+    assert not out.exists()
+
+
+def test_extract_never_consumes_its_checkpoint_nor_writes_through_a_symlink(tmp_path, cpu_cfg, monkeypatch):
+    checkpoint, _, _, _ = _trained_checkpoint(tmp_path, cpu_cfg, monkeypatch)
+    partial = checkpoint.rename(tmp_path / "supernet.pt.partial")  # --out's old temporary name
+    before = partial.read_bytes()
+    out = tmp_path / "supernet.pt"
+    result = _extract_from_cache(partial, out)
+    assert partial.read_bytes() == before
+    assert ElasticResNet.load_standalone(out).bounds.to_dict() == result["arch"]
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me")
+    (tmp_path / "c.pt.partial").symlink_to(victim)
+    _extract_from_cache(partial, tmp_path / "c.pt")
+    assert victim.read_bytes() == b"keep me" and (tmp_path / "c.pt").is_file()
+    assert not (tmp_path / "c.pt").is_symlink()
+
+    (tmp_path / "linked.pt").symlink_to(tmp_path / "elsewhere.pt")  # a dangling link at --out
+    with pytest.raises(SystemExit):
+        _extract_from_cache(partial, tmp_path / "linked.pt")
+    assert (tmp_path / "linked.pt").is_symlink() and not (tmp_path / "elsewhere.pt").exists()
+    assert partial.read_bytes() == before

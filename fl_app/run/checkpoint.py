@@ -39,13 +39,13 @@ import torch
 
 from fl_app.data.images import DATASETS
 from fl_app.run.config import RunConfig
-from fl_app.run.files import write_new_file
+from fl_app.run.files import remember_written, write_new_file, wrote_here
 from fl_app.supernet.space import load_supernet_config
 
 CHECKPOINT_FILE = "checkpoint.pt"
 FORMAT_VERSION = 2  # 2: every file carries an integrity record
 # keys that may differ between a checkpoint's run and the run resuming it: none of them changes what is computed
-RESUME_MAY_CHANGE = ("output-dir", "resume-from", "checkpoint-every", "round-timeout")
+RESUME_MAY_CHANGE = ("output-dir", "resume-from", "checkpoint-every", "round-timeout", "tracker")
 # run-config keys that decide which model (architecture and classes) a state belongs to
 MODEL_RUN_KEYS = ("method", "dataset", "supernet", "model-family", "feature-dim")
 INTEGRITY = "integrity"
@@ -104,7 +104,9 @@ def save_verified(
     record[INTEGRITY]["sha256"] = content_hash(record)
     if os.path.lexists(path):
         _refuse_unless_replaceable(path, replace_if)
-    return write_new_file(path, lambda out: torch.save(record, out), replace=replace_if is not None)
+    write_new_file(path, lambda out: torch.save(record, out), replace=replace_if is not None)
+    remember_written(path)  # a round checkpoint replaces only what this run wrote (``same_run_earlier_round``)
+    return path
 
 
 def _refuse_unless_replaceable(path: Path, replace_if) -> None:
@@ -201,11 +203,14 @@ def run_config_differences(saved: dict, current: dict) -> list[str]:
     return sorted(k for k in set(saved) | set(current) if k not in RESUME_MAY_CHANGE and saved.get(k) != current.get(k))
 
 
-def same_run_earlier_round(run: RunConfig, server_round: int) -> Callable[[dict], bool]:
-    """``replace_if`` for round checkpoints: only an earlier round of a run with this run config is replaced."""
+def same_run_earlier_round(run: RunConfig, server_round: int, path: Path | None = None) -> Callable[[dict], bool]:
+    """``replace_if`` for round checkpoints: only an earlier round of a run with this run config is replaced, and,
+    given the ``path``, only the file this run (this process) wrote there, not another run's with the same config."""
     current = run.to_dict()
     return lambda old: (
-        not run_config_differences(old.get("run_config", {}), current) and old.get("round", server_round) < server_round
+        (path is None or wrote_here(path))
+        and not run_config_differences(old.get("run_config", {}), current)
+        and old.get("round", server_round) < server_round
     )
 
 
@@ -218,8 +223,9 @@ def write_round_checkpoint(
     strategy_state: dict,
     metrics: dict,
 ) -> Path:
+    path = Path(out_dir) / CHECKPOINT_FILE
     return save_verified(
-        Path(out_dir) / CHECKPOINT_FILE,
+        path,
         {
             "format": FORMAT_VERSION,
             "round": server_round,
@@ -231,7 +237,7 @@ def write_round_checkpoint(
             "rng": capture_rng(),
         },
         supernet_fingerprint(run),
-        replace_if=same_run_earlier_round(run, server_round),
+        replace_if=same_run_earlier_round(run, server_round, path),
     )
 
 

@@ -30,6 +30,11 @@ TGP_MARGINS = ("class-gap", "max-pair")
 
 MAX_CLIENTS = 100_000  # upper bound of every client/partition count in the run config
 MAX_MACS = 1e12  # upper bound of every MACs value (the paper supernet's largest subnet is ~0.6e9)
+# The largest model or generator a run may build, in bytes of float32 parameters. The largest model the paper trains
+# (the ResNet-152 backbone, ~60M parameters) takes 0.24 GB, and training holds a few copies of it (gradients,
+# momentum); a size key far beyond that is a typo that would only show as an out-of-memory kill after the nodes
+# started (feature-dim=65536 gives FedTGP a 32 GiB generator), so it is refused before training.
+MAX_MODEL_BYTES = 2 * 2**30
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,18 @@ def parse_macs_list(text: str) -> tuple[float, ...]:
     return tuple(values)
 
 
+TIERS_RULE = f"{MACS_LIST_RULE}, without repeats"
+
+
+def parse_tiers(text: str) -> tuple[float, ...]:
+    """Reporting tiers: MACs as ``parse_macs_list`` reads them; a repeated tier would be reported once, not twice."""
+    tiers = parse_macs_list(text)
+    repeated = sorted({_number(t) for t in tiers if tiers.count(t) > 1})
+    if repeated:
+        raise ValueError(f"{', '.join(repeated)} given more than once; allowed: {TIERS_RULE}")
+    return tiers
+
+
 def parse_partition_ids(text: str) -> frozenset[int]:
     ids = set()
     for item in _comma_items(text, PARTITION_IDS_RULE):
@@ -173,7 +190,10 @@ KEYS: dict[str, Key] = {
     "budget-levels": Key(0, "number of budget ranks (0 = number of clients)", check=Range(0, MAX_CLIENTS)),
     "max-training-macs": Key(0.0, "cap on budgets in the γ data allocation (0 = no cap)", check=Range(0.0, MAX_MACS)),
     "tiers": Key(
-        "", "reporting tiers as comma-separated MACs (empty = 4 log-spaced cached subnets)", parse=parse_macs_list
+        "",
+        "reporting tiers as comma-separated MACs, each naming a different cached subnet (empty = 4 log-spaced "
+        "cached subnets)",
+        parse=parse_tiers,
     ),
     "aggregation-weights": Key("num-examples", "weights of the sparse average", ("num-examples", "uniform")),
     "payload-dtype": Key("float32", "dtype of arrays in messages", PAYLOAD_DTYPES),
@@ -188,6 +208,12 @@ KEYS: dict[str, Key] = {
     "calib-size": Key(1000, "training images held out for BN recalibration", check=Range(1, 10_000_000)),
     "seed": Key(0, "seed of budgets, partitions, sampling, init and data order", check=Range(0, 2**32 - 1)),
     "output-dir": Key("", "absolute output folder (empty = ~/fl_app_runs/<method>-<dataset>-s<seed>-<time>)"),
+    "tracker": Key(
+        "",
+        "mirror the per-round metrics to an experiment tracker: '' = off, 'tensorboard' = event files in "
+        "<output-dir>/tensorboard, 'wandb' = offline run in <output-dir>/wandb (needs wandb installed)",
+        ("", "tensorboard", "wandb"),
+    ),
     "faulty-partitions": Key(
         "", "fault injection: comma list of partition ids whose training raises", parse=parse_partition_ids
     ),
@@ -200,7 +226,7 @@ KEYS: dict[str, Key] = {
     "resume-from": Key(
         "",
         "continue a run from its checkpoint.pt (or the folder holding it); the run config must "
-        "match the checkpoint's except for output-dir, resume-from, checkpoint-every, round-timeout",
+        "match the checkpoint's except for output-dir, resume-from, checkpoint-every, round-timeout, tracker",
     ),
     "budget-constrained": Key(True, "superfednas/deepfednas: subnets limited to what each client can afford"),
     "maxnet-beta0": Key(0.9, "superfednas/deepfednas: MaxNet weight β₀ of the max-subnet client", check=FRACTION),
@@ -216,7 +242,10 @@ KEYS: dict[str, Key] = {
         MODEL_FAMILIES,
     ),
     "feature-dim": Key(
-        64, "common feature dimension every backbone projects to before its head", check=Range(1, 65_536)
+        64,
+        "common feature dimension every backbone projects to before its head (fedtgp: its prototype generator "
+        f"must fit in {MAX_MODEL_BYTES / 2**30:g} GiB)",
+        check=Range(1, 65_536),
     ),
     "test-fraction": Key(
         0.2,
@@ -394,8 +423,42 @@ def validate_run_config(raw: dict) -> RunConfig:
     return RunConfig(values, parsed)
 
 
-def _cross_checks(v: dict) -> list[str]:
+def _fedtgp_generator_params(v: dict) -> int:
+    """Parameters of FedTGP's prototype generator, Embedding(C, feature-dim) -> Linear -> ReLU -> Linear of width
+    feature-dim (``strategies.fedtopo_baselines.PrototypeGenerator``; a test keeps the two in step)."""
+    c, d = DATASETS[v["dataset"]].num_classes, v["feature-dim"]
+    return c * d + 2 * (d * d + d)
+
+
+# method -> what it builds whose size a key sets: (what, the key, float32 parameters given the run config). The
+# model-heterogeneous backbones grow only linearly with feature-dim and stay under MAX_MODEL_BYTES over its whole
+# range (tested); the supernet's size comes from its JSON and is checked where it is loaded (Federation.build).
+MODEL_SIZES: dict[str, tuple[tuple[str, str, Callable[[dict], int]], ...]] = {
+    "fedtgp": (("FedTGP's prototype generator", "feature-dim", _fedtgp_generator_params),),
+}
+
+
+def model_size_problems(v: dict) -> list[str]:
+    """What the run would build beyond ``MAX_MODEL_BYTES``, naming the key and the largest value it allows."""
     errors = []
+    for what, key, params_of in MODEL_SIZES.get(v["method"], ()):
+        params = params_of(v)
+        if 4 * params <= MAX_MODEL_BYTES:
+            continue
+        low, high = int(KEYS[key].check.low), v[key]  # the largest allowed value: params grow with the key
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if 4 * params_of({**v, key: middle}) <= MAX_MODEL_BYTES else (low, middle - 1)
+        errors.append(
+            f"{key}={v[key]}: {what} would hold {params:,} float32 parameters ({4 * params / 2**30:.4g} GiB), "
+            f"beyond the {MAX_MODEL_BYTES / 2**30:g} GiB ceiling on one model; allowed: {key} <= {low} "
+            f"with dataset='{v['dataset']}'"
+        )
+    return errors
+
+
+def _cross_checks(v: dict) -> list[str]:
+    errors = model_size_problems(v)
     if v["data-source"] == "local" and not v["data-path"]:
         errors.append("data-path: required when data-source='local'")
     if v["data-source"] != "local" and v["data-path"]:

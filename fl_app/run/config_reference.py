@@ -16,6 +16,7 @@ from pathlib import Path
 
 from fl_app.run.cli import tool_parser
 from fl_app.run.config import KEYS, Key
+from fl_app.run.files import replace_file
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = Path("docs/run-config.md")  # relative to the repository root, where the tools are run
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.out} is up to date", file=sys.stderr)
         return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(updated)
+    replace_file(args.out, updated.encode())  # the reference is rewritten in place, never through a symlink
     print(f"wrote {args.out} ({len(KEYS)} keys)", file=sys.stderr)
     return 0
 

@@ -1,19 +1,37 @@
 """A run's output folder: metrics.csv (tiers), rounds.csv (per round), summary.json, the supernet, the plot.
 
-Files are written to a temporary name and renamed, so an interrupted run never leaves a half-written file, and a
-folder that already holds results is refused before training starts.
+Files are written through ``fl_app.run.files`` (a fresh temporary file, then linked or renamed into place), so an
+interrupted run never leaves a half-written file and no symlink is ever followed; a file is replaced only when this
+run wrote it (the round files rewritten after each round), and a folder that already holds results, another run's
+included, is refused before training starts.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
 import time
 from pathlib import Path
 
-RESULT_FILES = ("metrics.csv", "rounds.csv", "summary.json", "supernet.pt", "accuracy_vs_macs.png", "checkpoint.pt")
+from fl_app.run import tracker
+from fl_app.run.files import replace_file, write_own_file
+
+# what a run writes into its output folder (MODELS_DIR of fl_app.hetero_app included): any of them there already
+# means the folder holds another run
+RESULT_FILES = (
+    "metrics.csv",
+    "rounds.csv",
+    "clients.csv",
+    "summary.json",
+    "supernet.pt",
+    "accuracy_vs_macs.png",
+    "accuracy_per_round.png",
+    "checkpoint.pt",
+    "client-models",
+)
 
 
 def prepare_output_dir(requested: str, method: str, dataset: str, seed: int) -> Path:
@@ -22,7 +40,7 @@ def prepare_output_dir(requested: str, method: str, dataset: str, seed: int) -> 
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = Path.home() / "fl_app_runs" / f"{method}-{dataset}-s{seed}-{stamp}"
-    existing = [name for name in RESULT_FILES if (path / name).exists()]
+    existing = [name for name in RESULT_FILES if os.path.lexists(path / name)]
     if existing:
         raise ValueError(
             f"output-dir='{path}' already holds results ({', '.join(existing)}); "
@@ -45,24 +63,22 @@ def memory_mb() -> tuple[float, float]:
         return math.nan, peak
 
 
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
+def write_text(path: Path, text: str, replace: bool = False) -> None:
+    """``text`` (UTF-8) into ``path``: a new file or one this run wrote (``files.write_own_file``); with ``replace``,
+    any regular file there (the caller decided it is its own: ``files.replace_file``). Never through a symlink."""
+    (replace_file if replace else write_own_file)(path, text.encode())
 
 
-def write_json(path: Path, data: dict) -> None:
-    _atomic_write(path, lambda p: p.write_text(json.dumps(data, indent=2) + "\n"))
+def write_json(path: Path, data: dict, replace: bool = False) -> None:
+    write_text(path, json.dumps(data, indent=2) + "\n", replace)
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    def write(p: Path):
-        with open(p, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else [])
-            writer.writeheader()
-            writer.writerows(rows)
-
-    _atomic_write(path, write)
+def write_csv(path: Path, rows: list[dict], replace: bool = False) -> None:
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]) if rows else [])
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text(path, text.getvalue(), replace)
 
 
 def metrics_with_round_costs(metrics_rows: list[dict], rounds: dict) -> list[dict]:
@@ -90,12 +106,13 @@ def write_round_files(
     (each file replaced atomically), so a run that dies keeps every finished round; ``write_results`` writes them once
     more at the end."""
     write_csv(out_dir / "metrics.csv", metrics_rows)
-    write_csv(
-        out_dir / "rounds.csv",
-        [{**log_.row(r), **(clients.round_columns(r) if clients else {})} for r, log_ in sorted(rounds.items())],
-    )
+    round_rows = [
+        {**log_.row(r), **(clients.round_columns(r) if clients else {})} for r, log_ in sorted(rounds.items())
+    ]
+    write_csv(out_dir / "rounds.csv", round_rows)
     if clients is not None:
         write_csv(out_dir / "clients.csv", clients.rows())
+    tracker.record_rounds(out_dir, metrics_rows, round_rows)  # the run's tracker, if any, mirrors the new rounds
 
 
 def summary_head(run, error: str | None) -> dict:
@@ -222,8 +239,10 @@ def _finish_plot(plt, fig, ax, path: Path, title: str, ylabel: str, legend_size=
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=legend_size)
     fig.tight_layout()
-    _atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=120))
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=120)
     plt.close(fig)
+    write_own_file(path, image.getvalue())
 
 
 def plot_accuracy_vs_macs(path: Path, lines: dict[str, list[tuple[float, float]]], title: str) -> None:

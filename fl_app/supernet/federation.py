@@ -13,9 +13,13 @@ import numpy as np
 
 from fl_app.data.images import DATASETS, ImageData, Splits, load_dataset, split_train
 from fl_app.data.partition import make_partitioner, partition_indices
-from fl_app.run.config import RunConfig
-from fl_app.supernet.space import SupernetConfig, load_supernet_config
+from fl_app.run.config import MAX_MODEL_BYTES, RunConfig
+from fl_app.supernet.space import SupernetConfig, count_costs, load_supernet_config
 from fl_app.supernet.subnets import SubnetCache, draw_budgets
+
+# Tiers are written as rounded MACs (596e6 names the paper cache's largest subnet, 595.7M MACs at 100 classes): a
+# tier this far (relative) outside the cached range still names the subnet at that end.
+TIER_ROUNDING = 0.01
 
 
 @dataclass
@@ -24,42 +28,82 @@ class Federation:
     cache: SubnetCache
     budgets: np.ndarray  # drawn budget of every partition id
     num_partitions: int
+    supernet_macs: int  # MACs of the whole supernet (its largest subnet): no budget is useful beyond it
+
+    @property
+    def budget_range(self) -> tuple[int, int]:
+        """The budgets a client may have: the smallest cached subnet (a client must run one) .. the whole supernet
+        (a larger budget trains nothing larger, only takes more of the γ-allocated rows)."""
+        return self.cache.min_macs, self.supernet_macs
 
     @staticmethod
     def build(run: RunConfig, num_partitions: int) -> "Federation":
         cfg = load_supernet_config(run["supernet"], n_classes=DATASETS[run["dataset"]].num_classes)
-        cache = SubnetCache.load(cfg, run.subnet_cache)
-        max_budget = run["budget-max-macs"] or cache.max_macs
-        if max_budget < cache.min_macs:
+        supernet_macs, supernet_params = count_costs(cfg, cfg.max_subnet())
+        if 4 * supernet_params > MAX_MODEL_BYTES:  # counted, not built: nothing is allocated yet
             raise ValueError(
-                f"budget-max-macs={max_budget:.0f} is below the smallest cached subnet "
-                f"({cache.min_macs} MACs); allowed: >= {cache.min_macs} or 0 for the cache maximum"
+                f"supernet='{run['supernet']}': its largest subnet holds {supernet_params:,} float32 parameters "
+                f"({4 * supernet_params / 2**30:.4g} GiB), beyond the {MAX_MODEL_BYTES / 2**30:g} GiB ceiling on "
+                "one model; allowed: a supernet JSON with smaller widths, depths or expansion ratios"
+            )
+        cache = SubnetCache.load(cfg, run.subnet_cache)
+        low, high = cache.min_macs, supernet_macs
+        max_budget = run["budget-max-macs"] or cache.max_macs
+        if not low <= max_budget <= high:
+            side = f"below the smallest cached subnet ({low} MACs)" if max_budget < low else "above the whole supernet"
+            raise ValueError(
+                f"budget-max-macs={max_budget:.0f} is {side}; allowed: 0 for the largest cached subnet, or a number "
+                f"in [{low}, {high}] MACs (the smallest cached subnet .. the whole supernet '{cfg.name}')"
             )
         budgets = draw_budgets(
             num_partitions, cache.min_macs, max_budget, run["budget-zipf-a"], run["seed"], run["budget-levels"]
         )
-        return Federation(cfg, cache, budgets, num_partitions)
+        return Federation(cfg, cache, budgets, num_partitions, supernet_macs)
 
-    def client_budgets(self, run: RunConfig, declared: dict[int, float]) -> dict[int, float]:
+    def client_budgets(
+        self, run: RunConfig, declared: dict[int, object], node_of_partition: dict[int, int] | None = None
+    ) -> dict[int, float]:
         """Budget per partition id: a node's declared ``budget-macs`` (node config) wins over the drawn one.
 
-        Raises before training when the federation cannot serve the run config."""
+        Raises before training when the federation cannot serve the run config, or when a declared budget is not a
+        finite number in ``budget_range`` (naming the node, from ``node_of_partition``, and the key): a budget is
+        the node's own claim, and beyond the supernet it would only take the γ-allocation's rows from the others."""
         run.clients_per_round(self.num_partitions)
-        budgets = {pid: float(declared.get(pid, self.budgets[pid])) for pid in range(self.num_partitions)}
-        for pid, budget in budgets.items():
-            if budget < self.cache.min_macs:
+        low, high = self.budget_range
+        for pid, value in sorted(declared.items()):
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high):
+                who = f"partition-id={pid}"
+                if node_of_partition is not None:
+                    who = f"SuperNode {node_of_partition[pid]} ({who})"
+                shown = f"{value:g}" if isinstance(value, (int, float)) else repr(value)
                 raise ValueError(
-                    f"budget-macs={budget:.0f} of partition {pid} is below the smallest cached "
-                    f"subnet ({self.cache.min_macs} MACs); allowed: >= {self.cache.min_macs}"
+                    f"{who} declared budget-macs={shown} in its node-config; allowed: a number "
+                    f"in [{low}, {high}] MACs (the smallest cached subnet .. the whole supernet '{self.cfg.name}')"
                 )
-        return budgets
+        return {pid: float(declared.get(pid, self.budgets[pid])) for pid in range(self.num_partitions)}
 
     def tiers(self, run: RunConfig):
+        """The reporting tiers: the cached subnet each tier names. A tier outside the cached range (beyond
+        ``TIER_ROUNDING``), or two tiers naming the same cached subnet, would report other or fewer tiers than the
+        run config lists: refused before training."""
         targets = run.tier_targets
-        if targets and min(targets) < self.cache.min_macs:
-            raise ValueError(
-                f"tiers: {min(targets):.0f} MACs is below the smallest cached subnet ({self.cache.min_macs} MACs)"
-            )
+        low, high = self.cache.min_macs, self.cache.max_macs
+        for target in targets:
+            if not low * (1 - TIER_ROUNDING) <= target <= high * (1 + TIER_ROUNDING):
+                side = "below the smallest" if target < low else "above the largest"
+                raise ValueError(
+                    f"tiers: {target:.0f} MACs is {side} cached subnet ({low if target < low else high} MACs); "
+                    f"allowed: MACs in [{low}, {high}] (the cached subnets' range)"
+                )
+        named: dict[int, float] = {}
+        for target in targets:
+            subnet = self.cache.nearest(target)
+            if subnet.macs in named:
+                raise ValueError(
+                    f"tiers: {named[subnet.macs]:.0f} and {target:.0f} MACs both name the cached subnet of "
+                    f"{subnet.macs} MACs; allowed: one tier per cached subnet"
+                )
+            named[subnet.macs] = target
         return self.cache.tiers(targets)
 
 

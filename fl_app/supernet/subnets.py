@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import ast
 import csv
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from fl_app.run.files import write_own_file
 from fl_app.run.resources import bundled_file
 from fl_app.supernet.space import NAMED_CACHES, Subnet, SupernetConfig, count_costs
 
@@ -98,11 +100,13 @@ def read_cache_rows(path: Path) -> tuple[list[Subnet], list[dict]]:
 
 
 def write_cache(path: Path, cache_entries: list[CachedSubnet]) -> None:
-    with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["macs", "params", "d", "e", "w_indices"])
-        for c in cache_entries:
-            writer.writerow([c.macs, c.params, str(list(c.arch.d)), str(list(c.arch.e)), str(list(c.arch.w))])
+    """A cache CSV at ``path``, a new file (``write_own_file``: never over another file, never through a symlink)."""
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(["macs", "params", "d", "e", "w_indices"])
+    for c in cache_entries:
+        writer.writerow([c.macs, c.params, str(list(c.arch.d)), str(list(c.arch.e)), str(list(c.arch.w))])
+    write_own_file(path, text.getvalue().encode())
 
 
 def draw_budgets(

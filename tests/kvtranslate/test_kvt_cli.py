@@ -1,7 +1,11 @@
-"""Command-line safety: the committed checkpoints are only replaced when asked to, devices and threads are checked
-before anything loads, unsupported model families are named, saved translators load back (tensors only)."""
+"""Command-line safety and loading: the committed checkpoints are only replaced when asked to, devices, dtypes and
+threads are checked before anything loads (and threads stay torch's own unless given), --dtype reaches
+from_pretrained, unsupported model families are named, saved translators load back (tensors only) from their folder
+and from the translator.pt of older versions."""
 
 import argparse
+import json
+import math
 import os
 
 import pytest
@@ -9,10 +13,26 @@ import torch
 from kvt_helpers import small_model
 from transformers import LlamaConfig
 
-from kvtranslate.__main__ import main, pretrain_log_path
-from kvtranslate.models import CHECKPOINT_DIR, RESULTS_DIR, ModelPair, family_of, load_model, pick_device
-from kvtranslate.pipeline import build_translator, load_translator, save_translator
-from kvtranslate.train import TRAIN_DEFAULTS
+from kvtranslate.__main__ import build_parser, check_args, main, pretrain_log_path
+from kvtranslate.corpus import make_dataset
+from kvtranslate.demo import worker_threads
+from kvtranslate.evaluate import qa_scores
+from kvtranslate.models import (
+    CHECKPOINT_DIR,
+    RESULTS_DIR,
+    TINY_SPECS,
+    ModelPair,
+    family_of,
+    load_model,
+    load_pair,
+    pick_device,
+)
+from kvtranslate.pipeline import build_translator, encode_pair_items, load_translator, save_translator
+from kvtranslate.train import TRAIN_DEFAULTS, train_translator
+from kvtranslate.translators import KVTranslator
+
+HAVE_CHECKPOINTS = all(os.path.isdir(os.path.join(CHECKPOINT_DIR, n)) for n in TINY_SPECS)
+needs_checkpoints = pytest.mark.skipif(not HAVE_CHECKPOINTS, reason="run `python -m kvtranslate pretrain` first")
 
 
 def snapshot(folder):
@@ -67,18 +87,112 @@ def test_unsupported_family_is_named(tmp_path):
         family_of(LlamaConfig())
 
 
+def small_pair():
+    return ModelPair(small_model("gpt2", layers=3), None, small_model("qwen2"), None)  # no tokenizer needed here
+
+
+def same_outputs(a, b):
+    feats, emb = torch.randn(2, 5, 3, 2 * 32), torch.randn(2, 5, 32)
+    with torch.no_grad():
+        return all(
+            torch.equal(k1, k2) and torch.equal(v1, v2)
+            for (k1, v1), (k2, v2) in zip(a(feats, emb)[0], b(feats, emb)[0])
+        )
+
+
 def test_saved_translator_loads_back_with_the_same_outputs(tmp_path):
-    pair = ModelPair(small_model("gpt2", layers=3), None, small_model("qwen2"), None)  # no tokenizer needed here
-    cfg = {**TRAIN_DEFAULTS, "hidden": 16, "window": 2}
+    """A translator is saved as a folder of config.json and model.safetensors (tensors only, no pickled code) and
+    comes back with one call, without the models it was trained for."""
+    pair = small_pair()
+    cfg = {**TRAIN_DEFAULTS, "hidden": 16, "window": 2, "kind": "mot-latent"}
     torch.manual_seed(0)
     translator = build_translator(pair, cfg).eval()
     save_translator(translator, cfg, str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "model.safetensors"]
+    loaded = KVTranslator.from_pretrained(str(tmp_path))
+    assert same_outputs(translator, loaded) and not loaded.training
+    assert loaded.training_settings["window"] == 2 and loaded.kind == "mot-latent"
+    again, again_cfg = load_translator(pair, str(tmp_path))  # the pipeline's loader reads the same folder
+    assert same_outputs(translator, again) and again_cfg["window"] == 2
+
+
+def test_translator_pt_of_older_versions_still_loads(tmp_path):
+    """A folder written the way older versions saved translators (translator.pt by torch.save, translator.json)."""
+    pair = small_pair()
+    cfg = {**TRAIN_DEFAULTS, "hidden": 16, "window": 2}
+    torch.manual_seed(0)
+    translator = build_translator(pair, cfg).eval()
+    torch.save(translator.state_dict(), tmp_path / "translator.pt")
+    (tmp_path / "translator.json").write_text(
+        json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()})
+    )
     loaded, loaded_cfg = load_translator(pair, str(tmp_path))
-    feats, emb = torch.randn(2, 5, 3, 2 * 32), torch.randn(2, 5, 32)
-    with torch.no_grad():
-        for (k1, v1), (k2, v2) in zip(translator(feats, emb)[0], loaded(feats, emb)[0]):
-            assert torch.equal(k1, k2) and torch.equal(v1, v2)
-    assert loaded_cfg["window"] == 2
+    assert same_outputs(translator, loaded) and loaded_cfg["window"] == 2
+
+
+def test_translator_for_other_models_or_no_translator_is_refused(tmp_path):
+    pair = small_pair()
+    build_translator(pair, {**TRAIN_DEFAULTS, "hidden": 16}).save_pretrained(str(tmp_path / "t"))
+    other = ModelPair(small_model("gpt2", layers=2), None, small_model("qwen2"), None)
+    with pytest.raises(ValueError, match="source cache of .*'layers': 3.*this pair's is .*'layers': 2"):
+        load_translator(other, str(tmp_path / "t"))
+    with pytest.raises(FileNotFoundError, match="config.json / model.safetensors"):
+        load_translator(pair, str(tmp_path))
+
+
+@needs_checkpoints
+def test_dtype_reaches_from_pretrained_and_auto_keeps_the_checkpoint_dtype():
+    model, _ = load_model("tiny-gpt2", dtype="bfloat16")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    model, _ = load_model("tiny-gpt2")  # auto: config.json's float32
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    with pytest.raises(ValueError, match="--dtype must be one of auto, float32, bfloat16, float16, got 'float64'"):
+        load_model("tiny-gpt2", dtype="float64")
+
+
+def test_bad_dtype_is_a_usage_error_naming_the_flag_and_the_values(capsys, tmp_path):
+    for command in (["train", "--out", str(tmp_path / "t")], ["eval", "--out", str(tmp_path / "t")]):
+        with pytest.raises(SystemExit) as stop:
+            main([*command, "--source", "tiny-gpt2", "--target", "tiny-qwen2", "--dtype", "float64"])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and "--dtype" in err and "'auto', 'float32', 'bfloat16', 'float16'" in err
+    with pytest.raises(SystemExit):
+        main(["demo", "--out", str(tmp_path / "t"), "--dtype", "half"])
+    assert "--dtype" in capsys.readouterr().err and not (tmp_path / "t").exists()
+
+
+@needs_checkpoints
+def test_a_bfloat16_pair_trains_and_answers_from_a_float32_translator():
+    """Models in bfloat16 feed a translator that computes in float32; its cache reaches the target in bfloat16."""
+    pair = load_pair("tiny-gpt2", "tiny-qwen2", dtype="bfloat16")
+    translator, history, _ = train_translator(pair, log=lambda line: None, steps=2, batch=4, n_train=8, ccl_start=0.0)
+    assert translator.w_src.dtype == torch.float32 and all(math.isfinite(history[-1][k]) for k in ("rec", "ccl"))
+    data = encode_pair_items(pair, make_dataset(4, seed=7, split="eval"))
+    scores = qa_scores(data, "translated", pair, translator)[0]
+    assert 0.0 <= scores["acc"] <= 1.0
+
+
+def check_threads(monkeypatch, argv):
+    """The thread counts `main`'s argument checks give torch (before anything loads)."""
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    parser = build_parser()
+    check_args(parser, parser.parse_args(argv))
+    return calls
+
+
+def test_threads_stay_torchs_own_unless_given(monkeypatch, tmp_path):
+    pair_args = ["--source", "tiny-gpt2", "--target", "tiny-qwen2", "--out", str(tmp_path)]
+    for command in (["train", *pair_args], ["eval", *pair_args, "--modes", "direct"], ["demo", "--out", str(tmp_path)]):
+        assert check_threads(monkeypatch, command) == []
+        assert check_threads(monkeypatch, [*command, "--threads", "3"]) == [3]
+    assert check_threads(monkeypatch, ["pretrain", "--models", "tiny-gpt2", "--out", str(tmp_path)]) == []
+
+
+def test_demo_workers_share_the_cores_unless_threads_are_given():
+    assert worker_threads(3, jobs=2) == 3
+    assert worker_threads(None, jobs=2) == max(1, torch.get_num_threads() // 2)
+    assert worker_threads(None, jobs=10 * torch.get_num_threads()) == 1
 
 
 def test_cli_convention_help_on_every_flag_and_comma_lists(capsys, tmp_path):

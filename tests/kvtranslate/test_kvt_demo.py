@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from kvtranslate.demo import run_demo
 from kvtranslate.models import CHECKPOINT_DIR, TINY_SPECS
@@ -23,7 +24,8 @@ def numbers(folder):
 @pytest.mark.skipif(not HAVE_CHECKPOINTS, reason="run `python -m kvtranslate pretrain` first")
 def test_pairs_side_by_side_give_the_one_process_numbers(tmp_path):
     run_demo(str(tmp_path / "one"), quick=True, sizes=TINY, pairs=PAIRS)
-    run_demo(str(tmp_path / "two"), quick=True, sizes=TINY, pairs=PAIRS, jobs=2)
+    # each worker with this process's thread count, like the one-process run (by default they share the cores)
+    run_demo(str(tmp_path / "two"), quick=True, sizes=TINY, pairs=PAIRS, jobs=2, threads=torch.get_num_threads())
     one, two = numbers(tmp_path / "one"), numbers(tmp_path / "two")
     assert list(one) == ["tiny-qwen2-b->tiny-qwen2", "tiny-opt->tiny-gpt2"] == list(two)  # PAIRS order
     assert one == two

@@ -1,9 +1,9 @@
-import csv
 import json
 import sys
 from pathlib import Path
 from statistics import mean
 
+from fl_app.run.outputs import write_csv
 from strategies.rounds import sample_partitions
 
 runs = Path(sys.argv[1])
@@ -32,8 +32,5 @@ for ref in sorted(runs.glob("fedtopo/seed*/summary.json")):
                 "accuracy_never_trained": round(mean(a for a, t in zip(acc, times) if t == 0), 4),
             }
         )
-with open(runs.parent / "participation.csv", "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=list(rows[0]))
-    w.writeheader()
-    w.writerows(rows)
+write_csv(runs.parent / "participation.csv", rows)  # a new file: never over an existing one or through a symlink
 print(open(runs.parent / "participation.csv").read())

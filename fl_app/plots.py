@@ -1,0 +1,568 @@
+"""The report's plots: what each shows is in its title, with the setting and how many seeds its bands stand on.
+
+- ``accuracy_per_round.png``: mean accuracy per evaluated round, band = 95 % t-interval over the seeds (clipped to
+  [0, 100] %); a row with fewer than 3 seeds shows each seed as a dot instead of a band. Rows with different round
+  counts get one panel per round count instead of sharing an x axis.
+- ``paired_difference.png`` (with a reference): each row minus the reference of its grid cell, paired by seed (same
+  partitions, budgets and sampling): the final accuracy and the difference at every round both evaluated.
+- ``accuracy_vs_compute.png``: accuracy against cumulative client compute, one mean line per row (each seed faint);
+  only when every run recorded a compute quantity (``fl_app.report.compute_column``).
+- ``accuracy_vs_macs.png``: each tier's test accuracy after the last round (supernet methods).
+- ``traffic.png``: MB down / up per run.
+- ``clients_<label>_seed<N>.png`` (``fl_app.report --clients``): every client's training labels and its budget
+  (supernet methods) or model (model-heterogeneous methods).
+
+matplotlib is imported here only, on first use, with the Agg backend (no display needed).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from fl_app.run.stats import paired_difference
+
+BAND_ALPHA = 0.12
+MIN_SEEDS_FOR_BAND = 3  # below this the t-interval is too wide to draw (±12.7 sd at 2 seeds): each seed is a dot
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+CLASS_NAMES = {"cifar10": CIFAR10_CLASSES, "cinic10": CIFAR10_CLASSES}
+ACCURACY_LABELS = {
+    "population_weighted_accuracy": "population-weighted accuracy (%)",
+    "mean_client_accuracy": "mean client accuracy (%)",
+}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def png_bytes(fig) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    _pyplot().close(fig)
+    return buffer.getvalue()
+
+
+# -- shared pieces -------------------------------------------------------------------------------------------------
+def _joined(values) -> str:
+    distinct = sorted(
+        set(values), key=lambda v: (not isinstance(v, (int, float)), v if isinstance(v, (int, float)) else str(v))
+    )
+    return " or ".join(str(v) for v in distinct)
+
+
+def setting_text(rows) -> str:
+    """'cifar10 · 8 clients, 4 per round · 20 or 100 rounds' from the runs' summaries."""
+    summaries = [row.first.summary for row in rows]
+    parts = [_joined(s.get("dataset", "?") for s in summaries)]
+    clients = _joined(s.get("num_clients", "?") for s in summaries)
+    per_round = [s.get("clients_per_round") for s in summaries if s.get("clients_per_round") is not None]
+    parts.append(f"{clients} clients" + (f", {_joined(per_round)} per round" if per_round else ""))
+    parts.append(f"{_joined(s.get('rounds', '?') for s in summaries)} rounds")
+    return " · ".join(parts)
+
+
+def seeds_phrase(counts) -> str:
+    counts = sorted(set(counts))
+    if not counts:
+        return "0 seeds"
+    text = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    return f"{text} seed" + ("" if text == "1" else "s")
+
+
+def spread_text(counts, what: str = "band") -> str:
+    """What the bands (or dots) of a plot are, for rows of ``counts`` seeds each."""
+    banded = [n for n in counts if n >= MIN_SEEDS_FOR_BAND]
+    dotted = [n for n in counts if n < MIN_SEEDS_FOR_BAND]
+    if not dotted:
+        return f"{what}: 95 % t-interval over {seeds_phrase(banded)}"
+    if not banded:
+        return f"dots: each of the {seeds_phrase(dotted)}; no {what}: fewer than 3 seeds give no useful interval"
+    return f"{what}: 95 % t-interval over {seeds_phrase(banded)}; dots: each seed of rows with fewer than 3"
+
+
+def row_rounds(row) -> int:
+    return row.first.summary.get("rounds") or max((r for run in row.runs for r, _ in run.curve), default=0)
+
+
+def display_names(rows) -> dict:
+    """Row name -> legend text, which names the round count when the rows differ in it."""
+    mixed = len({row_rounds(row) for row in rows}) > 1
+    return {row.name: row.name + (f" ({row_rounds(row)} rounds)" if mixed else "") for row in rows}
+
+
+SHADES = ("Blues", "Oranges", "Greens", "Reds", "Purples", "Greys")
+
+
+def colours(rows) -> dict:
+    """Row name -> colour: one colour per row; where a label has several rows (grid cells, settings), that label's
+    rows are shades of one colour, light to dark in row order."""
+    plt = _pyplot()
+    by_label: dict[str, list] = {}
+    for row in rows:
+        by_label.setdefault(row.first.label, []).append(row)
+    if all(len(members) == 1 for members in by_label.values()):
+        cmap = plt.get_cmap("tab10" if len(rows) <= 10 else "tab20")
+        return {row.name: cmap(i % cmap.N) for i, row in enumerate(rows)}
+    out = {}
+    for i, members in enumerate(by_label.values()):
+        cmap = plt.get_cmap(SHADES[i % len(SHADES)])
+        for j, row in enumerate(members):
+            out[row.name] = cmap(0.45 + 0.5 * j / max(1, len(members) - 1))
+    return out
+
+
+def distinct_colours(names) -> dict:
+    cmap = _pyplot().get_cmap("tab10" if len(names) <= 10 else "tab20")
+    return {name: cmap(i % cmap.N) for i, name in enumerate(names)}
+
+
+def panels(rows) -> dict:
+    """Panel title -> its rows: one panel per round count (runs of different lengths never share an x axis) and,
+    in a grid suite, per grid cell."""
+    lengths = {row_rounds(row) for row in rows}
+    cells = {json.dumps(row.first.cell, sort_keys=True) for row in rows}
+    out: dict[str, list] = {}
+    for row in sorted(rows, key=row_rounds):
+        parts = [", ".join(f"{k} = {v}" for k, v in row.first.cell.items())] if len(cells) > 1 else []
+        parts += [f"runs of {row_rounds(row)} rounds"] if len(lengths) > 1 else []
+        out.setdefault(" · ".join(parts), []).append(row)
+    return out
+
+
+def percent_limits(values, pad: float = 3.0) -> tuple[float, float]:
+    """y limits around ``values`` (in %), never outside [0, 100]."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return 0.0, 100.0
+    return max(0.0, min(finite) - pad), min(100.0, max(finite) + pad)
+
+
+def accuracy_label(rows) -> str:
+    kinds = {row.first.accuracy_kind for row in rows}
+    return ACCURACY_LABELS[kinds.pop()] if len(kinds) == 1 else "accuracy (%)"
+
+
+def _title(fig, what: str, rows, extra: str = "") -> None:
+    fig.suptitle(f"{what}\n{setting_text(rows)}" + (f"\n{extra}" if extra else ""), fontsize=10)
+
+
+def _legend(fig, axes, handles=None, labels=None) -> None:
+    if handles is None:
+        handles, labels = [], []
+        for ax in np.ravel(axes):
+            for h, label in zip(*ax.get_legend_handles_labels()):
+                if label not in labels:
+                    handles.append(h)
+                    labels.append(label)
+    if handles:
+        fig.legend(handles, labels, loc="outside right center", fontsize=8, frameon=False)
+
+
+def _whole_ticks(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _seed_dots(ax, xs, ys, colour) -> None:
+    ax.scatter(xs, ys, s=14, color=colour, alpha=0.75, edgecolors="none", zorder=3)
+
+
+# -- accuracy per round --------------------------------------------------------------------------------------------
+def figure_accuracy_per_round(tables: dict):
+    """One panel per round count (and grid cell); mean line per row, clipped band (>= 3 seeds) or per-seed dots."""
+    plt, rows = _pyplot(), tables["rows"]
+    names, colour = display_names(rows), colours(rows)
+    points = pd.DataFrame(tables["rounds"], columns=["method", "round", "accuracy", "accuracy_ci95", "n"])
+    groups = panels(rows)
+    ncols = min(4, len(groups))
+    nrows = math.ceil(len(groups) / ncols)
+    width = 7.5 if len(groups) == 1 else 3.6 * ncols + 2.6
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(width, 3.9 * nrows + 0.8), sharey=True, squeeze=False, layout="constrained"
+    )
+    drawn = []
+    for ax, (title, members) in zip(axes.flat, groups.items()):
+        for row in members:
+            mine = points[points["method"] == row.name]
+            x, y = mine["round"].to_numpy(), 100 * mine["accuracy"].to_numpy()
+            ax.plot(x, y, marker="o", markersize=3, color=colour[row.name], label=names[row.name])
+            drawn += list(y)
+            if mine["n"].min() >= MIN_SEEDS_FOR_BAND:
+                half = 100 * np.nan_to_num(mine["accuracy_ci95"].to_numpy())
+                low, high = np.clip(y - half, 0, 100), np.clip(y + half, 0, 100)
+                ax.fill_between(x, low, high, color=colour[row.name], alpha=BAND_ALPHA, linewidth=0)
+                drawn += list(low) + list(high)
+            else:
+                seeds = [(r, 100 * a) for run in row.runs for r, a in run.curve]
+                _seed_dots(ax, [r for r, _ in seeds], [a for _, a in seeds], colour[row.name])
+                drawn += [a for _, a in seeds]
+        ax.set(xlabel="round")
+        _whole_ticks(ax)
+        if title:
+            ax.set_title(title, fontsize=9)
+        ax.grid(True, alpha=0.3)
+    for ax in axes.flat[len(groups) :]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(accuracy_label(rows))
+    axes[0][0].set_ylim(*percent_limits(drawn))
+    _title(fig, f"Accuracy per evaluated round: mean over seeds ({spread_text([row.seeds for row in rows])})", rows)
+    _legend(fig, axes)
+    return fig
+
+
+# -- paired differences --------------------------------------------------------------------------------------------
+def paired_curves(rows, pairs: list[tuple]) -> list[tuple]:
+    """(row, reference row, [(round, PairedDifference)]) at every round both rows evaluated."""
+    out = []
+    for row, ref in pairs:
+        mine = {run.seed: dict(run.curve) for run in row.runs}
+        theirs = {run.seed: dict(run.curve) for run in ref.runs}
+        rounds = sorted({r for c in mine.values() for r in c} & {r for c in theirs.values() for r in c})
+        out.append(
+            (
+                row,
+                ref,
+                [
+                    (
+                        r,
+                        paired_difference(
+                            {s: c[r] for s, c in mine.items() if r in c}, {s: c[r] for s, c in theirs.items() if r in c}
+                        ),
+                    )
+                    for r in rounds
+                ],
+            )
+        )
+    return out
+
+
+def figure_paired(tables: dict):
+    """Left: final accuracy minus the reference's (paired by seed); right: the same at every round both evaluated.
+    None without a reference or pairs."""
+    if not tables.get("paired"):
+        return None
+    plt, rows = _pyplot(), tables["rows"]
+    by_name = {row.name: row for row in rows}
+    pairs = [(by_name[p["method"]], by_name[p["reference"]]) for p in tables["paired"]]
+    names, colour = display_names(rows), colours(rows)
+    if len({colour[row.name] for row, _ in pairs}) < len(pairs) or len({r.first.label for r, _ in pairs}) < len(pairs):
+        colour = distinct_colours([row.name for row, _ in pairs])  # shades of one label would be hard to tell apart
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(12.5, 0.45 * len(pairs) + 3.6), width_ratios=[1, 1.25], layout="constrained"
+    )
+    counts = []
+    for y, (row, ref) in enumerate(pairs):
+        paired = paired_difference(row.by_seed(), ref.by_seed())
+        counts.append(paired.difference.n)
+        mean = 100 * paired.difference.mean
+        if paired.difference.n >= MIN_SEEDS_FOR_BAND:
+            half = 100 * paired.difference.half_width
+            left.errorbar(mean, y, xerr=half, fmt="o", color=colour[row.name], capsize=4)
+        else:
+            diffs = [100 * (row.by_seed()[s] - ref.by_seed()[s]) for s in paired.seeds]
+            _seed_dots(left, diffs, [y] * len(diffs), colour[row.name])
+            left.plot(mean, y, marker="D", markersize=6, markerfacecolor="none", color=colour[row.name])
+    left.axvline(0, color="0.3", linewidth=0.8)
+    left.set_yticks(range(len(pairs)), [f"{names[row.name]}\n− {names[ref.name]}" for row, ref in pairs], fontsize=8)
+    left.invert_yaxis()
+    left.set(xlabel="difference in final accuracy (points)")
+    left.set_title("final accuracy (each run at its last round)", fontsize=9)
+    left.grid(True, axis="x", alpha=0.3)
+
+    for row, ref, points in paired_curves(rows, pairs):
+        if not points:
+            continue
+        x = [r for r, _ in points]
+        y = np.array([100 * d.difference.mean for _, d in points])
+        right.plot(x, y, marker="o", markersize=3, color=colour[row.name], label=names[row.name])
+        if min(d.difference.n for _, d in points) >= MIN_SEEDS_FOR_BAND:
+            half = np.nan_to_num(np.array([100 * d.difference.half_width for _, d in points]))
+            low, high = np.clip(y - half, -100, 100), np.clip(y + half, -100, 100)
+            right.fill_between(x, low, high, color=colour[row.name], alpha=BAND_ALPHA, linewidth=0)
+        else:
+            dots = [
+                (r, 100 * (dict(a.curve)[r] - dict(b.curve)[r]))
+                for r, d in points
+                for a in row.runs
+                for b in ref.runs
+                if a.seed == b.seed and a.seed in d.seeds
+            ]
+            _seed_dots(right, [r for r, _ in dots], [v for _, v in dots], colour[row.name])
+    right.axhline(0, color="0.3", linewidth=0.8)
+    _whole_ticks(right)
+    right.set(xlabel="round (rounds both evaluated)", ylabel="difference (points)")
+    right.set_title("at every round both evaluated", fontsize=9)
+    right.grid(True, alpha=0.3)
+    reference = tables.get("reference") or pairs[0][1].first.label
+    cell = " of the same grid cell" if any(row.first.cell for row, _ in pairs) else ""
+    _title(
+        fig,
+        f"Paired difference: each method minus {reference}{cell}, paired by seed "
+        f"(same partitions, budgets, sampling)\n{spread_text(counts, 'bars and bands')}",
+        rows,
+    )
+    _legend(fig, [right])
+    return fig
+
+
+# -- accuracy against compute --------------------------------------------------------------------------------------
+def figure_accuracy_vs_compute(tables: dict):
+    """One mean line per row (mean compute and mean accuracy over the seeds at each round all of them evaluated),
+    each seed faint; the equal-compute budget of compute.csv dashed. None when no compute was recorded."""
+    if not tables.get("compute"):
+        return None
+    from fl_app.report import compute_column
+
+    plt, rows = _pyplot(), tables["rows"]
+    column, text = compute_column([run for row in rows for run in row.runs])
+    names, colour = display_names(rows), colours(rows)
+    fig, ax = plt.subplots(figsize=(9.5, 4.8), layout="constrained")
+    drawn, xs = [], []
+    for row in rows:
+        frame = pd.DataFrame(
+            [
+                {"seed": run.seed, "round": r, "compute": c, "accuracy": 100 * a}
+                for run in row.runs
+                for r, c, a in run.compute_points(column)
+            ],
+            columns=["seed", "round", "compute", "accuracy"],
+        )
+        for _, seed in frame.groupby("seed"):
+            ax.plot(seed["compute"], seed["accuracy"], color=colour[row.name], alpha=0.25, linewidth=0.8)
+        complete = frame[frame.groupby("round")["seed"].transform("size") == row.seeds]  # rounds all seeds have
+        mean = complete.groupby("round")[["compute", "accuracy"]].mean()
+        ax.plot(
+            mean["compute"],
+            mean["accuracy"],
+            marker="o",
+            markersize=3.5,
+            linewidth=2,
+            color=colour[row.name],
+            label=names[row.name],
+        )
+        drawn += list(frame["accuracy"])
+        xs += list(frame["compute"])
+    budget = tables["compute"][0]["compute_budget"]
+    ax.axvline(budget, color="0.3", linestyle="--", linewidth=0.9, label="equal-compute budget (compute.csv)")
+    positive = [x for x in xs if x > 0]
+    logarithmic = bool(positive) and max(positive) / min(positive) > 30
+    if logarithmic:
+        ax.set_xscale("log")
+    ax.set(xlabel=f"cumulative {text}" + (" (log scale)" if logarithmic else ""), ylabel=accuracy_label(rows))
+    ax.set_ylim(*percent_limits(drawn))
+    ax.grid(True, alpha=0.3)
+    _title(
+        fig,
+        f"Accuracy against cumulative {text}: thick = mean over {seeds_phrase([r.seeds for r in rows])} at each "
+        "round all evaluated, faint = each seed",
+        rows,
+    )
+    _legend(fig, [ax])
+    return fig
+
+
+# -- accuracy per tier ---------------------------------------------------------------------------------------------
+def figure_accuracy_vs_macs(tables: dict):
+    """Each tier's test accuracy after the last round: mean with its clipped interval, or per-seed dots."""
+    if not tables.get("tiers"):
+        return None
+    plt, rows = _pyplot(), tables["rows"]
+    names, colour = display_names(rows), colours(rows)
+    points = pd.DataFrame(tables["tiers"])
+    fig, ax = plt.subplots(figsize=(9.5, 4.8), layout="constrained")
+    drawn, counts = [], []
+    for row in rows:
+        mine = points[points["method"] == row.name]
+        if mine.empty:
+            continue
+        counts.append(row.seeds)
+        x, y = mine["tier_mmacs"].to_numpy(), 100 * mine["accuracy"].to_numpy()
+        ax.plot(x, y, marker="o", markersize=4, color=colour[row.name], label=names[row.name])
+        drawn += list(y)
+        if mine["n"].min() >= MIN_SEEDS_FOR_BAND:
+            half = 100 * np.nan_to_num(mine["accuracy_ci95"].to_numpy())
+            low, high = np.clip(y - half, 0, 100), np.clip(y + half, 0, 100)
+            ax.errorbar(x, y, yerr=[y - low, high - y], fmt="none", ecolor=colour[row.name], capsize=3)
+            drawn += list(low) + list(high)
+        else:
+            for run in row.runs:
+                tiers = run.summary["tiers"][: len(mine)]
+                values = [100 * t["accuracy"] for t in tiers]
+                _seed_dots(ax, x[: len(values)], values, colour[row.name])
+                drawn += values
+    ax.set_xscale("log")
+    ax.set(xlabel="tier (MMACs, log scale)", ylabel="test accuracy (%)")
+    ax.set_ylim(*percent_limits(drawn))
+    ax.grid(True, alpha=0.3)
+    _title(
+        fig,
+        f"Test accuracy of each tier after the last round: mean ({spread_text(counts, 'bars')})",
+        rows,
+    )
+    _legend(fig, [ax])
+    return fig
+
+
+# -- traffic -------------------------------------------------------------------------------------------------------
+def figure_traffic(tables: dict):
+    plt, rows = _pyplot(), tables["rows"]
+    names = display_names(rows)
+    table = tables["accuracy"]
+    fig, ax = plt.subplots(figsize=(max(7.5, 0.8 * len(table) + 4), 4.6), layout="constrained")
+    x = np.arange(len(table))
+    ax.bar(x - 0.2, [r["mb_down"] for r in table], width=0.4, label="down (server to clients)")
+    ax.bar(x + 0.2, [r["mb_up"] for r in table], width=0.4, label="up (clients to server)")
+    ax.set_xticks(x, [names.get(r["method"], r["method"]) for r in table], rotation=30, ha="right", fontsize=8)
+    ax.set(ylabel="MB per run")
+    ax.grid(True, axis="y", alpha=0.3)
+    _title(fig, f"Traffic of a whole run: MB down and up, mean over {seeds_phrase([r.seeds for r in rows])}", rows)
+    _legend(fig, [ax])
+    return fig
+
+
+PLOTS = {
+    "accuracy_per_round.png": figure_accuracy_per_round,
+    "paired_difference.png": figure_paired,
+    "accuracy_vs_compute.png": figure_accuracy_vs_compute,
+    "accuracy_vs_macs.png": figure_accuracy_vs_macs,
+    "traffic.png": figure_traffic,
+}
+
+
+def write_plots(out: Path, tables: dict, write: Callable[[Path, bytes], Path]) -> list[Path]:
+    """Every plot the tables support, each written with ``write(path, png bytes)``."""
+    written = []
+    for name, make in PLOTS.items():
+        fig = make(tables)
+        if fig is not None:
+            written.append(write(out / name, png_bytes(fig)))
+    return written
+
+
+# -- each client's data --------------------------------------------------------------------------------------------
+def client_partitions(run) -> tuple[pd.DataFrame, list | None, list | None]:
+    """(training label counts, one line per client and a column per class; budgets in MACs or None; architectures
+    or None) of a run, redrawn from its recorded run config with the app's own partitioning, and checked against the
+    partition sizes its clients.csv recorded."""
+    from fl_app.data.images import DATASETS, load_dataset
+    from fl_app.report import KINDS, ReportError, read_table
+    from fl_app.run.config import KEYS, SUPERNET_METHODS, RunConfig
+
+    recorded = run.record.get("run_config") or run.summary.get("run_config")
+    source = run.folder / ("run.json" if run.record.get("run_config") else "summary.json")
+    if not recorded:
+        raise ReportError(f"{run.folder}: no run config recorded (run.json or summary.json 'run_config')")
+    values = {key: spec.default for key, spec in KEYS.items()} | {k: v for k, v in recorded.items() if k in KEYS}
+    if values["data-path"] and not Path(values["data-path"]).expanduser().is_absolute():
+        values["data-path"] = str(Path(__file__).resolve().parents[1] / values["data-path"])  # repository-relative
+    config = RunConfig(values)
+    num = run.summary.get("num_clients")
+    if not KINDS["count"][0](num) or not num:
+        raise ReportError(f"{run.folder / 'summary.json'}: 'num_clients' is {num!r}; allowed: a whole number >= 1")
+    budgets = architectures = None
+    clients = None
+    if (run.folder / "clients.csv").exists():
+        clients = read_table(
+            run.folder / "clients.csv",
+            ("partition_id", "num_examples"),
+            ("num_examples", "budget_macs"),
+            whole="partition_id",
+        ).set_index("partition_id")
+    try:
+        if values["method"] in SUPERNET_METHODS:
+            from fl_app.supernet.federation import Federation, dataset_for, partition_rows
+
+            recorded = clients is not None and "budget_macs" in clients.columns
+            budgets = list(clients["budget_macs"]) if recorded else run.summary.get("budgets")
+            if not isinstance(budgets, list) or len(budgets) != num or not all(KINDS["amount"][0](b) for b in budgets):
+                raise ReportError(
+                    f"{run.folder}: no budget per client (clients.csv 'budget_macs' or summary 'budgets')"
+                )
+            train, _ = dataset_for(config, Federation.build(config, num).cfg)
+            rows = partition_rows(config, num, budgets)
+        else:
+            from fl_app.hetero_app import client_rows
+
+            train, _ = load_dataset(values["dataset"], values["data-source"], values["data-path"])
+            rows = [train_rows for train_rows, _ in client_rows(config, num)]
+            architectures = run.summary.get("architectures")
+    except (OSError, ValueError) as error:
+        raise ReportError(f"{source}: the run's partitions cannot be redrawn from its run config ({error})") from None
+    labels = train.labels.numpy()
+    classes = DATASETS[values["dataset"]].num_classes
+    counts = pd.DataFrame(
+        [np.bincount(labels[r], minlength=classes) for r in rows],
+        columns=list(CLASS_NAMES.get(values["dataset"], [f"class {k}" for k in range(classes)]))[:classes],
+    )
+    if clients is not None and "num_examples" in clients.columns:
+        for pid, size in clients["num_examples"].items():
+            if pid not in counts.index or int(counts.loc[pid].sum()) != size:
+                redrawn = int(counts.loc[pid].sum()) if pid in counts.index else "no"
+                raise ReportError(
+                    f"{run.folder / 'clients.csv'}: partition {pid} held {size:g} examples in the run, the run config "
+                    f"redraws {redrawn}: the data or the partitioning changed since; no plot"
+                )
+    return counts, budgets, architectures
+
+
+def figure_clients(run, counts: pd.DataFrame, budgets: list | None, architectures: list | None):
+    """Top: each client's training examples per class (stacked); bottom: its budget (MMACs) or model."""
+    plt = _pyplot()
+    config = {**(run.summary.get("run_config") or {}), **(run.record.get("run_config") or {})}
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(max(8.5, 0.09 * len(counts) + 6), 6.4), sharex=True, height_ratios=[3, 1.3], layout="constrained"
+    )
+    cmap = plt.get_cmap("tab10" if counts.shape[1] <= 10 else "tab20")
+    bottom_of = np.zeros(len(counts))
+    for k, name in enumerate(counts.columns):
+        top.bar(counts.index, counts[name], bottom=bottom_of.copy(), width=0.85, color=cmap(k % cmap.N), label=name)
+        bottom_of += counts[name].to_numpy()
+    # stacked bars make every layer's base a sticky edge, which would put the tallest stack against the frame
+    top.set(ylabel="training examples", ylim=(0, 1.08 * max(1, bottom_of.max())))
+    if len(counts) <= 30:  # the size of each client's data, readable even where its bar is a sliver
+        for x, total in zip(counts.index, bottom_of):
+            top.text(x, total, f"{int(total)}", ha="center", va="bottom", fontsize=7)
+    top.grid(True, axis="y", alpha=0.3)
+    if budgets is not None:
+        bottom.bar(counts.index, [b / 1e6 for b in budgets], width=0.85, color="0.45")
+        bottom.set_yscale("log")
+        bottom.set(ylabel="budget (MMACs)")
+    elif architectures:
+        kinds = list(dict.fromkeys(architectures))
+        bottom.scatter(counts.index, [kinds.index(a) for a in architectures], s=12, color="0.3")
+        bottom.set_yticks(range(len(kinds)), kinds, fontsize=7)
+        bottom.set(ylabel="model")
+    bottom.set(xlabel="client (partition id)")
+    bottom.grid(True, alpha=0.3)
+    if len(counts) <= 30:
+        bottom.set_xticks(counts.index)
+    # the supernet methods split by the run's partitioner, the model-heterogeneous ones always by Dirichlet
+    partition = config.get("partitioner", "gamma") if budgets is not None else "dirichlet"
+    shape = "IID split" if partition == "iid" else f"Dirichlet α = {config.get('dirichlet-alpha', '?')}"
+    if partition == "gamma":
+        shape += f", γ = {config.get('gamma', '?')} (data share ∝ budget^γ)"
+    what = "budget" if budgets is not None else "model"
+    fig.suptitle(
+        f"Each client's training labels and {what}: {run.label} seed {run.seed}\n"
+        f"{run.summary.get('dataset', '?')} · {len(counts)} clients · {shape}\n"
+        "partitions redrawn from the run's recorded config with the app's partitioning"
+        + (", sizes equal to clients.csv" if (run.folder / "clients.csv").exists() else ""),
+        fontsize=10,
+    )
+    handles, labels = top.get_legend_handles_labels()
+    fig.legend(handles[::-1], labels[::-1], loc="outside right center", fontsize=8, frameon=False, title="class")
+    return fig

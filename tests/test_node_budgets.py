@@ -1,0 +1,66 @@
+"""A SuperNode's declared budget-macs (node config) must be a finite number inside the budgets the supernet serves;
+otherwise the run fails before training, naming the node and the key (a declared budget is fixed for the run: the
+γ-allocation splits the training rows by it)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fl_app.client_app import declared_budget
+from fl_app.run.config import validate_run_config
+from fl_app.supernet.federation import Federation
+from fl_app.supernet.space import count_macs
+from fl_app.supernet_app import run_feast
+
+NUM = 4
+
+
+def _nodes(declared: dict[int, object]) -> dict[int, dict]:
+    """What discovery hands the server run: partition id -> the node's answer (node ids 100 + partition id)."""
+    nodes = {pid: {"partition-id": pid, "num-partitions": NUM, "node_id": 100 + pid} for pid in range(NUM)}
+    for pid, value in declared.items():
+        nodes[pid]["budget-macs"] = value
+    return nodes
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 1e12, -5.0, 0.0, 1e9, "5e6", True, [5e6]])
+def test_a_node_declaring_a_budget_outside_the_supernet_fails_the_run_before_training(tmp_path, value):
+    run = validate_run_config({"clients-per-round": 2, "output-dir": str(tmp_path / "out")})
+    with pytest.raises(
+        ValueError, match=r"SuperNode 102 \(partition-id=2\) declared budget-macs=.* in its node-config"
+    ):
+        run_feast(None, run, _nodes({2: value}))  # no grid: the refusal comes before any message
+    assert not (tmp_path / "out").exists()  # nothing written: the run never started
+
+
+def test_the_refusal_names_the_allowed_range(cpu_cfg, cpu_cache):
+    run = validate_run_config({"clients-per-round": 2})
+    fed = Federation.build(run, NUM)
+    supernet = count_macs(fed.cfg, fed.cfg.max_subnet())
+    assert fed.budget_range == (cpu_cache.min_macs, supernet)
+    with pytest.raises(ValueError) as err:
+        fed.client_budgets(run, {1: 1e9}, {p: 100 + p for p in range(NUM)})
+    assert f"allowed: a number in [{cpu_cache.min_macs}, {supernet}] MACs" in str(err.value)
+
+
+def test_budgets_inside_the_range_are_used_as_declared():
+    run = validate_run_config({"clients-per-round": 2})
+    fed = Federation.build(run, NUM)
+    low, high = fed.budget_range
+    budgets = fed.client_budgets(run, {0: low, 1: 5e6, 3: high}, {p: 100 + p for p in range(NUM)})
+    assert budgets == {0: float(low), 1: 5e6, 2: float(fed.budgets[2]), 3: float(high)}
+
+
+@pytest.mark.parametrize("value", [1e12, 1e9])
+def test_budget_max_macs_above_the_whole_supernet_is_refused(value):
+    with pytest.raises(ValueError, match=r"budget-max-macs=\d+ is above the whole supernet; allowed: 0 for the"):
+        Federation.build(validate_run_config({"budget-max-macs": value}), NUM)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, 0.0, -1.0, 1e13, "abc", True])
+def test_the_node_refuses_its_own_malformed_budget_naming_the_key(value):
+    with pytest.raises(ValueError, match=r"node-config budget-macs=.*: expected a number in \[1, 1e12\]"):
+        declared_budget(value)
+    assert declared_budget(5e6) == 5e6 and declared_budget(2_000_000) == 2e6
