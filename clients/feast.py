@@ -11,10 +11,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from clients.broadcast import Expect, config_problem, shapes_problem, values_problem
+from clients.broadcast import BROADCAST_MAX_ABS, Expect, config_problem, shapes_problem, values_problem
 from clients.local_training import GRAD_CLIP_NORM, LocalSettings, MomentumSGD, local_batches
 from fl_app.data.augment import crop_flip, mix_batch, normalize, rand_augment, soft_cross_entropy
 from fl_app.data.images import ImageData
+from fl_app.models.early_exit import level_shapes, scalefl_config
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.run.config import Range
 from fl_app.run.device import preferred_device
@@ -118,6 +119,7 @@ class Routing:
     assigns_subnet: bool
     running_stats: bool
     mask_labels: bool = False  # HeteroFL: only the classifier rows of the labels a client holds are trained
+    magnitude_mask: bool = False  # FIARSE: the client trains under the mask |w| >= the config's 'mask-threshold'
 
 
 ROUTING = {
@@ -127,6 +129,9 @@ ROUTING = {
     "heterofl": Routing("width-sliced", assigns_subnet=True, running_stats=False, mask_labels=True),
     "fedrolex": Routing("width-sliced", assigns_subnet=True, running_stats=False, mask_labels=True),
     "fedavg-min": Routing("supernet", assigns_subnet=True, running_stats=True),
+    "fiarse": Routing("supernet", assigns_subnet=True, running_stats=False, magnitude_mask=True),
+    # ScaleFL: a level of the depth- and width-scaled model with its early exits (fl_app.models.early_exit)
+    "scalefl": Routing("early-exit", assigns_subnet=True, running_stats=False),
 }
 SUBNET_KEYS = ("d", "e", "w")
 
@@ -147,6 +152,7 @@ class Routed:
     width_rate: float
     mask_labels: bool
     dtype: str
+    threshold: float | None = None  # FIARSE's magnitude threshold (None: no mask)
 
 
 def read_routed(content, run, cfg: SupernetConfig, budget_range: tuple[int, int], pid: int, num: int) -> Routed:
@@ -157,7 +163,7 @@ def read_routed(content, run, cfg: SupernetConfig, budget_range: tuple[int, int]
     within ``BROADCAST_MAX_ABS``. Raises ``ValueError`` naming the key: the server counts the reply as failed."""
     routing = ROUTING[run["method"]]
     config = content.config_records.get("config", {})
-    model_cfg = width_sliced_config(cfg) if routing.model == "width-sliced" else cfg
+    model_cfg = {"width-sliced": width_sliced_config, "early-exit": scalefl_config}.get(routing.model, lambda c: c)(cfg)
 
     def refuse(problem: str):
         raise ValueError(f"client {pid} refuses the round-{config.get('server-round')} broadcast: {problem}")
@@ -175,6 +181,9 @@ def read_routed(content, run, cfg: SupernetConfig, budget_range: tuple[int, int]
             "partition-budgets": Expect(float, budgets, length=num),
             "model": Expect(str, (routing.model,), required=routing.model != "supernet"),
             "mask-labels": Expect(bool, (routing.mask_labels,), required=routing.mask_labels),
+            "mask-threshold": Expect(
+                float, Range(0.0, BROADCAST_MAX_ABS) if routing.magnitude_mask else (), required=routing.magnitude_mask
+            ),
             **_subnet_expects(model_cfg, "bounds"),
             **(_subnet_expects(model_cfg, "arch") if routing.assigns_subnet else {}),
         },
@@ -196,8 +205,15 @@ def read_routed(content, run, cfg: SupernetConfig, budget_range: tuple[int, int]
         refuse(problem)
 
     record = content.array_records.get("arrays")
-    expected = subnet_shapes(model_cfg, bounds)
-    if not routing.running_stats:  # BatchNorm statistics are the model's buffers: only its parameters travel
+    if routing.model == "early-exit":  # a ScaleFL level: its parameters and exits (routed bounds not a level: refused)
+        try:
+            expected = level_shapes(model_cfg, bounds)
+        except ValueError as error:
+            refuse(str(error))
+    else:
+        expected = subnet_shapes(model_cfg, bounds)
+    if not routing.running_stats and routing.model != "early-exit":
+        # BatchNorm statistics are the model's buffers: only its parameters travel
         with torch.device("meta"):
             parameters = {name for name, _ in ElasticResNet(model_cfg, bounds).named_parameters()}
         expected = {k: v for k, v in expected.items() if k in parameters}
@@ -224,6 +240,7 @@ def read_routed(content, run, cfg: SupernetConfig, budget_range: tuple[int, int]
         rate,
         bool(config.get("mask-labels", False)),
         dtype,
+        float(config["mask-threshold"]) if routing.magnitude_mask else None,
     )
 
 

@@ -13,6 +13,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 from fl_app.run.files import open_new_file
 
@@ -61,6 +62,7 @@ def flwr_run(
     timeout: float = 3600,
     log_file: Path | None = None,
     superlink: str | None = None,
+    started: Callable[[str], None] | None = None,
 ) -> tuple[str, str]:
     """Start a run, follow its log to the end, and return (run id, final status such as 'finished:completed').
 
@@ -69,7 +71,8 @@ def flwr_run(
     $FLWR_HOME/config.toml (a real deployment, see fl_app/deploy.py); None uses the default (local simulation).
     `federation=None` sends no `--federation-config` (a deployment's SuperNodes are real processes, not simulation
     settings). A run whose log is interrupted or times out is stopped in the SuperLink, so nothing keeps writing into
-    its output folder."""
+    its output folder. ``started(run_id)`` is called once the SuperLink has accepted the run (a caller records the
+    id, so that a later process can stop the run should this one be killed before it could)."""
     if isinstance(run_config, dict):
         run_config = format_run_config(run_config)
     env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", **(env or {})}
@@ -82,6 +85,8 @@ def flwr_run(
             handle.write(f"Successfully started run {run_id}\n".encode())
             handle.flush()
         try:  # streamed into the log as the run goes, so a long run can be followed (tail -f) and a dead one read
+            if started is not None:
+                started(run_id)
             subprocess.run(
                 ["flwr", "log", run_id, *connection, "--stream"],
                 env=env,
@@ -90,7 +95,7 @@ def flwr_run(
                 timeout=timeout,
                 check=False,
             )
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        except BaseException:  # timeout, Ctrl-C, SIGTERM or a failing ``started``: nothing may keep writing
             stop = ["flwr", "stop", run_id, *connection]
             subprocess.run(stop, env=env, capture_output=True, timeout=120, check=False)
             raise

@@ -31,10 +31,20 @@ Records hold no path of the machine that made them: ``data-path`` is kept relati
 the folder of the record itself. A finished run is reused only when its run config, federation, seed and data
 content equal the request, wherever the checkout and the data lie; any other finished run in the way is refused with
 the differing keys named, before anything trains (``--rerun-changed`` trains the changed runs into new folders
-``seed<N>.v2``, ... and keeps the old ones). An interrupted or failed run is moved aside (``seed<N>.interrupted-K``)
-and trained again, so a stopped suite resumes where it stopped. At the end the suite's tables (means with 95%
-t-intervals over seeds, paired differences against the reference) are written by ``fl_app.report`` into OUT and
-printed.
+``seed<N>.v2``, ... and keeps the old ones).
+
+A stopped suite resumes where it stopped. An interrupted or failed run is moved aside (``seed<N>.interrupted-K``,
+kept) and continues in a fresh ``seed<N>/`` from the latest checkpoint (``checkpoint-every``) among its moved-aside
+copies made with the same settings at the same commit (``resume-from``; the app checks the checkpoint again and
+refuses one of other settings); with none, it trains from round 1. The continued folder ends with the same
+metrics.csv, summary and weights as an uninterrupted run, so the tables and the reuse rule treat it as one; its
+run.json names the copy (``resumed_from``, ``resumed_after_round``). While a run trains its run.json names the
+runner (pid, start time) and its Flower run (run id, FLWR_HOME, ports, SuperLink pids): a runner killed hard
+(SIGKILL, out of memory) leaves a detached SuperLink still training, and the next invocation stops it before
+anything trains (or refuses while that runner is alive). The console shows each run's rounds as they end (the last
+evaluation's accuracy, the ETAs of the run and of the suite, from rounds.csv and metrics.csv). At the end the
+suite's tables (means with 95% t-intervals over seeds, paired differences against the reference) are written by
+``fl_app.report`` into OUT and printed.
 
 OUT belongs to one suite (``OUT/suite.json``): a request that would drop runs recorded there (a subset of its
 methods or seeds, another suite) is refused, since its tables would be rewritten without them; adding seeds,
@@ -54,16 +64,18 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from experiments.flower_env import is_alive, process_identity, stop_in_flight
 from fl_app.data.provenance import data_fingerprint
 from fl_app.report import settings, write_suite_tables
 from fl_app.run.cli import add_command, comma_list, run_config_overrides, tool_parser
-from fl_app.run.config import METHODS, validate_run_config
+from fl_app.run.config import METHODS, SUPERNET_METHODS, validate_run_config
 from fl_app.run.outputs import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,6 +85,10 @@ DEFAULT_DATA = ROOT.parent / "shared" / "data" / "cifar10"  # the real CIFAR-10 
 RUN_RECORD = "run.json"
 RUN_LOG = "run.log"
 COMPLETED = "finished:completed"
+RUNNING = "running"
+CHECKPOINT = "checkpoint.pt"  # fl_app.run.checkpoint.CHECKPOINT_FILE (not imported here: it loads torch)
+# the columns a run's accuracy is read from while it trains (supernet methods, model-heterogeneous methods)
+ACCURACY_COLUMNS = ("population_weighted_accuracy", "mean_client_accuracy", "test_accuracy")
 # keys that say where a run is kept, where its data lie or where its metrics are mirrored, not what it computes: never
 # part of the reuse comparison (the data are compared by content, the record's "data")
 NOT_COMPARED = ("output-dir", "data-path", "tracker")
@@ -211,6 +227,8 @@ def make_summary_portable(folder: Path) -> None:
         return
     if isinstance(summary, dict) and isinstance(summary.get("run_config"), dict):
         portable = portable_run_config(summary["run_config"])
+        if portable.get("resume-from"):  # the interrupted copy it continued, beside it: named relative to the folder
+            portable["resume-from"] = os.path.relpath(portable["resume-from"], folder)
         if portable != summary["run_config"]:
             write_json(path, {**summary, "run_config": portable}, replace=True)  # the run's own, written by the app
 
@@ -227,6 +245,8 @@ class PlannedRun:
     action: str = ""  # "reuse", "train", or "refuse"
     differences: list[str] = field(default_factory=list)
     moved_aside: Path | None = None
+    resume_from: Path | None = None  # an interrupted copy of this run whose checkpoint the run continues from
+    resumed_after_round: int = 0
 
     @property
     def name(self) -> str:
@@ -240,6 +260,7 @@ class PlannedRun:
             **self.run_config,
             **({"data-path": str(data_location(data_path))} if data_path else {}),
             "output-dir": str(self.folder),
+            **({"resume-from": str(self.resume_from)} if self.resume_from else {}),
         }
 
 
@@ -486,8 +507,103 @@ def move_aside(folder: Path) -> Path:
     return target
 
 
+def interrupted_copies(folder: Path) -> list[Path]:
+    """The interrupted or failed earlier attempts at ``folder``'s run (``move_aside``), oldest first."""
+    copies = folder.parent.glob(f"{folder.name}.interrupted-*")
+    numbered = [p for p in copies if p.name.rsplit("-", 1)[1].isdigit()]
+    return sorted(numbered, key=lambda p: int(p.name.rsplit("-", 1)[1]))
+
+
+def checkpoint_round(folder: Path) -> tuple[int | None, str]:
+    """(round, '') of the verified checkpoint in ``folder``, or (None, why it cannot be used)."""
+    from fl_app.run.checkpoint import load_verified
+
+    path = folder / CHECKPOINT
+    if path.is_symlink() or not path.is_file():
+        return None, f"no {CHECKPOINT}"
+    try:
+        saved = load_verified(path, what=str(path))
+    except ValueError as error:
+        return None, str(error)
+    return (saved["round"], "") if isinstance(saved.get("round"), int) else (None, f"{path}: no round recorded")
+
+
+def resume_point(run: PlannedRun, commit: str) -> tuple[Path | None, int, list[str]]:
+    """The interrupted copy of ``run`` to continue from: the one whose checkpoint has the latest round among those
+    made with the run's settings (``differing_keys``) at this commit, before the last round. Returns (folder,
+    round, why the other copies are not used); (None, 0, ...) when none is usable, so the run starts at round 1.
+    The app checks the checkpoint again (content hash, model, run config, federation) before it trains.
+
+    The model-heterogeneous methods keep each client's model in the folder of the run that last trained it, so a
+    copy that itself continued another is never continued again (its clients' files are partly in the older copy):
+    those methods continue only from a run that started at round 1."""
+    best, best_round, skipped = None, 0, []
+    for folder in interrupted_copies(run.folder):
+        record = read_record(folder)
+        if record is None:
+            skipped.append(f"{folder.name}: no {RUN_RECORD}")
+            continue
+        differences = differing_keys(record, run)
+        number, why = checkpoint_round(folder)
+        if differences:
+            why = "other settings: " + "; ".join(differences)
+        elif record.get("commit") != commit:
+            why = f"made at commit {str(record.get('commit'))[:7]}, this tree is at {commit[:7]}"
+        elif record.get("resumed_from") and run.run_config["method"] not in SUPERNET_METHODS:
+            why = f"it continued {record['resumed_from']} (client model files lie in both)"
+        elif number is not None and number >= run.run_config["num-server-rounds"]:
+            why = f"its checkpoint is at the last round ({number})"
+        if why:
+            skipped.append(f"{folder.name}: {why}")
+        elif number >= best_round:
+            best, best_round = folder, number
+    return best, best_round, skipped
+
+
+def stop_left_running(runs: list[PlannedRun], out: Path, printer=print) -> None:
+    """Before anything trains: a run whose record says it is running was left by a runner that died (SIGKILL, out of
+    memory) and its detached SuperLink may still be training it, writing into the folder the runner is about to
+    reuse. Stop it (the processes its record names, by pid and start time, and what they spawned) and say so;
+    refuse when the runner that owns the record is still alive, or when its processes do not stop."""
+    for run in runs:
+        record = read_record(run.folder) if run.action == "train" else None
+        if not record or record.get("status") != RUNNING:
+            continue
+        where = run.folder / RUN_RECORD
+        runner = record.get("runner")
+        if isinstance(runner, dict) and runner.get("pid") != os.getpid() and is_alive(runner):
+            raise SuiteMismatch(
+                f"{where}: runner process {runner.get('pid')} is training this run now; "
+                "wait for it to end (or stop it), then run again"
+            )
+        flower = record.get("flower")
+        if not isinstance(flower, dict):
+            continue
+        left = stop_in_flight(flower)
+        if left:
+            raise SuiteMismatch(
+                f"{where}: the Flower run {flower.get('run_id')} left running did not stop (pids {left})"
+            )
+        printer(
+            f"{run.name} seed={run.seed}: stopped Flower run {flower.get('run_id')}, left running by a runner that "
+            f"died, before retrying it ({run.folder.relative_to(out)})",
+            flush=True,
+        )
+        stopped = {k: v for k, v in record.items() if k not in ("flower", "runner")}
+        write_json(run.folder / RUN_RECORD, {**stopped, "status": "stopped: its runner died"}, replace=True)
+
+
+def note_in_flight(folder: Path, flower: dict) -> None:
+    """Add to a running run's record what identifies its Flower run (``flower_env.in_flight``); the record written
+    when the run ends drops it again."""
+    record = read_record(folder) or {}
+    write_json(folder / RUN_RECORD, {**record, "flower": flower})
+
+
 def flower_launcher(env: dict) -> Callable[[PlannedRun, float], str]:
-    """The real launcher: one `flwr run` of the app per run (isolated Flower home in ``env``)."""
+    """The real launcher: one `flwr run` of the app per run (isolated Flower home in ``env``); the run's record
+    names its Flower run while it trains (``stop_left_running``)."""
+    from experiments.flower_env import in_flight
     from experiments.flower_runs import flwr_run
 
     def launch(run: PlannedRun, timeout: float) -> str:
@@ -497,10 +613,75 @@ def flower_launcher(env: dict) -> Callable[[PlannedRun, float], str]:
             env=env,
             timeout=timeout,
             log_file=run.folder / RUN_LOG,
+            started=lambda run_id: note_in_flight(run.folder, in_flight(env, run_id)),
         )
         return status
 
     return launch
+
+
+def last_row(path: Path) -> dict:
+    """The last row of a CSV the app rewrites after each round ({} while it is missing or unreadable)."""
+    rows = _table(path) or []
+    return rows[-1] if rows else {}
+
+
+def accuracy_of(path: Path) -> tuple[float, int] | None:
+    """(accuracy, round) of the last evaluation in a run's metrics.csv, from the first of ``ACCURACY_COLUMNS`` it
+    has a number in."""
+    for row in reversed(_table(path) or []):
+        for column in ACCURACY_COLUMNS:
+            try:
+                value, number = float(row.get(column) or "nan"), int(row["round"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if not math.isnan(value):
+                return value, number
+    return None
+
+
+class Progress:
+    """Follows a training run through the rounds.csv and metrics.csv the app rewrites after each round, and prints a
+    line for each new round: the round, the last evaluation's accuracy and the ETAs of the run and of the suite.
+    ``later(run_seconds)`` gives the seconds the runs after this one will take, given this one's projected length."""
+
+    def __init__(self, run: PlannedRun, where: str, printer, later: Callable[[float], float], every: float):
+        self.run, self.where, self.printer, self.later, self.every = run, where, printer, later, every
+        self.total = int(run.run_config["num-server-rounds"])
+        self.started, self.shown = time.time(), 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._follow, name=f"progress {run.name}", daemon=True)
+
+    def __enter__(self) -> "Progress":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.poll()  # rounds that ended since the last look (a short run, or a long interval) are shown too
+
+    def _follow(self) -> None:
+        while not self.stop.wait(self.every):
+            self.poll()
+
+    def poll(self) -> None:
+        try:
+            done = int(last_row(self.run.folder / "rounds.csv").get("round", 0))
+        except ValueError:
+            return
+        if done <= self.shown:
+            return
+        self.shown = done
+        elapsed, trained = time.time() - self.started, done - self.run.resumed_after_round
+        left = elapsed / trained * (self.total - done) if trained > 0 else math.nan
+        accuracy = accuracy_of(self.run.folder / "metrics.csv")
+        scored = f"accuracy {100 * accuracy[0]:.1f}% (round {accuracy[1]})" if accuracy else "not evaluated yet"
+        self.printer(
+            f"{self.where}  round {done}/{self.total}, {scored}, ETA run {duration(left)}, "
+            f"suite {duration(left + self.later(elapsed + left))}",
+            flush=True,
+        )
 
 
 def duration(seconds: float) -> str:
@@ -522,9 +703,13 @@ def execute(
     launch: Callable[[PlannedRun, float], str] | None,
     run_timeout: float,
     printer=print,
+    progress_every: float = 10.0,
 ) -> list[PlannedRun]:
-    """Train the runs marked 'train' (one at a time), printing a line as each starts and ends; returns failures."""
+    """Train the runs marked 'train' (one at a time), printing a line as each starts, after each of its rounds
+    (``Progress``, every ``progress_every`` seconds at most) and as it ends; returns failures. Runs left running by a
+    runner that died are stopped first; an interrupted run is moved aside and continues from its checkpoint."""
     commit, dirty = git_state()
+    stop_left_running(runs, out, printer)
     to_train = sum(r.action == "train" for r in runs)
     started, trained, spent, failed = time.time(), 0, 0.0, []
     for index, run in enumerate(runs, 1):
@@ -535,6 +720,9 @@ def execute(
         if run.folder.exists():
             run.moved_aside = move_aside(run.folder)
             printer(f"{where}  unfinished earlier run kept as {run.moved_aside.relative_to(out)}", flush=True)
+        run.resume_from, run.resumed_after_round, skipped = resume_point(run, commit)
+        for reason in skipped:
+            printer(f"{where}  not continued from {reason}", flush=True)
         run.folder.mkdir(parents=True)
         record = {
             "label": run.label,
@@ -545,15 +733,30 @@ def execute(
             "data": run.data,
             "commit": commit,
             "dirty": dirty,
-            "status": "running",
+            "status": RUNNING,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "log": RUN_LOG,
+            **(
+                {"resumed_from": run.resume_from.name, "resumed_after_round": run.resumed_after_round}
+                if run.resume_from
+                else {}
+            ),
         }
-        write_json(run.folder / RUN_RECORD, record)
-        printer(f"{where}  start (log: {(run.folder / RUN_LOG).relative_to(out)})", flush=True)
+        # who trains it, while it trains: a restarted runner tells a dead runner's record from a live one's
+        write_json(run.folder / RUN_RECORD, {**record, "runner": process_identity(os.getpid())})
+        resumed = (
+            f", continuing {run.resume_from.name} after round {run.resumed_after_round}" if run.resume_from else ""
+        )
+        printer(f"{where}  start (log: {(run.folder / RUN_LOG).relative_to(out)}){resumed}", flush=True)
         t0 = time.time()
+
+        # the runs after this one take the mean of those trained so far (none yet: this one's projected length)
+        def later(run_seconds: float, left: int = to_train - trained - 1, mean: float = spent / max(trained, 1)):
+            return left * (mean or run_seconds)
+
         try:
-            status = launch(run, run_timeout)
+            with Progress(run, where, printer, later, progress_every):
+                status = launch(run, run_timeout)
         except Exception as error:  # a run that cannot start or times out must not stop the rest of the suite
             status = f"error: {type(error).__name__}: {str(error)[-500:]}"
         elapsed = time.time() - t0
@@ -582,6 +785,7 @@ def run_suite(
     printer=print,
     plots: bool = True,
     into_committed: bool = False,
+    progress_every: float = 10.0,
 ) -> dict:
     """Plan (refusing mismatches before any training), train what is missing, write and print the tables."""
     suite = suite if isinstance(suite, Suite) else load_suite(suite)
@@ -597,12 +801,12 @@ def run_suite(
         flush=True,
     )
     if launch is not None or not any(r.action == "train" for r in runs):
-        failed = execute(runs, out, launch, suite.run_timeout, printer)
+        failed = execute(runs, out, launch, suite.run_timeout, printer, progress_every)
     else:
         from experiments.flower_env import local_flower_env
 
         with local_flower_env() as env:  # one SuperLink (own FLWR_HOME, free ports) for the whole suite
-            failed = execute(runs, out, flower_launcher(env), suite.run_timeout, printer)
+            failed = execute(runs, out, flower_launcher(env), suite.run_timeout, printer, progress_every)
     finished = [r for r in runs if r not in failed]
     text = write_suite_tables(
         out,
@@ -614,8 +818,8 @@ def run_suite(
     printer(text, flush=True)
     if failed:
         printer(
-            "failed runs (moved aside and trained again on the next invocation):\n  "
-            + "\n  ".join(f"{r.folder.relative_to(out)} (log {RUN_LOG})" for r in failed),
+            "failed runs (moved aside, and continued from their last checkpoint or trained again, on the next "
+            "invocation):\n  " + "\n  ".join(f"{r.folder.relative_to(out)} (log {RUN_LOG})" for r in failed),
             flush=True,
         )
     return {"runs": runs, "failed": failed}
@@ -624,6 +828,8 @@ def run_suite(
 # -- verify: retrain runs into a new folder and compare their numbers with the committed ones -----------------------
 # columns and keys that measure the machine (time, memory), not the computation: never compared
 MEASURED = re.compile(r"seconds|rss|peak|_mb$|^wall|elapsed|started")
+# summary.json keys that say how a run was made (continued from a checkpoint), not what it computed
+HOW_MADE = ("resumed_after_round",)
 COMPARED_FILES = ("metrics.csv", "rounds.csv", "clients.csv", "summary.json")
 
 
@@ -703,7 +909,7 @@ def _values(name: str, old, new) -> dict[str, dict[str, tuple]]:
 def compare_run(committed: Path, new: Path, tolerance: float = 0.0) -> tuple[list[Finding], list[str]]:
     """Per file and metric (CSV column, or summary.json key), how many values of the new run differ from the
     committed run's; and the metrics only the new run has (recorded since, not compared). Time and memory
-    (``MEASURED``) and the run config are not compared."""
+    (``MEASURED``), the round a run was continued after (``HOW_MADE``) and the run config are not compared."""
     findings, added = [], []
     for name in COMPARED_FILES:
         read = _summary if name == "summary.json" else _table
@@ -714,7 +920,7 @@ def compare_run(committed: Path, new: Path, tolerance: float = 0.0) -> tuple[lis
             findings.append(Finding(name, "(file)", 1, 1, math.inf, f"missing in {committed if old is None else new}"))
             continue
         for metric, values in _values(name, old, now).items():
-            if MEASURED.search(metric.split(".")[-1]):
+            if MEASURED.search(metric.split(".")[-1]) or metric in HOW_MADE:
                 continue
             if all(pair[0] == ABSENT for pair in values.values()):
                 added.append(f"{name} {metric}")

@@ -50,9 +50,11 @@ from fl_app.run.checkpoint import (
 from fl_app.run.config import RunConfig
 from fl_app.run.device import preferred_device
 from fl_app.run.outputs import (
+    CLIENT_RECORDS_KEY,
     ClientRecords,
     plot_accuracy_per_round,
     prepare_output_dir,
+    resume_client_records,
     summary_head,
     write_results,
     write_round_files,
@@ -450,7 +452,9 @@ def hetero_summary(run: RunConfig, strategy, num_clients: int, seconds: float, e
     }
 
 
-def write_hetero_checkpoint(out_dir: Path, server_round: int, run: RunConfig, strategy, num_clients: int) -> Path:
+def write_hetero_checkpoint(
+    out_dir: Path, server_round: int, run: RunConfig, strategy, num_clients: int, clients: ClientRecords
+) -> Path:
     path = out_dir / CHECKPOINT_FILE
     return save_verified(
         path,
@@ -461,6 +465,7 @@ def write_hetero_checkpoint(out_dir: Path, server_round: int, run: RunConfig, st
             "num_clients": num_clients,
             "strategy": strategy.checkpoint_state(),
             "rng": capture_rng(),
+            CLIENT_RECORDS_KEY: clients.checkpoint_state(),
         },
         hetero_fingerprint(run, num_clients),
         replace_if=same_run_earlier_round(run, server_round, path),
@@ -473,8 +478,9 @@ def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
     error, before the error is raised again).
 
     With ``checkpoint-every`` N > 0, the server writes checkpoint.pt (its whole state: global arrays, FedTGP's
-    generator, round logs, metrics) every N rounds, and each client writes its own model after each round it trains
-    (to ``<output-dir>/client-models`` in simulation, or to its node config's ``state-dir`` in a deployment). With
+    generator, round logs, metrics, the clients' statistics) every N rounds, and each client writes its own model
+    after each round it trains (to ``<output-dir>/client-models`` in simulation, or to its node config's
+    ``state-dir`` in a deployment). With
     ``resume-from``, the server continues from the checkpoint's round and each client, on its first message,
     reloads its newest model file at or before that round."""
     num_clients = len(nodes)
@@ -503,6 +509,7 @@ def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
         folder = path.parent
         strategy.restore_state(blob["strategy"])
         first_round = blob["round"] + 1
+        resume_client_records(clients, blob, run["resume-from"])
         strategy.client_config.update(
             {"resume-models-dir": str(folder / MODELS_DIR), "resume-round": blob["round"], RESUME_TOKEN: token}
         )
@@ -522,7 +529,7 @@ def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
     def round_done(server_round: int) -> None:
         write_round_files(out_dir, strategy.history, strategy.rounds, clients)
         if run["checkpoint-every"] and server_round % run["checkpoint-every"] == 0:
-            write_hetero_checkpoint(out_dir, server_round, run, strategy, num_clients)
+            write_hetero_checkpoint(out_dir, server_round, run, strategy, num_clients, clients)
 
     started, error = time.time(), None
     try:

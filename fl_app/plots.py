@@ -356,8 +356,17 @@ def figure_accuracy_vs_compute(tables: dict):
         )
         drawn += list(frame["accuracy"])
         xs += list(frame["compute"])
-    budget = tables["compute"][0]["compute_budget"]
-    ax.axvline(budget, color="0.3", linestyle="--", linewidth=0.9, label="equal-compute budget (compute.csv)")
+    from fl_app.report import compute_reference_label
+
+    # the budget is matched per seed; the line marks its mean, once per reference row (one per grid cell)
+    reference = compute_reference_label(tables)
+    budgets = [r["compute_budget"] for r, row in zip(tables["compute"], rows) if row.first.label == reference]
+    budgets = sorted({b for b in budgets or [tables["compute"][0]["compute_budget"]] if b == b})
+    label = (
+        f"{reference}'s total (mean over seeds; each seed is read at its own)" if reference else "equal-compute budget"
+    )
+    for i, budget in enumerate(budgets):
+        ax.axvline(budget, color="0.3", linestyle="--", linewidth=0.9, label=label if i == 0 else None)
     positive = [x for x in xs if x > 0]
     logarithmic = bool(positive) and max(positive) / min(positive) > 30
     if logarithmic:
@@ -553,8 +562,10 @@ def figure_clients(run, counts: pd.DataFrame, budgets: list | None, architecture
     # the supernet methods split by the run's partitioner, the model-heterogeneous ones always by Dirichlet
     partition = config.get("partitioner", "gamma") if budgets is not None else "dirichlet"
     shape = "IID split" if partition == "iid" else f"Dirichlet α = {config.get('dirichlet-alpha', '?')}"
-    if partition == "gamma":
+    if partition.startswith("gamma"):
         shape += f", γ = {config.get('gamma', '?')} (data share ∝ budget^γ)"
+    if partition == "gamma-class-size":
+        shape += ", concentration α·N_k·q_i"
     what = "budget" if budgets is not None else "model"
     fig.suptitle(
         f"Each client's training labels and {what}: {run.label} seed {run.seed}\n"

@@ -575,29 +575,60 @@ def total_compute(run: Run, column: str) -> float:
     return curve[-1][0] if curve else math.nan
 
 
+def compute_reference(rows: list[Row], row: Row, reference: str | None) -> Row | None:
+    """The row whose per-seed totals set ``row``'s budgets: the row itself for the reference label, else the
+    reference row of its grid cell (``reference_row``), else the reference row of any cell whose settings differ
+    least; None without a reference (or when no row carries its label)."""
+    if reference is None:
+        return None
+    if row.first.label == reference:
+        return row
+    found = reference_row(rows, row, reference)
+    if found is not None:
+        return found
+    candidates = [r for r in rows if r.first.label == reference]
+    return min(candidates, key=lambda r: config_distance(r.first.config, row.first.config), default=None)
+
+
 def equal_compute_rows(rows: list[Row], reference: str | None = None) -> tuple[list[dict], str]:
-    """Accuracy of every row after a common client compute budget: the reference's total (mean over its seeds)
-    when a reference is named, otherwise the least total of any run (so every run has spent it). A row that
-    stopped below the budget shows its final accuracy, marked as not having reached the budget."""
+    """Accuracy of every row after the same client compute, matched per seed.
+
+    With a reference named, seed s of every row is read after the total client compute of the reference's own
+    seed-s run (the reference row of its grid cell, see ``compute_reference``): so the reference reads its final
+    accuracy, and a seed that spent more than the others is not read at an earlier evaluation. A seed the reference
+    did not run is left out (``n`` counts the matched seeds). Without a reference every run is read after the least
+    total of any run (so every run has spent it). A run that stopped below its budget shows its final accuracy; the
+    row is marked as not having reached the budget. ``compute_budget`` is the mean of the row's per-seed budgets."""
     found = compute_column([run for row in rows for run in row.runs])
     if found is None:
         return [], ""
     column, text = found
     frame = run_frame(rows, total=lambda run: total_compute(run, column))
+    least = float(frame["total"].min())
+    budgets = []
+    for row in rows:
+        ref = compute_reference(rows, row, reference)
+        ref_totals = ref.by_seed(lambda run: total_compute(run, column)) if ref is not None else {}
+        budgets += [ref_totals.get(run.seed, math.nan) if ref is not None else least for run in row.runs]
+    frame["budget"] = budgets
+    frame["at_budget"] = [
+        value_at_budget(run.compute_curve(column), budget)
+        for run, budget in zip((run for row in rows for run in row.runs), budgets)
+    ]
+    matched = frame[frame["budget"].notna()]
     totals = estimates(frame, ["row"], "total")
-    references = [t for row, t, n in zip(rows, totals["total"], totals["n"]) if row.first.label == reference and n]
-    budget = min(references) if references else float(frame["total"].min())
-    frame["at_budget"] = [value_at_budget(run.compute_curve(column), budget) for row in rows for run in row.runs]
-    acc = estimates(frame, ["row"], "at_budget", prefix="accuracy_")
+    spent = estimates(matched, ["row"], "budget").reindex(totals.index)
+    acc = estimates(matched, ["row"], "at_budget", prefix="accuracy_").reindex(totals.index)
+    reached = (matched["total"] >= matched["budget"]).groupby(matched["row"]).all().reindex(totals.index)
     table = pd.DataFrame(
         {
             "method": [row.name for row in rows],
-            "compute_budget": budget,
+            "compute_budget": spent["budget"].to_numpy(),
             "total_compute": totals["total"].to_numpy(),
-            "reached_budget": [bool(t >= budget) for t in totals["total"]],
+            "reached_budget": [bool(r) if r == r else False for r in reached],
             "accuracy_at_budget": acc["accuracy_at_budget"].to_numpy(),
             "accuracy_at_budget_ci95": acc["accuracy_at_budget_ci95"].to_numpy(),
-            "n": acc["n"].to_numpy(),
+            "n": acc["n"].fillna(0).astype(int).to_numpy(),
         }
     )
     return records(table), text
@@ -667,17 +698,33 @@ def _signed(mean: float, half: float) -> str:
 
 def compute_markdown(table: list[dict], text: str) -> str:
     return markdown(
-        ["method", f"total {text}", f"accuracy (%) at {table[0]['compute_budget']:.4g} {text}"],
+        ["method", f"total {text}", f"budget ({text})", "accuracy (%) at the budget"],
         [
             [
                 r["method"],
                 f"{r['total_compute']:.4g}",
+                f"{r['compute_budget']:.4g}",
                 percent(r["accuracy_at_budget"], r["accuracy_at_budget_ci95"])
                 + ("" if r["reached_budget"] else " (final; ran out before)"),
             ]
             for r in table
         ],
     )
+
+
+def compute_reference_label(tables: dict) -> str | None:
+    """The reference label when a row carries it (the compute budgets are then its per-seed totals), else None."""
+    reference = tables.get("reference")
+    return reference if any(row.first.label == reference for row in tables.get("rows", [])) else None
+
+
+def compute_note(reference: str | None) -> str:
+    if reference:
+        return (
+            f"At equal compute, each seed is read after the total of {reference}'s run of the same seed (budget: "
+            f"their mean), so {reference} reads its final accuracy."
+        )
+    return "At equal compute, every run is read after the least total of any run."
 
 
 def report(runs: list[Run], reference: str | None = None, allow_mixed_commits: bool = False) -> dict:
@@ -705,6 +752,7 @@ def report_text(tables: dict) -> str:
         parts.append(paired_markdown(tables["paired"]))
     if tables["compute"]:
         parts.append(compute_markdown(tables["compute"], tables["compute_text"]))
+        parts.append(compute_note(compute_reference_label(tables)))
     parts.append("Means over seeds with 95% t-intervals (±); differences are paired by seed.")
     return "\n\n".join(parts)
 

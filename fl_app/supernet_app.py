@@ -14,7 +14,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from clients.feast import SubnetPlan, plan_subnets, read_routed, train_subnets
+from clients.fiarse import masked_train_costs, train_masked
 from clients.local_training import LocalSettings
+from clients.scalefl import train_scalefl
 from fl_app.data.images import DATASETS
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.run.checkpoint import (
@@ -31,21 +33,24 @@ from fl_app.run.outputs import (
     metrics_with_round_costs,
     plot_accuracy_vs_macs,
     prepare_output_dir,
+    resume_client_records,
     summary_head,
     write_results,
     write_round_files,
 )
 from fl_app.run.payload import record_to_state, state_to_record
 from fl_app.run.seeds import derived_seed
-from fl_app.supernet.evaluation import TierEvaluator
+from fl_app.supernet.evaluation import TierEvaluator, evaluate_subnet
 from fl_app.supernet.federation import Federation, client_data, dataset_for, partition_rows, server_splits
 from fl_app.supernet.slicing import slice_state, subnet_shapes
-from fl_app.supernet.space import load_supernet_config
+from fl_app.supernet.space import load_supernet_config, width_sliced_config
 from fl_app.supernet.training_costs import train_costs
 from strategies.feast import FeastStrategy
 from strategies.fedavg_min import FedAvgMinStrategy
-from strategies.heterofl import FedRolexStrategy, HeteroFLStrategy
+from strategies.fiarse import FiarseStrategy
+from strategies.heterofl import FedRolexStrategy, HeteroFLStrategy, rate_tiers
 from strategies.rounds import round_options, round_totals
+from strategies.scalefl import ScaleFLStrategy
 from strategies.superfednas import SuperFedNASStrategy
 
 
@@ -78,11 +83,14 @@ def make_supernet_strategy(
             decay_fraction=run["maxnet-decay-fraction"],
             **{**common, "routing": False},
         )
+    if method == "fiarse":  # one magnitude-mask level per HeteroFL tier's MACs: the width-sliced baselines' budgets
+        return FiarseStrategy(*args, levels=[t.macs for t in rate_tiers(width_sliced_config(fed.cfg))], **common)
     strategy_class = {
         "feast": FeastStrategy,
         "heterofl": HeteroFLStrategy,
         "fedrolex": FedRolexStrategy,
         "fedavg-min": FedAvgMinStrategy,
+        "scalefl": ScaleFLStrategy,
     }[method]
     return strategy_class(*args, **common)
 
@@ -105,10 +113,12 @@ def partition_reports(
 def strategy_tiers(run: RunConfig, fed: Federation, strategy: FeastStrategy):
     """Reporting tiers: the width rates for width-sliced methods, the single fixed model for fedavg-min,
     cached subnets otherwise."""
-    if isinstance(strategy, HeteroFLStrategy):
+    if isinstance(strategy, (HeteroFLStrategy, ScaleFLStrategy)):  # ScaleFL: its levels
         return strategy.tiers
     if isinstance(strategy, FedAvgMinStrategy):
         return fed.cache.entries[:1]
+    if isinstance(strategy, FiarseStrategy):  # the full model masked at each level's MACs
+        return strategy.tiers
     return fed.tiers(run)
 
 
@@ -141,7 +151,7 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
     train, test = dataset_for(run, fed.cfg)
     splits = server_splits(run, train)
     torch.manual_seed(run["seed"])
-    initial = ElasticResNet(strategy.model_cfg).state_dict()
+    initial = strategy.global_model().state_dict()
     initial = {k: v for k, v in initial.items() if not k.endswith("num_batches_tracked")}
     log(
         INFO,
@@ -164,6 +174,8 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
         run["num-server-rounds"],
         record_to_state,
         population_tier=run["population-tier"],
+        state_of_tier=getattr(strategy, "tier_state", None),
+        evaluate=getattr(strategy, "evaluate_tier", evaluate_subnet),  # ScaleFL scores a level's deepest exit
     )
     first_round = 1
     if resumed is not None:
@@ -202,6 +214,7 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
                 strategy.global_state,
                 strategy.checkpoint_state(),
                 {"rows": evaluator.rows, "last": evaluator.last},
+                clients.checkpoint_state(),
             )
             log(INFO, "Checkpoint after round %d: %s", server_round, path)
 
@@ -209,6 +222,8 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
     clients = ClientRecords(
         {pid: info["node_id"] for pid, info in nodes.items()}, budget_macs=budgets, num_examples=examples
     )
+    if resumed is not None:
+        resume_client_records(clients, resumed, run["resume-from"])
 
     def summary_of(error: str | None) -> dict:
         return {
@@ -285,6 +300,8 @@ def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Conte
     fed = _federation(tuple(sorted(run.values.items())), num)
     # what the server sent, checked before anything is trained (a bad broadcast raises: an error reply)
     routed = read_routed(msg.content, run, fed.cfg, fed.budget_range, pid, num)
+    if run["method"] == "scalefl":  # a level with its early exits, trained by self-distillation
+        return train_scalefl(msg, routed, run, pid, num, started)
     cfg, bounds, received, dtype = routed.cfg, routed.bounds, routed.received, routed.dtype
 
     model = ElasticResNet(cfg, bounds)
@@ -302,7 +319,13 @@ def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Conte
         logit_mask = torch.zeros(cfg.n_classes, dtype=torch.bool)
         logit_mask[labels] = True
     settings = LocalSettings.from_run(run, routed.lr, derived_seed(run["seed"], routed.server_round, pid))
-    metrics = train_subnets(model, plan, data, settings, logit_mask)
+    if routed.threshold is None:
+        metrics = train_subnets(model, plan, data, settings, logit_mask)
+        samples = metrics["local-steps"] * settings.batch_size
+        costs = train_costs(cfg, plan.largest, plan.smallest, plan.between, samples)
+    else:  # FIARSE: the full model under its magnitude mask, costed by the MACs the mask keeps
+        metrics = train_masked(model, routed.threshold, data, settings)
+        costs = masked_train_costs(cfg, received, routed.threshold, metrics["local-steps"] * settings.batch_size)
 
     # send back exactly what was received, cut to the trained subnet when one was assigned
     trained = slice_state(model.state_dict(), {k: v for k, v in returned.items() if k in received})
@@ -315,9 +338,7 @@ def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Conte
                     "partition-id": pid,
                     "labels": labels,
                     **metrics,
-                    **train_costs(
-                        cfg, plan.largest, plan.smallest, plan.between, metrics["local-steps"] * settings.batch_size
-                    ),
+                    **costs,
                     "client-seconds": time.perf_counter() - started,
                 }
             ),

@@ -11,6 +11,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.run.payload import RecordState, record_bytes, record_to_state, state_to_record
 from fl_app.supernet.slicing import slice_state, state_numel, subnet_shapes
 from fl_app.supernet.space import Subnet, SupernetConfig
@@ -73,6 +74,10 @@ class FeastStrategy(RoundLoop):
         """The config of the global model (baselines on width-sliced models override it)."""
         return self.cfg
 
+    def global_model(self) -> ElasticResNet:
+        """A freshly initialised global model (ScaleFL's also holds its exit heads)."""
+        return ElasticResNet(self.model_cfg)
+
     def assign(self, partition_id: int, server_round: int) -> tuple[Subnet, Subnet | None]:
         """(bounds routed to the client, the single subnet it must train or None to let it plan FEAST's step)."""
         bounds = self.cache.route_bounds(self.budgets[partition_id]) if self.routing else self.cfg.max_subnet()
@@ -90,6 +95,10 @@ class FeastStrategy(RoundLoop):
 
     def from_wire_view(self, state: dict, server_round: int) -> dict:
         return state
+
+    def client_view(self, view: dict, partition_id: int) -> dict:
+        """What one client's slice is cut from (FIARSE zeroes the elements outside the client's mask); the view."""
+        return view
 
     def reply_weights(self, server_round: int, entries: list[tuple[int, MetricRecord]]) -> list[float]:
         if self.weighting == "uniform":
@@ -135,7 +144,9 @@ class FeastStrategy(RoundLoop):
         for pid in log_.sampled:
             bounds, arch = self.assign(pid, server_round)
             self.routed[pid] = (bounds, arch)
-            payload = state_to_record(slice_state(view, self.routed_shapes(bounds)), self.payload_dtype)
+            payload = state_to_record(
+                slice_state(self.client_view(view, pid), self.routed_shapes(bounds)), self.payload_dtype
+            )
             self._sent_bytes[pid] = record_bytes(payload)
             log_.bytes_down += self._sent_bytes[pid]
             train_config = {

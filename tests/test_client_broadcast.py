@@ -13,7 +13,6 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Rec
 
 from clients.broadcast import BROADCAST_MAX_ABS
 from clients.feast import ROUTING, read_routed
-from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.run.config import SUPERNET_METHODS, validate_run_config
 from fl_app.run.payload import record_to_state, state_to_record
 from fl_app.supernet.federation import Federation
@@ -31,9 +30,7 @@ def _honest(method: str, **overrides) -> tuple:
     budgets = fed.client_budgets(run, {})
     strategy = make_supernet_strategy(run, fed, budgets, {p: 100 + p for p in range(NUM)})
     state = {
-        k: v.numpy()
-        for k, v in ElasticResNet(strategy.model_cfg).state_dict().items()
-        if not k.endswith("num_batches_tracked")
+        k: v.numpy() for k, v in strategy.global_model().state_dict().items() if not k.endswith("num_batches_tracked")
     }
     message = strategy.configure_train(1, state_to_record(state), ConfigRecord(), grid=None)[0]
     return run, fed, message.metadata.dst_node_id - 100, message

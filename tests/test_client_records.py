@@ -107,3 +107,31 @@ def test_training_flops_are_six_per_mac_per_sample():
     assert costs["trained-macs"] == count_macs(cfg, largest)
     assert costs["peak-rss-mb"] > 10 and costs["cuda-peak-mb"] >= 0
     assert training_flops(1e6, 10) == 6e7
+
+
+def test_statistics_restored_from_a_checkpoint_state_continue_as_if_never_stopped():
+    def make():
+        return ClientRecords({0: 10, 1: 11}, num_examples={0: 100, 1: 200})
+
+    answers = {
+        1: [reply(10, **{"train-loss": 2.0, "train-flops": 1e9}), reply(11, **{"train-flops": 3e9})],
+        2: [reply(10, **{"train-loss": 1.5, "train-flops": 2e9, "peak-rss-mb": 300.0})],
+    }
+
+    def play(records, rounds):
+        for r in rounds:
+            records.wrap(FakeGrid(answers[r])).send_and_receive([sent(10, r), sent(11, r)])
+
+    straight = make()
+    play(straight, [1, 2])
+    first = make()
+    play(first, [1])
+    resumed = make()
+    resumed.restore_state(first.checkpoint_state())
+    play(resumed, [2])
+    assert str(resumed.rows()) == str(straight.rows())  # str: NaN == NaN
+    assert resumed.flops_of_round == straight.flops_of_round == {1: 4e9, 2: 2e9}
+    assert resumed.rows()[0]["rounds_answered"] == 2 and resumed.rows()[1]["rounds_sampled"] == 2
+
+    with pytest.raises(ValueError, match=r"client statistics are of partitions \[0, 1\], this run has \[0, 1, 2\]"):
+        ClientRecords({0: 10, 1: 11, 2: 12}).restore_state(first.checkpoint_state())

@@ -84,6 +84,28 @@ def test_decoded_images_are_cached_across_processes_keyed_by_the_files(tmp_path,
     load_dataset.cache_clear()
 
 
+def test_the_decoded_cache_never_writes_through_a_planted_link(tmp_path, monkeypatch):
+    from fl_app.data.images import _decoded_cache_file
+
+    monkeypatch.setenv("FL_APP_CACHE", str(tmp_path / "cache"))
+    for split in ("train", "test"):
+        table = pq.read_table(bundled_file(f"data/cifar10-sample/{split}.parquet")).slice(0, 20)
+        pq.write_table(table, tmp_path / f"{split}.parquet")
+    final = _decoded_cache_file("cifar10", "local", str(tmp_path), 32)
+    final.parent.mkdir(parents=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("kept")
+    final.symlink_to(victim)  # at the final name; the temporary names are random (O_EXCL | O_NOFOLLOW)
+    import os
+
+    for name in (f"{final.stem}.{os.getpid()}.tmp.npz", f"{final.name}.tmp"):  # the predictable names of before
+        (final.parent / name).symlink_to(victim)
+    load_dataset.cache_clear()
+    train, _ = load_dataset("cifar10", "local", str(tmp_path))
+    load_dataset.cache_clear()
+    assert len(train) == 20 and victim.read_text() == "kept" and final.is_symlink()
+
+
 def _local_parquet(folder, train_labels=None, test_labels=None, rows=20):
     """The bundled sample's first rows as local train/test parquet files, optionally with other labels."""
     folder.mkdir(exist_ok=True)

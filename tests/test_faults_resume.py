@@ -1,9 +1,13 @@
-"""Faults (hostile replies, clients that fail or never answer) and checkpoint/resume of the supernet strategies."""
+"""Faults (hostile replies, clients that fail or never answer) and checkpoint/resume of the supernet strategies
+(one strategy restored from its state, and a whole FEAST run resumed in-process with real client training)."""
 
 from __future__ import annotations
 
+import csv
+import logging
 import random
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,12 +17,23 @@ from flwr.common import Error
 from flwr.common.constant import ErrorCode
 
 from experiments.flower_internals import set_message_id, set_reply_source
+from experiments.runner import MEASURED
 from fl_app.models.elastic_resnet import ElasticResNet
-from fl_app.run.checkpoint import capture_rng, load_round_checkpoint, restore_rng, write_round_checkpoint
+from fl_app.run.checkpoint import (
+    capture_rng,
+    load_round_checkpoint,
+    load_verified,
+    restore_rng,
+    save_verified,
+    supernet_fingerprint,
+    write_round_checkpoint,
+)
 from fl_app.run.config import validate_run_config
+from fl_app.run.outputs import CLIENT_RECORDS_KEY
 from fl_app.run.payload import record_bytes, record_to_state, state_to_record
 from fl_app.supernet.slicing import slice_state, slice_subnet, subnet_shapes
 from fl_app.supernet.space import Subnet, load_supernet_config
+from fl_app.supernet_app import run_feast, train_feast
 from strategies.feast import FeastStrategy
 from strategies.rounds import round_totals, sample_partitions
 from strategies.superfednas import SuperFedNASStrategy
@@ -351,3 +366,81 @@ def test_with_every_node_present_sampling_is_the_seeds_alone(flower_ids):
     strategy.clients_per_round = 2
     strategy.start(ChurnGrid(honest, {100: 0, 101: 1, 102: 2}), initial_arrays=initial, num_rounds=3, timeout=1.0)
     assert [strategy.rounds[r].sampled for r in (1, 2, 3)] == [sample_partitions(range(3), 2, 0, r) for r in (1, 2, 3)]
+
+
+def measured_columns_dropped(path: Path) -> list[dict]:
+    """A CSV's rows without its time and memory columns (what differs between two runs of the same numbers)."""
+    with open(path, newline="") as text:
+        return [{k: v for k, v in row.items() if not MEASURED.search(k)} for row in csv.DictReader(text)]
+
+
+class FeastGrid:
+    """Delivers each training message to the real ``train_feast`` of its partition (node id 100 + partition id);
+    the server dies when it sends round ``crash_round``'s messages."""
+
+    def __init__(self, run, num_clients: int, crash_round: int | None = None):
+        self.run, self.num_clients, self.crash_round = run, num_clients, crash_round
+
+    def nodes(self) -> dict[int, dict]:
+        return {pid: {"node_id": 100 + pid} for pid in range(self.num_clients)}
+
+    def get_node_ids(self):
+        return [100 + pid for pid in range(self.num_clients)]
+
+    def send_and_receive(self, messages, timeout=None):
+        messages = list(messages)
+        if any(m.content.config_records["config"]["server-round"] == self.crash_round for m in messages):
+            raise RuntimeError("the server died")
+        replies = []
+        for msg in messages:
+            set_message_id(msg, uuid.uuid4().hex)
+            reply = train_feast(msg, self.run, msg.metadata.dst_node_id - 100, self.num_clients, None)
+            set_reply_source(reply, msg.metadata.dst_node_id)
+            replies.append(reply)
+        return replies
+
+
+def test_a_resumed_feast_run_ends_with_the_uninterrupted_runs_results_and_client_statistics(
+    flower_ids, tmp_path, caplog
+):
+    tiny = {"num-server-rounds": 3, "clients-per-round": 2, "max-local-steps": 1, "batch-size": 8}
+    tiny.update({"eval-every": 3, "checkpoint-every": 2})
+
+    def run_of(name: str, **overrides):
+        return validate_run_config({**tiny, "output-dir": str(tmp_path / name), **overrides})
+
+    def feast(run, crash_round=None):
+        grid = FeastGrid(run, 3, crash_round)
+        run_feast(grid, run, grid.nodes())
+
+    feast(run_of("straight"))
+    with pytest.raises(RuntimeError, match="the server died"):
+        feast(run_of("crashed"), crash_round=3)
+    assert torch.load(tmp_path / "crashed/checkpoint.pt", weights_only=True)["round"] == 2
+    feast(run_of("resumed", **{"resume-from": str(tmp_path / "crashed")}))
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert (resumed / "metrics.csv").read_text() == (straight / "metrics.csv").read_text()
+    weights = torch.load(straight / "supernet.pt", weights_only=True)["state_dict"]
+    continued = torch.load(resumed / "supernet.pt", weights_only=True)["state_dict"]
+    assert weights.keys() == continued.keys() and all(torch.equal(weights[k], continued[k]) for k in weights)
+    # the clients' statistics count the rounds before the resume too (time and memory aside)
+    for name in ("rounds.csv", "clients.csv"):
+        assert measured_columns_dropped(resumed / name) == measured_columns_dropped(straight / name), name
+    clients = measured_columns_dropped(straight / "clients.csv")
+    assert sum(int(row["rounds_answered"]) for row in clients) == 3 * 2  # every sampled client answered
+
+    # a checkpoint written before checkpoints kept the statistics still resumes, from zero, with a warning
+    checkpoint = tmp_path / "crashed/checkpoint.pt"
+    run = run_of("crashed")
+    blob = load_verified(checkpoint, supernet_fingerprint(run))
+    assert blob.pop(CLIENT_RECORDS_KEY)["flops_of_round"].keys() == {1, 2}
+    checkpoint.unlink()
+    save_verified(checkpoint, blob, supernet_fingerprint(run))
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        feast(run_of("old", **{"resume-from": str(tmp_path / "crashed")}))
+    assert "holds no client statistics" in caplog.text and "count only rounds 3 and later" in caplog.text
+    assert (tmp_path / "old/metrics.csv").read_text() == (straight / "metrics.csv").read_text()
+    rounds = measured_columns_dropped(tmp_path / "old/rounds.csv")
+    assert [float(row["client_train_flops"]) > 0 for row in rounds] == [False, False, True]
+    assert sum(int(row["rounds_answered"]) for row in measured_columns_dropped(tmp_path / "old/clients.csv")) == 2

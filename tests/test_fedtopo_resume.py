@@ -1,7 +1,8 @@
 """FedTopo-family checkpoints and resume, in-process with real client training: a run that dies in round 3 keeps
 its round files and a summary saying it failed; resuming it from its round-2 checkpoint in a fresh federation
 (node states gone, as after a restart) ends exactly where the uninterrupted run ends: same metrics, same server
-state, same client models. Damaged or foreign checkpoints and model files are refused."""
+state, same client models, same client statistics (rounds.csv, clients.csv). Damaged or foreign checkpoints and
+model files are refused."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from experiments.in_process_grid import InProcessGrid, run_in_process
 from fl_app.hetero_app import MODEL_STATE, MODELS_DIR
 from fl_app.run.config import validate_run_config
 from fl_app.run.payload import record_to_state
+from tests.test_faults_resume import measured_columns_dropped
 
 TINY = {
     "num-server-rounds": 3,
@@ -87,6 +89,11 @@ def test_a_resumed_run_ends_exactly_where_the_uninterrupted_one_ends(flower_ids,
     resumed = run_in_process(run, 3, resumed_grid)
     assert resumed["history"] == straight["history"]
     assert [h["round"] for h in resumed["history"]] == [2, 3]
+    # the clients' statistics count the rounds before the resume too (time and memory aside)
+    for name in ("rounds.csv", "clients.csv"):
+        assert measured_columns_dropped(tmp_path / "resumed" / name) == measured_columns_dropped(
+            tmp_path / "straight" / name
+        ), name
     for pid, context in straight_grid.contexts.items():
         if MODEL_STATE not in context.state.array_records:
             continue

@@ -158,3 +158,61 @@ def test_every_committed_config_partitions_at_its_real_dataset_size(path):
     assert len(parts) == clients and min(len(p) for p in parts) >= 10
     joined = np.concatenate(parts)
     assert len(joined) == len(np.unique(joined)) == size - held_out
+
+
+# -- the FEAST repository's concentration: p_k ~ Dir(α · N_k · q_i) ---------------------------------------------------
+def _direct_split(labels, budgets, gamma, alpha, seed, concentration_of):
+    """The budget-coupled Dirichlet split written out: per class k, p_k ~ Dir(concentration_of(N_k, q)), clients
+    above their target q_i · N dealt nothing, cut points from the cumulative proportions; redrawn until every client
+    holds >= 10 samples."""
+    rng = np.random.default_rng(seed)
+    q = budgets**gamma / (budgets**gamma).sum()
+    while True:
+        parts = [[] for _ in budgets]
+        for k in np.unique(labels):
+            rows = np.flatnonzero(labels == k)
+            p = rng.dirichlet(concentration_of(len(rows), q))
+            p = p * np.array([len(part) <= len(labels) * q_i for part, q_i in zip(parts, q)])
+            cuts = (np.cumsum(p / p.sum()) * len(rows)).astype(int)[:-1]
+            for part, chunk in zip(parts, np.split(rows, cuts)):
+                part.extend(chunk.tolist())
+        if min(map(len, parts)) >= 10:
+            return [np.sort(part) for part in parts]
+
+
+@pytest.mark.parametrize("alpha,gamma,seed", [(0.005, 1.0, 0), (0.1, 1.0, 3), (1.0, 0.5, 7)])
+def test_class_size_concentration_is_the_references_formula(alpha, gamma, seed):
+    budgets = np.random.default_rng(seed).uniform(25e6, 6e8, 20)
+    labels = _labels(n=8000, seed=seed)
+    split = partition_indices(labels, make_partitioner("gamma-class-size", 20, seed, alpha, gamma, budgets))
+    direct = _direct_split(labels, budgets, gamma, alpha, seed, lambda n_k, q: np.maximum(alpha * n_k * q, 1e-6))
+    assert [p.tolist() for p in split] == [p.tolist() for p in direct]
+
+
+def test_the_default_gamma_split_keeps_its_concentration():
+    """partitioner = "gamma" still draws Dir(α · n · q_i) (the committed runs' split), not the class-size one."""
+    budgets = np.random.default_rng(2).uniform(25e6, 6e8, 20)
+    labels = _labels(n=8000, seed=2)
+    split = partition_indices(labels, make_partitioner("gamma", 20, 2, 0.1, 1.0, budgets))
+    w = budgets**1.0
+    direct = _direct_split(labels, budgets, 1.0, 0.1, 2, lambda n_k, q: 0.1 * (w / w.mean()))
+    assert [p.tolist() for p in split] == [p.tolist() for p in direct]
+    other = partition_indices(labels, make_partitioner("gamma-class-size", 20, 2, 0.1, 1.0, budgets))
+    assert [p.tolist() for p in split] != [p.tolist() for p in other]
+
+
+def test_class_size_concentration_skews_labels_less_at_the_same_alpha():
+    """α · N_k · q_i is N_k / n = 40 times α · n · q_i here: a larger concentration, more even class proportions."""
+    budgets = np.random.default_rng(4).uniform(25e6, 6e8, 20)
+    labels = _labels(n=8000, seed=4)
+
+    def max_share(name):
+        parts = partition_indices(labels, make_partitioner(name, 20, 4, 0.1, 1.0, budgets))
+        return np.mean([np.bincount(labels[p], minlength=10).max() / len(p) for p in parts])
+
+    assert max_share("gamma-class-size") < max_share("gamma") - 0.1
+
+
+def test_an_unknown_concentration_is_named():
+    with pytest.raises(ValueError, match="concentration='x': allowed values are \\['clients', 'class-size'\\]"):
+        GammaPartitioner([1, 2], gamma=1.0, alpha=0.5, concentration="x")

@@ -139,7 +139,35 @@ def test_equal_compute_reads_every_row_at_the_references_total_flops(tmp_path):
     assert rows["fedavg-min-long"]["accuracy_at_budget"] == 0.35 and rows["fedavg-min-long"]["reached_budget"]
     assert rows["fedavg-min"]["accuracy_at_budget"] == 0.3 and not rows["fedavg-min"]["reached_budget"]
     text = report_text(tables)
-    assert "client training FLOPs" in text and "| fedavg-min | 8 | 30.0 (final; ran out before) |" in text
+    assert "client training FLOPs" in text and "| fedavg-min | 8 | 40 | 30.0 (final; ran out before) |" in text
+
+
+def test_equal_compute_matches_each_seed_to_the_references_own_total(tmp_path):
+    """Seeds whose reference totals differ: each seed is read at the reference's total of the same seed, so the
+    reference reads its own final accuracy (a mean budget would read seed 1 at an earlier evaluation)."""
+
+    def run_with_curve(name, method, seed, flops, evaluated):
+        folder = make_run(
+            tmp_path / name, method=method, seed=seed, commit="d" * 40, **{"num-server-rounds": len(flops)}
+        )
+        write_csv(folder / "rounds.csv", [{"round": r, "client_train_flops": f} for r, f in enumerate(flops, 1)])
+        write_csv(folder / "metrics.csv", [{"round": r, "population_weighted_accuracy": a} for r, a in evaluated])
+
+    # feast: seed 0 spends 4 x 10 = 40 FLOPs, seed 1 spends 4 x 20 = 80; the mean, 60, lies below seed 1's total
+    run_with_curve("feast0", "feast", 0, [10.0] * 4, [(2, 0.20), (4, 0.40)])
+    run_with_curve("feast1", "feast", 1, [20.0] * 4, [(2, 0.30), (4, 0.50)])
+    # fedavg-min, 10 FLOPs a round, evaluated every 2 rounds: cumulative 20, 40, 60, 80, 100 at rounds 2 .. 10
+    curve0 = [(2, 0.10), (4, 0.15), (6, 0.22), (8, 0.27), (10, 0.31)]
+    curve1 = [(2, 0.12), (4, 0.18), (6, 0.24), (8, 0.29), (10, 0.33)]
+    run_with_curve("min0", "fedavg-min", 0, [10.0] * 10, curve0)
+    run_with_curve("min1", "fedavg-min", 1, [10.0] * 10, curve1)
+    rows = {r["method"]: r for r in report(find_runs([tmp_path]), reference="feast")["compute"]}
+    # by hand: seed 0 at 40 FLOPs -> round 4 (0.15); seed 1 at 80 FLOPs -> round 8 (0.29)
+    assert rows["fedavg-min"]["accuracy_at_budget"] == pytest.approx((0.15 + 0.29) / 2)
+    assert rows["fedavg-min"]["compute_budget"] == 60.0 and rows["fedavg-min"]["reached_budget"]
+    # the reference row is its final accuracy, seed by seed
+    assert rows["feast"]["accuracy_at_budget"] == pytest.approx((0.40 + 0.50) / 2) and rows["feast"]["n"] == 2
+    assert rows["feast"]["accuracy_at_budget_ci95"] == pytest.approx(12.706 * 0.0707107 / 2**0.5, rel=1e-4)
 
 
 # -- the committed tables ------------------------------------------------------------------------------------------

@@ -23,9 +23,12 @@ class GammaPartitioner(GammaAllocation, Partitioner):
         min_partition_size: int = 10,
         seed: int = 0,
         max_attempts: int = 100,
+        concentration: str = "clients",
     ):
         Partitioner.__init__(self)
-        GammaAllocation.__init__(self, budgets, gamma, alpha, max_training_macs, min_partition_size, seed, max_attempts)
+        GammaAllocation.__init__(
+            self, budgets, gamma, alpha, max_training_macs, min_partition_size, seed, max_attempts, concentration
+        )
         self.partition_by = partition_by
         self._indices: list[np.ndarray] | None = None
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fl_app.run.files import write_new_file
 from fl_app.run.resources import bundled_file
 
 SAMPLE_DIR = Path(__file__).parent / "cifar10-sample"  # where experiments/make_sample.py writes it
@@ -127,7 +128,8 @@ def load_dataset(
         raise ValueError(f"data-source='{source}': allowed values are {list(DATA_SOURCES)}")
     spec = DATASETS[dataset_name]
     cache_file = _decoded_cache_file(dataset_name, source, data_path, image_hw)
-    if cache_file is not None and cache_file.is_file():
+    # a link at the cache's name was not written here: decode from the source instead of reading through it
+    if cache_file is not None and cache_file.is_file() and not cache_file.is_symlink():
         with np.load(cache_file) as cached:
             return tuple(
                 ImageData(
@@ -186,18 +188,17 @@ def _decoded_cache_file(dataset_name: str, source: str, data_path: str, image_hw
 
 
 def _write_decoded(path: Path, train: ImageData, test: ImageData) -> None:
+    arrays = {
+        "train_images": train.images.numpy(),
+        "train_labels": train.labels.numpy(),
+        "test_images": test.images.numpy(),
+        "test_labels": test.labels.numpy(),
+    }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")  # renamed into place: readers never see half a file
-        np.savez(
-            tmp,
-            train_images=train.images.numpy(),
-            train_labels=train.labels.numpy(),
-            test_images=test.images.numpy(),
-            test_labels=test.labels.numpy(),
-        )
-        os.replace(tmp, path)
-    except OSError:  # a read-only home is no reason to fail a run: decode again next time
+        # a random temporary name linked into place: readers never see half a file, a planted link is never followed
+        write_new_file(path, lambda out: np.savez(out, **arrays))
+    except OSError:  # taken already (another process decoded the same files first) or a read-only home: decode again
         pass
 
 

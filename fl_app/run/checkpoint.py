@@ -21,7 +21,8 @@ The fingerprint covers ``model_config`` (e.g. the supernet config's ``to_dict()`
 content changed under the same name) and the run-config keys that define a model (``MODEL_RUN_KEYS``).
 
 Round checkpoints (``write_round_checkpoint`` / ``load_round_checkpoint``) hold the global model, the strategy's
-state (round logs, baseline bookkeeping), the server's RNG states, the metrics measured so far and the run config;
+state (round logs, baseline bookkeeping), the server's RNG states, the metrics measured so far, the clients'
+statistics (``client_records``: clients.csv's rows and each round's training FLOPs) and the run config;
 resuming also demands the same run config (except ``RESUME_MAY_CHANGE``) and federation size.
 """
 
@@ -40,6 +41,7 @@ import torch
 from fl_app.data.images import DATASETS
 from fl_app.run.config import RunConfig
 from fl_app.run.files import remember_written, write_new_file, wrote_here
+from fl_app.run.outputs import CLIENT_RECORDS_KEY
 from fl_app.supernet.space import load_supernet_config
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -222,8 +224,10 @@ def write_round_checkpoint(
     global_state: dict[str, np.ndarray],
     strategy_state: dict,
     metrics: dict,
+    client_records: dict | None = None,
 ) -> Path:
     path = Path(out_dir) / CHECKPOINT_FILE
+    extra = {} if client_records is None else {CLIENT_RECORDS_KEY: client_records}
     return save_verified(
         path,
         {
@@ -235,6 +239,7 @@ def write_round_checkpoint(
             "strategy": strategy_state,
             "metrics": metrics,
             "rng": capture_rng(),
+            **extra,
         },
         supernet_fingerprint(run),
         replace_if=same_run_earlier_round(run, server_round, path),

@@ -20,7 +20,7 @@ from fl_app.run.payload import PAYLOAD_DTYPES
 from fl_app.supernet.evaluation import POPULATION_TIERS
 
 # methods built on the elastic supernet (FEAST and its baselines) share the FEAST client and server run
-SUPERNET_METHODS = ("feast", "superfednas", "deepfednas", "heterofl", "fedrolex", "fedavg-min")
+SUPERNET_METHODS = ("feast", "superfednas", "deepfednas", "heterofl", "fedrolex", "fedavg-min", "fiarse", "scalefl")
 METHODS = SUPERNET_METHODS + ("fedtopo", "local", "lg-fedavg", "fd", "fedproto", "fedtgp")
 TRAIN_SUBNETS = ("max", "min", "random")
 TOPO_WEIGHTINGS = ("support", "mean")

@@ -14,7 +14,10 @@ import json
 import math
 import os
 import time
+from logging import WARNING
 from pathlib import Path
+
+from flwr.common.logger import log
 
 from fl_app.run import tracker
 from fl_app.run.files import replace_file, write_own_file
@@ -147,6 +150,27 @@ CLIENT_METRICS = {
 }
 
 
+# clients.csv columns counted from the replies (what a resumed run continues from its checkpoint)
+COUNTED_COLUMNS = ("rounds_sampled", "rounds_answered", *(column for column, _ in CLIENT_METRICS.values()))
+# the round checkpoint's key for the clients' statistics
+CLIENT_RECORDS_KEY = "client_records"
+
+
+def resume_client_records(clients: "ClientRecords", checkpoint: dict, location: str) -> None:
+    """Restore ``clients`` from a round checkpoint; one written before checkpoints kept them resumes without
+    (a warning says the statistics count only from the resumed round on)."""
+    if CLIENT_RECORDS_KEY in checkpoint:
+        clients.restore_state(checkpoint[CLIENT_RECORDS_KEY])
+        return
+    log(
+        WARNING,
+        "resume-from='%s': the checkpoint holds no client statistics (written by an older version): clients.csv "
+        "and rounds.csv's client_train_flops count only rounds %d and later",
+        location,
+        checkpoint["round"] + 1,
+    )
+
+
 class ClientRecords:
     """clients.csv (one row per partition) and the clients' training FLOPs per round, read from the training
     messages a strategy sends and the replies it receives (``wrap(grid)``). Reply values are untrusted: only
@@ -177,6 +201,23 @@ class ClientRecords:
 
     def rows(self) -> list[dict]:
         return [dict(row) for _, row in sorted(self.clients.items())]
+
+    def checkpoint_state(self) -> dict:
+        """What a round checkpoint keeps of the statistics (plain containers and numbers)."""
+        return {"clients": self.rows(), "flops_of_round": dict(self.flops_of_round)}
+
+    def restore_state(self, state: dict) -> None:
+        """Continue the statistics of ``checkpoint_state``: the counted columns of each partition and the FLOPs of
+        every round so far (the columns the server knows before training are its own, recomputed)."""
+        saved = {row["partition_id"]: row for row in state["clients"]}
+        if set(saved) != set(self.clients):
+            raise ValueError(
+                f"the checkpoint's client statistics are of partitions {sorted(saved)}, this run has "
+                f"{sorted(self.clients)}"
+            )
+        for pid, row in self.clients.items():
+            row.update({column: saved[pid][column] for column in COUNTED_COLUMNS})
+        self.flops_of_round = {int(r): float(flops) for r, flops in state["flops_of_round"].items()}
 
     def observe(self, sent: list, replies: list) -> None:
         from flwr.app import MessageType

@@ -130,6 +130,8 @@ class TierEvaluator:
         num_rounds: int,
         decode_state,
         population_tier: str = "largest",
+        state_of_tier=None,
+        evaluate=evaluate_subnet,
     ):
         if population_tier not in POPULATION_TIERS:
             raise ValueError(f"population-tier='{population_tier}': allowed values are {list(POPULATION_TIERS)}")
@@ -141,6 +143,9 @@ class TierEvaluator:
         self.eval_every, self.num_rounds, self.decode_state = eval_every, num_rounds, decode_state
         self.rows: list[dict] = []
         self.last: dict = {}
+        # (tier, state) -> the state a tier is cut from (FIARSE masks the full model per tier); None: the state
+        self.state_of_tier = state_of_tier
+        self.evaluate = evaluate  # (cfg, state, arch, calibration, *splits) -> accuracy per split (ScaleFL: exits)
 
     def due(self, server_round: int) -> bool:
         return server_round > 0 and (server_round % self.eval_every == 0 or server_round == self.num_rounds)
@@ -152,7 +157,8 @@ class TierEvaluator:
         tier_results = []
         for tier in self.tiers:
             splits = [self.validation, self.test] if len(self.validation) else [self.test]
-            accs = evaluate_subnet(self.cfg, state, tier.arch, self.calibration, *splits)
+            tier_state = state if self.state_of_tier is None else self.state_of_tier(tier, state)
+            accs = self.evaluate(self.cfg, tier_state, tier.arch, self.calibration, *splits)
             val_acc, test_acc = accs if len(accs) == 2 else [float("nan"), accs[0]]
             tier_results.append(
                 {"macs": tier.macs, "params": tier.params, "val_accuracy": val_acc, "accuracy": test_acc}

@@ -1,0 +1,318 @@
+"""experiments.runner on long suites: an interrupted run continues from its checkpoint, a run left training by a
+runner killed hard is stopped before the retry, and the console follows a run's rounds while it trains.
+
+The fast tests launch through stand-ins (the launcher seam); the slow one stops a real `flwr run` after its round-2
+checkpoint and checks that the continued run ends bit for bit like one that never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments.flower_env import process_identity
+from experiments.runner import COMPLETED, RUN_RECORD, compare_run, plan, run_suite
+from fl_app.run.checkpoint import save_verified
+from fl_app.run.outputs import write_csv, write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = """
+[suite]
+seeds = [0]
+[base]
+num-server-rounds = 4
+eval-every = 1
+checkpoint-every = 1
+[federation]
+num-supernodes = 4
+client-resources-num-cpus = 1
+[methods]
+feast = {}
+fedavg-min = {}
+"""
+
+
+def finish(run, accuracy: float = 0.4) -> str:
+    """Write what a finished run writes (as the stand-in launchers of tests/test_runner.py do)."""
+    rounds = run.run_config["num-server-rounds"]
+    write_round(run, rounds, accuracy)
+    write_json(
+        run.folder / "summary.json",
+        {
+            "method": run.run_config["method"],
+            "dataset": "cifar10",
+            "rounds": rounds,
+            "seed": run.seed,
+            "population_weighted_accuracy": accuracy,
+            "tiers": [{"macs": 5e5, "accuracy": accuracy}],
+            "run_config": {**run.launch_config()},
+        },
+    )
+    return COMPLETED
+
+
+def write_round(run, done: int, accuracy: float) -> None:
+    """The round files after round ``done``, in the app's order (metrics.csv, then rounds.csv); round r scores
+    ``accuracy * r / 4``."""
+    write_csv(
+        run.folder / "metrics.csv",
+        [{"round": r, "population_weighted_accuracy": accuracy * r / 4} for r in range(1, done + 1)],
+    )
+    write_csv(run.folder / "rounds.csv", [{"round": r, "client_seconds": 1.0} for r in range(1, done + 1)])
+
+
+def suite_file(tmp_path: Path, text: str = SUITE) -> Path:
+    path = tmp_path / "suite.toml"
+    path.write_text(text)
+    return path
+
+
+def run(tmp_path, launcher, text: str = SUITE, **kwargs):
+    lines = []
+    result = run_suite(
+        suite_file(tmp_path, text),
+        tmp_path / "out",
+        launch=launcher,
+        printer=lambda line, **_: lines.append(line),
+        plots=False,
+        **kwargs,
+    )
+    return result, lines
+
+
+# -- continuing from the checkpoint -------------------------------------------------------------------------------
+def test_an_interrupted_run_continues_from_its_latest_checkpoint_into_a_fresh_folder(tmp_path):
+    def interrupted(run, timeout):
+        if run.label == "feast":  # killed after its round-2 checkpoint
+            write_round(run, 2, 0.3)
+            save_verified(run.folder / "checkpoint.pt", {"round": 2, "run_config": {}}, {"sha256": "model"})
+            raise KeyboardInterrupt
+        return finish(run)
+
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, interrupted)
+    launched = []
+
+    def continued(run, timeout):
+        launched.append((run.label, run.launch_config()["resume-from"] or None, run.resumed_after_round))
+        assert not (run.folder / "checkpoint.pt").exists()  # a fresh folder: the app refuses one with results
+        return finish(run)
+
+    result, lines = run(tmp_path, continued)
+    home = tmp_path / "out/runs/feast/seed0"
+    copy = home.with_name("seed0.interrupted-1")
+    assert launched == [("feast", str(copy), 2), ("fedavg-min", None, 0)]
+    assert any("continuing seed0.interrupted-1 after round 2" in line for line in lines)
+    record = json.loads((home / RUN_RECORD).read_text())
+    assert record["status"] == COMPLETED and record["resumed_from"] == copy.name
+    assert record["resumed_after_round"] == 2 and "runner" not in record and "flower" not in record
+    assert record["run_config"]["resume-from"] == ""  # the settings of the run, as an uninterrupted run's
+    # summary.json names the copy relative to the folder, not by a path of this machine
+    assert json.loads((home / "summary.json").read_text())["run_config"]["resume-from"] == "../seed0.interrupted-1"
+    assert (copy / "checkpoint.pt").exists()  # the copy is kept
+    # the reuse rule and the tables take the continued folder as the finished run
+    assert not result["failed"] and (tmp_path / "out/table.md").exists()
+    from experiments.runner import load_suite
+
+    assert [r.action for r in plan(load_suite(suite_file(tmp_path)), tmp_path / "out")] == ["reuse", "reuse"]
+
+
+def test_a_checkpoint_of_other_settings_or_a_damaged_one_is_not_continued(tmp_path):
+    def interrupted(run, timeout):
+        save_verified(run.folder / "checkpoint.pt", {"round": 2, "run_config": {}}, {"sha256": "model"})
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, interrupted, SUITE.replace("eval-every = 1", "eval-every = 2"))
+    launched = []
+
+    def damaging(run, timeout):
+        launched.append(run.resume_from)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, damaging)  # eval-every = 1 now: the round-2 checkpoint is another run's
+    assert launched == [None]
+    copy = tmp_path / "out/runs/feast/seed0.interrupted-1"
+    record = json.loads((copy / RUN_RECORD).read_text())
+    write_json(copy / RUN_RECORD, {**record, "run_config": {**record["run_config"], "eval-every": 1}}, replace=True)
+    altered = torch.load(copy / "checkpoint.pt", weights_only=True)
+    torch.save({**altered, "round": 3}, copy / "checkpoint.pt")  # same settings now, but altered after it was saved
+    _, lines = run(tmp_path, lambda r, t: launched.append(r.resume_from) or finish(r))
+    assert launched == [None, None, None]
+    assert any("not continued from seed0.interrupted-1" in line for line in lines)
+
+
+# -- a run left training by a runner killed hard ------------------------------------------------------------------
+WRITER = "import sys, time\nwhile True:\n    open(sys.argv[1], 'a').write('x')\n    time.sleep(0.05)\n"
+
+
+def test_a_run_left_training_by_a_dead_runner_is_stopped_before_it_is_retried(tmp_path):
+    """The record of a run a SIGKILLed runner left: status running, its runner gone, its Flower run's processes
+    (here a stand-in that keeps writing into the run folder) still alive."""
+    folder = tmp_path / "out/runs/feast/seed0"
+    folder.mkdir(parents=True)
+    left = subprocess.Popen([sys.executable, "-c", WRITER, str(folder / "still-writing")])
+    try:
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        write_json(
+            folder / RUN_RECORD,
+            {
+                "label": "feast",
+                "seed": 0,
+                "status": "running",
+                "runner": {"pid": gone.pid, "created": 0.0},
+                "flower": {"run_id": "123", "processes": [process_identity(left.pid)]},
+            },
+        )
+        seen = []
+
+        def launcher(run, timeout):
+            seen.append((run.label, left.poll() is not None))
+            return finish(run)
+
+        result, lines = run(tmp_path, launcher)
+        assert seen == [("feast", True), ("fedavg-min", True)]  # stopped before anything trained
+        assert not result["failed"]
+        assert any("stopped Flower run 123" in line for line in lines)
+        stopped = json.loads((folder.with_name("seed0.interrupted-1") / RUN_RECORD).read_text())
+        assert stopped["status"] == "stopped: its runner died" and "flower" not in stopped
+    finally:
+        left.kill()
+        left.wait()
+
+
+def test_a_run_whose_runner_is_alive_is_refused_and_left_alone(tmp_path):
+    from experiments.runner import SuiteMismatch
+
+    folder = tmp_path / "out/runs/feast/seed0"
+    folder.mkdir(parents=True)
+    runner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        record = {"label": "feast", "seed": 0, "status": "running", "runner": process_identity(runner.pid)}
+        write_json(folder / RUN_RECORD, record)
+        with pytest.raises(SuiteMismatch, match=f"runner process {runner.pid} is training this run now"):
+            run(tmp_path, finish)
+        assert runner.poll() is None and json.loads((folder / RUN_RECORD).read_text()) == record
+    finally:
+        runner.kill()
+        runner.wait()
+
+
+# -- the console while a run trains -------------------------------------------------------------------------------
+def test_the_console_shows_each_round_with_the_last_accuracy_and_etas(tmp_path):
+    lines, shown = [], threading.Event()
+
+    def printer(line, **_):
+        lines.append(line)
+        if " round " in line:
+            shown.set()
+
+    def launcher(run, timeout):
+        for done in range(1, 5):
+            shown.clear()
+            write_round(run, done, 0.5)
+            assert shown.wait(60), f"no progress line for round {done}"  # a hang guard, not a timing check
+        return finish(run, 0.5)
+
+    run_suite(
+        suite_file(tmp_path), tmp_path / "out", launch=launcher, printer=printer, plots=False, progress_every=0.01
+    )
+    progress = [line for line in lines if " round " in line]
+    assert [line.split(" round ")[1].split(",")[0] for line in progress] == ["1/4", "2/4", "3/4", "4/4"] * 2
+    assert "accuracy 25.0% (round 2)" in progress[1]  # metrics.csv's last population-weighted accuracy
+    assert all("ETA run " in line and ", suite " in line for line in progress)
+    assert "ETA run 0s" in progress[3]
+
+
+# -- the real app: stopped after round 2, continued, equal to a run that never stopped ----------------------------
+REAL = """
+[suite]
+seeds = [0]
+run-timeout = 900
+[base]
+data-source = "sample"
+num-server-rounds = 6
+clients-per-round = 2
+max-local-steps = 3
+batch-size = 16
+eval-every = 1
+val-size = 200
+calib-size = 200
+tiers = "0.5e6,2e6,13.6e6"
+checkpoint-every = 1
+[federation]
+num-supernodes = 4
+client-resources-num-cpus = 1
+[methods]
+feast = {}
+"""
+
+
+def stop_after_checkpoint(folder: Path, at_round: int, done: threading.Event) -> None:
+    """Wait for the run in ``folder`` to checkpoint round ``at_round``, then `flwr stop` it through what its
+    run.json records of its Flower run (run id, FLWR_HOME, ports)."""
+    from experiments.flower_env import isolated_env
+
+    while not done.is_set():
+        try:
+            flower = json.loads((folder / RUN_RECORD).read_text())["flower"]
+            reached = torch.load(folder / "checkpoint.pt", weights_only=True)["round"] >= at_round
+        except (OSError, ValueError, KeyError, RuntimeError, EOFError):
+            reached = False
+        if reached:
+            env = {
+                **isolated_env(Path(flower["flwr_home"])),
+                "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": flower["http_port"],
+                "FLWR_LOCAL_CONTROL_API_PORT": flower["control_port"],
+            }
+            subprocess.run(["flwr", "stop", flower["run_id"]], env=env, capture_output=True, timeout=120)
+            return
+        time.sleep(0.2)
+
+
+@pytest.mark.slow  # real `flwr run`s
+def test_a_real_run_stopped_after_round_2_and_continued_equals_one_that_never_stopped(tmp_path):
+    straight = tmp_path / "straight"
+    result = run_suite(suite_file(tmp_path, REAL), straight, printer=lambda *a, **k: None, plots=False)
+    assert not result["failed"]
+
+    out = tmp_path / "stopped"
+    folder = out / "runs/feast/seed0"
+    done = threading.Event()
+    stopper = threading.Thread(target=stop_after_checkpoint, args=(folder, 2, done), daemon=True)
+    stopper.start()
+    try:
+        first = run_suite(suite_file(tmp_path, REAL), out, printer=lambda *a, **k: None, plots=False)
+    finally:
+        done.set()
+        stopper.join()
+    assert first["failed"] and not (folder / "summary.json").exists()  # stopped before it finished
+    lines = []
+    again = run_suite(
+        suite_file(tmp_path, REAL), out, printer=lambda line, **_: lines.append(line), plots=False, progress_every=1
+    )
+    assert not again["failed"], "\n".join(lines)
+    text = "\n".join(lines)
+    assert "continuing seed0.interrupted-1 after round" in text and " round 6/6" in text
+    record = json.loads((folder / RUN_RECORD).read_text())
+    assert 2 <= record["resumed_after_round"] < 6
+    reference = straight / "runs/feast/seed0"
+    assert (folder / "metrics.csv").read_text() == (reference / "metrics.csv").read_text()
+    weights = torch.load(reference / "supernet.pt", weights_only=True)["state_dict"]
+    resumed = torch.load(folder / "supernet.pt", weights_only=True)["state_dict"]
+    assert weights.keys() == resumed.keys() and all(torch.equal(weights[k], resumed[k]) for k in weights)
+    # every other number verify compares (time and memory aside) is equal too, the clients' statistics included
+    # (the checkpoint holds them: clients.csv and rounds.csv's client_train_flops count the rounds before the resume)
+    findings, _ = compare_run(reference, folder)
+    assert {f.file for f in findings} >= {"clients.csv", "rounds.csv"}
+    assert any(f.metric == "client_train_flops" for f in findings)
+    assert all(f.equal for f in findings), [f for f in findings if not f.equal]
