@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from clients.broadcast import BROADCAST_MAX_ABS, Expect, config_problem, shapes_problem, values_problem
-from clients.local_training import GRAD_CLIP_NORM, LocalSettings, MomentumSGD, local_batches
-from fl_app.data.augment import crop_flip, mix_batch, normalize, rand_augment, soft_cross_entropy
+from clients.local_training import GRAD_CLIP_NORM, LocalSettings, MomentumSGD, augmented_batches
+from fl_app.data.augment import soft_cross_entropy
 from fl_app.data.images import ImageData
 from fl_app.models.early_exit import level_shapes, scalefl_config
 from fl_app.models.elastic_resnet import ElasticResNet
@@ -72,18 +72,7 @@ def train_subnets(
     num_classes = model.cfg.n_classes
     model.train()
     steps, loss_sum = 0, 0.0
-    for idx in local_batches(len(data), settings, generator):
-        images, labels = data.images[idx], data.labels[idx]
-        if settings.crop_flip:
-            images = crop_flip(images, generator)
-        if settings.randaugment:
-            images = rand_augment(images, int(rng.integers(2**31)))
-        # augmentation stays on the CPU (seeded there); the mixed batch moves to the device
-        images, targets = mix_batch(
-            normalize(images), labels, num_classes, settings.mixup_alpha, settings.cutmix_alpha, rng
-        )
-        images, targets = images.to(device), targets.to(device)
-
+    for images, targets in augmented_batches(data, settings, generator, rng, num_classes, device):
         logits = masked(model(images, plan.largest), logit_mask)
         loss = soft_cross_entropy(logits, targets)
         loss.backward()

@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
+import numpy as np
 import torch
+
+from fl_app.data.augment import crop_flip, mix_batch, normalize, rand_augment
+from fl_app.data.images import ImageData
 
 GRAD_CLIP_NORM = 10.0
 
@@ -60,6 +64,29 @@ def local_batches(num_samples: int, settings: LocalSettings, generator: torch.Ge
                 continue
             yield idx
             steps += 1
+
+
+def augmented_batches(
+    data: ImageData,
+    settings: LocalSettings,
+    generator: torch.Generator,
+    rng: np.random.Generator,
+    num_classes: int,
+    device: torch.device | str = "cpu",
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(images, soft targets) of each training step on ``device``: the batch of ``local_batches``, cropped and
+    flipped (``generator``), RandAugmented and mixed (``rng``). Augmentation stays on the CPU, where it is seeded;
+    batches are made only when asked for, so draws a caller makes from ``rng`` between steps keep their order."""
+    for idx in local_batches(len(data), settings, generator):
+        images, labels = data.images[idx], data.labels[idx]
+        if settings.crop_flip:
+            images = crop_flip(images, generator)
+        if settings.randaugment:
+            images = rand_augment(images, int(rng.integers(2**31)))
+        images, targets = mix_batch(
+            normalize(images), labels, num_classes, settings.mixup_alpha, settings.cutmix_alpha, rng
+        )
+        yield images.to(device), targets.to(device)
 
 
 class MomentumSGD:

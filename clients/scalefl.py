@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from flwr.app import Message, MetricRecord, RecordDict
 
-from clients.local_training import GRAD_CLIP_NORM, LocalSettings, MomentumSGD, local_batches
-from fl_app.data.augment import crop_flip, mix_batch, normalize, rand_augment, soft_cross_entropy
+from clients.local_training import GRAD_CLIP_NORM, LocalSettings, MomentumSGD, augmented_batches
+from fl_app.data.augment import soft_cross_entropy
 from fl_app.data.images import ImageData
 from fl_app.models.early_exit import EarlyExitResNet, level_index, scalefl_levels
 from fl_app.run.device import preferred_device
@@ -56,16 +56,7 @@ def train_exits(model: EarlyExitResNet, data: ImageData, settings: LocalSettings
     optimizer = MomentumSGD(model.parameters(), settings.lr, settings.momentum, settings.weight_decay)
     model.train()
     steps, loss_sum = 0, 0.0
-    for idx in local_batches(len(data), settings, generator):
-        images, labels = data.images[idx], data.labels[idx]
-        if settings.crop_flip:
-            images = crop_flip(images, generator)
-        if settings.randaugment:
-            images = rand_augment(images, int(rng.integers(2**31)))
-        images, targets = mix_batch(
-            normalize(images), labels, model.cfg.n_classes, settings.mixup_alpha, settings.cutmix_alpha, rng
-        )
-        images, targets = images.to(device), targets.to(device)
+    for images, targets in augmented_batches(data, settings, generator, rng, model.cfg.n_classes, device):
         outputs = model(images)
         self_distillation_loss(outputs, targets).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP_NORM, foreach=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import tomli_w
 
-from fl_app.run.files import write_new_file
+from fl_app.run.files import fsync_dir, write_new_file
 
 PRIVATE_DIR = 0o700
 CONFIG_FILE = "config.toml"
@@ -105,7 +105,7 @@ def install_file_set(folder: str | Path, files: dict[str, tuple[bytes, int]], fo
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    _fsync_dir(folder)
+    fsync_dir(folder)
     return list(targets.values())
 
 
@@ -118,19 +118,6 @@ def _keep_copy(path: Path, backup: Path) -> None:
             os.symlink(os.readlink(path), backup)
         else:
             shutil.copy2(path, backup)
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # not every filesystem syncs folders
-        pass
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ def write_new_file(path: str | Path, content: Content, mode: int | None = 0o644,
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 
@@ -81,7 +81,8 @@ def _link_new(tmp: Path, path: Path) -> None:
         os.replace(tmp, path)
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """Make a rename or link inside ``folder`` durable (where the filesystem syncs folders)."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
