@@ -40,7 +40,7 @@ from fl_app.run.outputs import (
 )
 from fl_app.run.payload import record_to_state, state_to_record
 from fl_app.run.seeds import derived_seed
-from fl_app.supernet.evaluation import TierEvaluator, evaluate_subnet
+from fl_app.supernet.evaluation import TierEvaluator
 from fl_app.supernet.federation import Federation, client_data, dataset_for, partition_rows, server_splits
 from fl_app.supernet.slicing import slice_state, subnet_shapes
 from fl_app.supernet.space import load_supernet_config, width_sliced_config
@@ -175,7 +175,7 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
         record_to_state,
         population_tier=run["population-tier"],
         state_of_tier=getattr(strategy, "tier_state", None),
-        evaluate=getattr(strategy, "evaluate_tier", evaluate_subnet),  # ScaleFL scores a level's deepest exit
+        evaluate=getattr(strategy, "evaluate_tier", None),  # ScaleFL scores a level's deepest exit
     )
     first_round = 1
     if resumed is not None:

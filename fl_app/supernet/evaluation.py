@@ -131,7 +131,7 @@ class TierEvaluator:
         decode_state,
         population_tier: str = "largest",
         state_of_tier=None,
-        evaluate=evaluate_subnet,
+        evaluate=None,
     ):
         if population_tier not in POPULATION_TIERS:
             raise ValueError(f"population-tier='{population_tier}': allowed values are {list(POPULATION_TIERS)}")
@@ -145,7 +145,9 @@ class TierEvaluator:
         self.last: dict = {}
         # (tier, state) -> the state a tier is cut from (FIARSE masks the full model per tier); None: the state
         self.state_of_tier = state_of_tier
-        self.evaluate = evaluate  # (cfg, state, arch, calibration, *splits) -> accuracy per split (ScaleFL: exits)
+        # (cfg, state, arch, calibration, *splits) -> accuracy per split (ScaleFL: exits); None: evaluate_subnet,
+        # looked up at each call
+        self.evaluate = evaluate
 
     def due(self, server_round: int) -> bool:
         return server_round > 0 and (server_round % self.eval_every == 0 or server_round == self.num_rounds)
@@ -158,7 +160,7 @@ class TierEvaluator:
         for tier in self.tiers:
             splits = [self.validation, self.test] if len(self.validation) else [self.test]
             tier_state = state if self.state_of_tier is None else self.state_of_tier(tier, state)
-            accs = self.evaluate(self.cfg, tier_state, tier.arch, self.calibration, *splits)
+            accs = (self.evaluate or evaluate_subnet)(self.cfg, tier_state, tier.arch, self.calibration, *splits)
             val_acc, test_acc = accs if len(accs) == 2 else [float("nan"), accs[0]]
             tier_results.append(
                 {"macs": tier.macs, "params": tier.params, "val_accuracy": val_acc, "accuracy": test_acc}
