@@ -38,6 +38,12 @@ ACCURACY_LABELS = {
 }
 
 
+def accuracy_band(points, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 95 % interval around accuracies ``y`` (in %) from ``points``' ``accuracy_ci95``, clipped to [0, 100] %."""
+    half = 100 * np.nan_to_num(points["accuracy_ci95"].to_numpy())
+    return np.clip(y - half, 0, 100), np.clip(y + half, 0, 100)
+
+
 def _pyplot():
     import matplotlib
 
@@ -201,8 +207,7 @@ def figure_accuracy_per_round(tables: dict):
             ax.plot(x, y, marker="o", markersize=3, color=colour[row.name], label=names[row.name])
             drawn += list(y)
             if mine["n"].min() >= MIN_SEEDS_FOR_BAND:
-                half = 100 * np.nan_to_num(mine["accuracy_ci95"].to_numpy())
-                low, high = np.clip(y - half, 0, 100), np.clip(y + half, 0, 100)
+                low, high = accuracy_band(mine, y)
                 ax.fill_between(x, low, high, color=colour[row.name], alpha=BAND_ALPHA, linewidth=0)
                 drawn += list(low) + list(high)
             else:
@@ -403,8 +408,7 @@ def figure_accuracy_vs_macs(tables: dict):
         ax.plot(x, y, marker="o", markersize=4, color=colour[row.name], label=names[row.name])
         drawn += list(y)
         if mine["n"].min() >= MIN_SEEDS_FOR_BAND:
-            half = 100 * np.nan_to_num(mine["accuracy_ci95"].to_numpy())
-            low, high = np.clip(y - half, 0, 100), np.clip(y + half, 0, 100)
+            low, high = accuracy_band(mine, y)
             ax.errorbar(x, y, yerr=[y - low, high - y], fmt="none", ecolor=colour[row.name], capsize=3)
             drawn += list(low) + list(high)
         else:
