@@ -356,7 +356,10 @@ def cpu_phases(step, steps: int) -> tuple[dict, float]:
     import torch
 
     import clients.feast as feast
+    import clients.local_training as local_training
 
+    # where the step looks up its augmentation: local_training's batch loop, or clients.feast in older trees
+    augmenting = local_training if hasattr(local_training, "augmented_batches") else feast
     spent: dict[str, float] = {}
 
     def timed(fn, phase):
@@ -370,8 +373,8 @@ def cpu_phases(step, steps: int) -> tuple[dict, float]:
         return wrapper
 
     patches = [
-        (feast, "crop_flip", "augmentation"),
-        (feast, "normalize", "augmentation"),
+        (augmenting, "crop_flip", "augmentation"),
+        (augmenting, "normalize", "augmentation"),
         (type(step.model), "forward", "forward"),
         (torch.Tensor, "backward", "backward"),
         (torch.nn.utils, "clip_grad_norm_", "optimizer"),

@@ -54,8 +54,15 @@ def stop_processes(markers: tuple[str, ...], programs: tuple[str, ...] = ("flowe
     signal_groups(process_groups(markers, programs), signal.SIGTERM)
 
 
-def stop_local_superlink(env: dict) -> None:
-    stop_processes((env["FLWR_HOME"], f"127.0.0.1:{env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']}"))
+def stop_local_superlink(env: dict, timeout: float = 30.0) -> None:
+    """Stop the local SuperLink of ``env`` and everything it started, and wait until they are gone: a run that
+    `flwr stop` only marked as stopped can go on in its simulation process and write into a folder a later run
+    now owns."""
+    markers = superlink_markers(env)
+    pids = related_pids((), markers, ("flower-superlink", "flwr-simulation"))
+    stop_processes(markers)
+    if pids:
+        terminate(pids, groups=True, timeout=timeout)
 
 
 @contextmanager
