@@ -110,6 +110,11 @@ def partition_reports(
     return examples, held
 
 
+# methods whose clients deploy any cached subnet their budget affords (the others run a width level or the fixed
+# smallest model, which their tiers already are): each client is scored with its own largest one
+CLIENTS_RUN_CACHED_SUBNETS = ("feast", "superfednas", "deepfednas")
+
+
 def strategy_tiers(run: RunConfig, fed: Federation, strategy: FeastStrategy):
     """Reporting tiers: the width rates for width-sliced methods, the single fixed model for fedavg-min,
     cached subnets otherwise."""
@@ -176,6 +181,11 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
         population_tier=run["population-tier"],
         state_of_tier=getattr(strategy, "tier_state", None),
         evaluate=getattr(strategy, "evaluate_tier", None),  # ScaleFL scores a level's deepest exit
+        client_subnets=(
+            [fed.cache.local_max(budgets[p]) for p in sorted(budgets)]
+            if run["method"] in CLIENTS_RUN_CACHED_SUBNETS
+            else None
+        ),
     )
     first_round = 1
     if resumed is not None:
@@ -233,6 +243,8 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
             "clients_per_round": run.clients_per_round(num_clients),
             "tiers": evaluator.last.get("tiers", []),
             "population_weighted_accuracy": evaluator.last.get("population_weighted_accuracy"),
+            "client_subnet_accuracy": evaluator.last.get("client_subnet_accuracy"),
+            **({"client_subnets": evaluator.last["client_subnets"]} if "client_subnets" in evaluator.last else {}),
             **round_totals(strategy.rounds),
             "budgets": [budgets[p] for p in sorted(budgets)],
             "wall_seconds": round(time.time() - started, 1),
@@ -278,10 +290,11 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
     tiers_text = ", ".join(f"{t['macs'] / 1e6:.2f}M: {100 * t['accuracy']:.1f}%" for t in summary["tiers"])
     log(
         INFO,
-        "Done in %.0fs. Tier accuracy: %s; population-weighted %.1f%%",
+        "Done in %.0fs. Tier accuracy: %s; population-weighted %.1f%% by tier, %.1f%% by each client's subnet",
         elapsed,
         tiers_text,
         100 * (summary["population_weighted_accuracy"] or 0),
+        100 * (summary["client_subnet_accuracy"] or 0),
     )
     log(INFO, "Results written to %s", out_dir)
 

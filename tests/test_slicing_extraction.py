@@ -130,6 +130,57 @@ def test_tier_evaluator_chooses_best_tier_on_validation_never_test(monkeypatch, 
         evaluation.TierEvaluator(cpu_cfg, tiers, budgets, data, data, data, 1, 1, None, population_tier="best-test")
 
 
+def test_client_subnet_accuracy_scores_each_client_with_its_own_largest_cached_subnet(monkeypatch, cpu_cfg):
+    """A hand-made cache of four subnets, two of them reporting tiers: a client whose budget lies between the tiers is
+    scored with its own largest affordable cached subnet (not the tier below it), each distinct subnet is
+    recalibrated and scored once, and a subnet that is a tier reuses the tier's score."""
+    import fl_app.supernet.evaluation as evaluation
+    from fl_app.data.images import ImageData
+    from fl_app.supernet.subnets import SubnetCache
+
+    full = cpu_cfg.max_subnet()
+    archs = [cpu_cfg.min_subnet(), *[Subnet(full.d, full.e, tuple(w // k for w in full.w)) for k in (4, 2)], full]
+    cache = SubnetCache(cpu_cfg, archs)
+    entries = cache.entries  # cheapest first
+    tiers = [entries[0], entries[3]]
+    test_accuracy = {e.arch: acc for e, acc in zip(entries, [0.10, 0.40, 0.55, 0.70])}
+    calls = []
+
+    def stand_in(cfg, state, arch, calibration, *splits):
+        calls.append(arch)
+        return [test_accuracy[arch]] * len(splits)
+
+    monkeypatch.setattr(evaluation, "evaluate_subnet", stand_in)
+    data = ImageData(torch.zeros(4, 3, 32, 32, dtype=torch.uint8), torch.zeros(4, dtype=torch.long))
+    # budgets: exactly the smallest; between subnets 1 and 2 (twice); between 2 and 3; the whole supernet
+    budgets = [entries[0].macs, entries[1].macs + 1, entries[1].macs + 1, entries[2].macs + 1, entries[3].macs]
+    clients = [cache.local_max(b) for b in budgets]
+    evaluator = evaluation.TierEvaluator(
+        cpu_cfg,
+        tiers,
+        budgets,
+        data,
+        ImageData(data.images[:0], data.labels[:0]),
+        data,
+        1,
+        1,
+        lambda a: {},
+        client_subnets=clients,
+    )
+    evaluator(1, None)
+    assert evaluator.last["client_subnet_accuracy"] == pytest.approx(np.mean([0.10, 0.40, 0.40, 0.55, 0.70]))
+    # the tier view scores the between-tier clients with the smallest tier
+    assert evaluator.last["population_weighted_accuracy"] == pytest.approx(np.mean([0.10, 0.10, 0.10, 0.10, 0.70]))
+    # the two tiers, then each distinct client subnet that is not a tier, once
+    assert calls == [entries[0].arch, entries[3].arch, entries[1].arch, entries[2].arch]
+    assert [row["accuracy"] for row in evaluator.last["client_subnets"]] == [0.10, 0.40, 0.40, 0.55, 0.70]
+    assert {row["client_subnet_accuracy"] for row in evaluator.rows} == {evaluator.last["client_subnet_accuracy"]}
+
+    without = evaluation.TierEvaluator(cpu_cfg, tiers, budgets, data, data, data, 1, 1, lambda a: {})
+    without(1, None)  # methods whose clients run the tiers: the same score as the tier view
+    assert without.last["client_subnet_accuracy"] == without.last["population_weighted_accuracy"]
+
+
 # -- post-hoc search and extraction -------------------------------------------------------------------------------
 def _images(n, seed):
     from fl_app.data.images import ImageData

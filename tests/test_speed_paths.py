@@ -134,7 +134,7 @@ import fl_app.client_app, fl_app.server_app
 from fl_app.run.config import validate_run_config
 from fl_app.supernet.federation import Federation, pool_partitions
 run = validate_run_config({})
-assert run["partitioner"] == "gamma", run["partitioner"]
+assert run["partitioner"] == "gamma-class-size", run["partitioner"]
 labels = np.random.default_rng(0).integers(0, 10, 5000)
 parts = pool_partitions(run, labels, Federation.build(run, 8).budgets)
 assert len(parts) == 8 and sum(len(p) for p in parts) == 5000 - run["val-size"] - run["calib-size"]

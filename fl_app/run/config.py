@@ -152,7 +152,7 @@ KEYS: dict[str, Key] = {
         "sample", "'sample' = bundled CIFAR-10 sample, 'hub' = Hugging Face hub, 'local' = data-path", DATA_SOURCES
     ),
     "data-path": Key("", "folder with train/test parquet files or image folders (data-source='local')"),
-    "partitioner": Key("gamma", "how the training pool is split among clients", PARTITIONERS),
+    "partitioner": Key("gamma-class-size", "how the training pool is split among clients", PARTITIONERS),
     "dirichlet-alpha": Key(1.0, "Dirichlet concentration of the label skew", check=Range(1e-3, 1e4)),
     "gamma": Key(
         1.0, "γ: client data share ∝ min(budget, max-training-macs)^γ (0 = plain Dirichlet)", check=Range(0.0, 10.0)

@@ -132,6 +132,7 @@ class TierEvaluator:
         population_tier: str = "largest",
         state_of_tier=None,
         evaluate=None,
+        client_subnets=None,
     ):
         if population_tier not in POPULATION_TIERS:
             raise ValueError(f"population-tier='{population_tier}': allowed values are {list(POPULATION_TIERS)}")
@@ -148,6 +149,11 @@ class TierEvaluator:
         # (cfg, state, arch, calibration, *splits) -> accuracy per split (ScaleFL: exits); None: evaluate_subnet,
         # looked up at each call
         self.evaluate = evaluate
+        # each client's largest affordable cached subnet (``SubnetCache.local_max``), one per budget, for methods
+        # whose clients deploy any cached subnet (FEAST, SuperFedNAS, DeepFedNAS): the reference's population-weighted
+        # accuracy scores a 12.19 MMAC client with its own subnet, not the nearest reporting tier. None: the tiers are
+        # what the clients run (a width level, the fixed smallest model), so the tier-based accuracy is that score
+        self.client_subnets = client_subnets
 
     def due(self, server_round: int) -> bool:
         return server_round > 0 and (server_round % self.eval_every == 0 or server_round == self.num_rounds)
@@ -169,6 +175,10 @@ class TierEvaluator:
         pwa = population_weighted_accuracy(
             self.budgets, [t["macs"] for t in tier_results], [t["accuracy"] for t in tier_results], choose_by
         )
+        subnet_results = self.score_client_subnets(state, tier_results)
+        client_accuracy = (
+            pwa if subnet_results is None else float(np.mean([subnet_results[c.arch] for c in self.client_subnets]))
+        )
         for t in tier_results:
             self.rows.append(
                 {
@@ -178,9 +188,34 @@ class TierEvaluator:
                     "val_accuracy": t["val_accuracy"],
                     "test_accuracy": t["accuracy"],
                     "population_weighted_accuracy": pwa,
+                    "client_subnet_accuracy": client_accuracy,
                 }
             )
-        self.last = {"round": server_round, "tiers": tier_results, "population_weighted_accuracy": pwa}
+        self.last = {
+            "round": server_round,
+            "tiers": tier_results,
+            "population_weighted_accuracy": pwa,
+            "client_subnet_accuracy": client_accuracy,
+            **({"client_subnets": self.client_subnet_rows(subnet_results)} if subnet_results is not None else {}),
+        }
         metrics = {f"acc@{t['macs'] / 1e6:.2f}M": t["accuracy"] for t in tier_results}
         metrics["population-weighted-accuracy"] = pwa
+        metrics["client-subnet-accuracy"] = client_accuracy
         return MetricRecord(metrics)
+
+    def score_client_subnets(self, state, tier_results: list[dict]) -> dict | None:
+        """Test accuracy of every distinct client subnet (arch -> accuracy), each recalibrated once; a subnet that
+        is also a reporting tier reuses the tier's score. None without client subnets."""
+        if self.client_subnets is None:
+            return None
+        scores = {tier.arch: result["accuracy"] for tier, result in zip(self.tiers, tier_results)}
+        for subnet in self.client_subnets:
+            if subnet.arch not in scores:
+                scores[subnet.arch] = (self.evaluate or evaluate_subnet)(
+                    self.cfg, state, subnet.arch, self.calibration, self.test
+                )[-1]
+        return scores
+
+    def client_subnet_rows(self, scores: dict) -> list[dict]:
+        """One row per client: its subnet's MACs and test accuracy (summary.json's ``client_subnets``)."""
+        return [{"macs": c.macs, "params": c.params, "accuracy": scores[c.arch]} for c in self.client_subnets]
