@@ -3,8 +3,10 @@
     python -m fl_app.extract --checkpoint RUN/supernet.pt --macs 5e6 --out subnet.pt             # search
     python -m fl_app.extract --checkpoint RUN/supernet.pt --macs 5e6 --out subnet.pt --from-cache
 
-By default an evolutionary search over the whole search space (``fl_app.supernet.search``) picks the subnet with the
-best validation accuracy under the budget; ``--from-cache`` takes the largest cached subnet under it instead. Either way
+By default an evolutionary search over the whole search space (``fl_app.supernet.search``) scores subnets under the
+budget on validation accuracy and picks the largest one within ``--margin`` paired standard errors of the best (a
+smaller subnet must beat a larger one beyond the validation split's sampling error); ``--from-cache`` takes the
+largest cached subnet under it instead. Either way
 the chosen subnet's BatchNorm is recalibrated on the run's calibration split, and only then is the test split read,
 once, for the report. Saves a standalone model (``ElasticResNet.load_standalone(path)``, or plain ``torch.load``)
 and prints JSON ``{macs, params, val_accuracy, accuracy, arch, source, candidates, out}``. ``--out`` must be a new
@@ -24,9 +26,13 @@ from fl_app.run.config import validate_run_config
 from fl_app.run.files import existing_output, write_new_file
 from fl_app.supernet.evaluation import accuracy, extract_subnet, recalibrate_bn
 from fl_app.supernet.federation import dataset_for, server_splits
-from fl_app.supernet.search import ValidationScorer, evolutionary_search
+from fl_app.supernet.search import ValidationScorer, evolutionary_search, prefer_larger
 from fl_app.supernet.space import SupernetConfig, count_costs
 from fl_app.supernet.subnets import SubnetCache
+
+# a smaller subnet is chosen over a larger one only when it is better on validation by more than this many paired
+# standard errors (2: about a 95% one-sided margin; the 1,000-image split's error is ~1.6 points)
+MARGIN = 2.0
 
 # what each kind of verified file of this app holds: the final supernet is read, the others are named in the error
 SUPERNET_KEYS = ("supernet", "state_dict", "run_config")
@@ -63,8 +69,11 @@ def choose(
     seed: int = 0,
     population: int = 16,
     generations: int = 6,
+    margin: float = MARGIN,
 ) -> dict:
-    """The subnet to deploy under ``budget`` and how it was found; scores come from the validation split only."""
+    """The subnet to deploy under ``budget`` and how it was found; scores come from the validation split only. Of the
+    searched candidates, the largest one within ``margin`` paired standard errors of the best is chosen
+    (``prefer_larger``)."""
     if from_cache:
         chosen = cache.local_max(budget)
         return {"arch": chosen.arch, "val_accuracy": scorer(chosen.arch), "source": "cache", "candidates": 1}
@@ -77,13 +86,14 @@ def choose(
         generations=generations,
         start=[c.arch for c in reversed(cache.under(budget))],
     )
-    best = ranked[0]
-    in_cache = any(c.arch == best.arch for c in cache.entries)
+    chosen = prefer_larger(ranked, scorer, margin)
+    in_cache = any(c.arch == chosen.arch for c in cache.entries)
     return {
-        "arch": best.arch,
-        "val_accuracy": best.val_accuracy,
+        "arch": chosen.arch,
+        "val_accuracy": chosen.val_accuracy,
         "source": "search (cached subnet)" if in_cache else "search",
         "candidates": len(ranked),
+        "best_on_validation": {"macs": ranked[0].macs, "val_accuracy": ranked[0].val_accuracy},
     }
 
 
@@ -115,6 +125,13 @@ def add_search_options(parser: argparse.ArgumentParser, population: int, generat
     parser.add_argument("--population", type=int, default=population, help="search: candidates per generation")
     parser.add_argument("--generations", type=int, default=generations, help="search: generations")
     parser.add_argument("--seed", type=int, default=0, help="search: random seed")
+    parser.add_argument(
+        "--margin",
+        type=float,
+        default=MARGIN,
+        help="search: a smaller subnet wins over a larger one only when better on validation by more than this many "
+        "paired standard errors (0: the plain best on validation)",
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -128,6 +145,8 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(problem)
     if args.population < 2 or args.generations < 1:
         parser.error("--population must be >= 2 and --generations >= 1")
+    if not args.margin >= 0:
+        parser.error(f"--margin {args.margin}: must be a number >= 0")
     try:
         blob, run, cfg = load_trained(args.checkpoint)
     except ValueError as error:
@@ -143,7 +162,9 @@ def main(argv: list[str] | None = None) -> dict:
     splits = server_splits(run, train)
     calibration = train.subset(splits.calibration)
     scorer = ValidationScorer(cfg, blob["state_dict"], calibration, train.subset(splits.validation))
-    found = choose(cfg, cache, args.macs, scorer, args.from_cache, args.seed, args.population, args.generations)
+    found = choose(
+        cfg, cache, args.macs, scorer, args.from_cache, args.seed, args.population, args.generations, args.margin
+    )
 
     model = extract_subnet(cfg, blob["state_dict"], found["arch"])
     recalibrate_bn(model, calibration.images)
@@ -156,6 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
         "arch": found["arch"].to_dict(),
         "source": found["source"],
         "candidates": found["candidates"],
+        **({"best_on_validation": found["best_on_validation"]} if "best_on_validation" in found else {}),
         "out": str(args.out),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -216,6 +216,37 @@ def test_search_respects_the_budget_and_explores_beyond_the_cache(cpu_cfg, cpu_c
         evolutionary_search(cpu_cfg, score, 1000)
 
 
+def test_prefer_larger_takes_a_smaller_subnet_only_beyond_the_paired_sampling_error(cpu_cfg):
+    """Three candidates scored on the same 10 validation examples (hand-made correctness vectors): the smallest is
+    best by 0.1; the paired standard error of that difference decides whether the larger one is chosen."""
+    from fl_app.supernet.search import Scored, ValidationScorer, prefer_larger
+
+    full = cpu_cfg.max_subnet()
+    archs = [cpu_cfg.min_subnet(), Subnet(full.d, full.e, tuple(w // 2 for w in full.w)), full]
+    right = {  # small: 8/10, middle: 7/10 (differs from small on one example), large: 7/10 (differs on five)
+        archs[0]: [1, 1, 1, 1, 1, 1, 1, 1, 0, 0],
+        archs[1]: [1, 1, 1, 1, 1, 1, 1, 0, 0, 0],
+        archs[2]: [0, 0, 1, 1, 1, 1, 1, 1, 1, 0],
+    }
+    scorer = ValidationScorer.__new__(ValidationScorer)  # scores from the hand-made vectors, no model
+    scorer.validation, scorer.correct = [None] * 10, {a: np.array(v, dtype=bool) for a, v in right.items()}
+    ranked = sorted(
+        (Scored(a, macs, 0, scorer(a)) for a, macs in zip(archs, (1, 2, 3))), key=lambda s: (-s.val_accuracy, s.macs)
+    )
+    # paired differences small - middle: one +1 among ten -> mean 0.1, sd sqrt((1 - 10 * 0.01) / 9) = sqrt(0.1)
+    se_middle = np.sqrt(0.1) / np.sqrt(10)
+    assert scorer.paired_standard_error(archs[0], archs[1]) == pytest.approx(se_middle)
+    # small - large: +1 twice, -1 once, zero seven times -> mean 0.1, sd sqrt((3 - 10 * 0.01) / 9)
+    se_large = np.sqrt(2.9 / 9) / np.sqrt(10)
+    assert scorer.paired_standard_error(archs[0], archs[2]) == pytest.approx(se_large)
+    assert prefer_larger(ranked, scorer, 0.0).arch == archs[0]  # margin 0: the plain best on validation
+    # margin 0.5: 0.1 > 0.5 * se_middle (0.05) and 0.1 > 0.5 * se_large (0.09): the smallest keeps its lead
+    assert prefer_larger(ranked, scorer, 0.5).arch == archs[0]
+    # margin 0.6: within 0.6 * se_large (0.108) but not 0.6 * se_middle (0.06): the largest
+    assert prefer_larger(ranked, scorer, 0.6).arch == archs[2]
+    assert prefer_larger(ranked, scorer, 2.0).arch == archs[2]
+
+
 def _trained_checkpoint(tmp_path, cpu_cfg, monkeypatch):
     """A supernet.pt as a run writes it, and a dataset whose test split records when it is read."""
     import fl_app.extract as extract

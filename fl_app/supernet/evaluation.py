@@ -57,8 +57,10 @@ def _one_thread_per_op():
         torch.set_num_threads(threads)
 
 
-def accuracy(model: ElasticResNet, data: ImageData, arch: Subnet | None = None, batch_size: int = 500) -> float:
-    """Top-1 accuracy of ``model`` (eval mode) on ``data``.
+def correct_predictions(
+    model: ElasticResNet, data: ImageData, arch: Subnet | None = None, batch_size: int = 500
+) -> np.ndarray:
+    """Whether ``model`` (eval mode) classifies each example of ``data`` right (bool per example).
 
     On the CPU the batches run side by side, one per core torch may use (``torch.get_num_threads()``), each op on one
     thread, instead of one batch at a time with every op split over the cores: the same cores, without an
@@ -68,17 +70,33 @@ def accuracy(model: ElasticResNet, data: ImageData, arch: Subnet | None = None, 
     model.eval()
     device = next(model.parameters()).device
 
-    def correct(start: int) -> int:
+    def correct(start: int) -> np.ndarray:
         with torch.no_grad():  # per thread: grad mode is thread-local
             logits = model(normalize(data.images[start : start + batch_size]).to(device), arch)
-        return int((logits.argmax(1).cpu() == data.labels[start : start + batch_size]).sum())
+        return (logits.argmax(1).cpu() == data.labels[start : start + batch_size]).numpy()
 
     starts = range(0, len(data), batch_size)
     workers = min(torch.get_num_threads(), len(starts)) if device.type == "cpu" else 1
     if workers <= 1:
-        return sum(map(correct, starts)) / max(len(data), 1)
-    with _one_thread_per_op(), ThreadPoolExecutor(workers) as pool:
-        return sum(pool.map(correct, starts)) / max(len(data), 1)
+        parts = list(map(correct, starts))
+    else:
+        with _one_thread_per_op(), ThreadPoolExecutor(workers) as pool:
+            parts = list(pool.map(correct, starts))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
+
+
+def accuracy(model: ElasticResNet, data: ImageData, arch: Subnet | None = None, batch_size: int = 500) -> float:
+    """Top-1 accuracy of ``model`` (eval mode) on ``data`` (see ``correct_predictions``)."""
+    return int(correct_predictions(model, data, arch, batch_size).sum()) / max(len(data), 1)
+
+
+def subnet_correct(
+    cfg: SupernetConfig, supernet_state: Mapping, arch: Subnet, calibration: ImageData, split: ImageData
+) -> np.ndarray:
+    """Extract ``arch``, recalibrate its BN on ``calibration``, return which examples of ``split`` it gets right."""
+    model = extract_subnet(cfg, supernet_state, arch).to(preferred_device())
+    recalibrate_bn(model, calibration.images)
+    return correct_predictions(model, split)
 
 
 def evaluate_subnet(
