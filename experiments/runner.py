@@ -21,8 +21,19 @@ A suite file (``experiments/suites/*.toml``)::
     [methods]                    # label -> run-config overrides; the label is the method unless it sets `method`
     feast = {}
     feast-kd0 = { method = "feast", kd-ratio = 0.0 }
+    fedavg-min = {}
+    fedavg-min-matched = { method = "fedavg-min", match-compute = "feast" }   # see below
     [grid]                       # optional: every combination of these values is one cell
     gamma = [0.0, 1.0]
+
+A [methods] entry with the runner-only key ``match-compute = "<label>"`` trains, per seed and cell, as many rounds
+as make its total client training FLOPs equal that label's finished run: num-server-rounds = ceil(T / f), T the
+reference's total ``client_train_flops`` (its rounds.csv), f the mean per round of the same method's equal-rounds
+run (the label whose overrides are the entry's without ``match-compute``, here ``fedavg-min``); its learning-rate
+schedule spans its own rounds, and its eval-every is scaled so it evaluates about as often as that run. Its rounds
+are known only once both runs of its seed have finished: it runs after them (matched entries come last within each
+seed) and is not run, with the reason, when one failed. Its run.json records what the rounds came from
+(``match_compute``); the report adds the matched-compute table (``matched.csv``).
 
 Each run lives in ``OUT/runs/<label>[@cell]/seed<N>/``: the app's own outputs, ``run.log`` (the live `flwr run`
 output) and ``run.json`` (full run config, federation, seed, data, commit, modified-tree flag, status, elapsed time).
@@ -73,7 +84,7 @@ from typing import Callable
 
 from experiments.flower_env import is_alive, process_identity, stop_in_flight
 from fl_app.data.provenance import data_fingerprint
-from fl_app.report import settings, write_suite_tables
+from fl_app.report import MATCHED_COLUMN, read_table, settings, write_suite_tables
 from fl_app.run.cli import add_command, comma_list, run_config_overrides, tool_parser
 from fl_app.run.config import METHODS, SUPERNET_METHODS, validate_run_config
 from fl_app.run.outputs import write_json
@@ -94,6 +105,7 @@ ACCURACY_COLUMNS = ("population_weighted_accuracy", "mean_client_accuracy", "tes
 NOT_COMPARED = ("output-dir", "data-path", "tracker")
 SUITE_SECTIONS = ("suite", "base", "federation", "methods", "grid")
 SUITE_KEYS = ("seeds", "reference", "run-timeout", "description", "base-file")
+MATCH_COMPUTE = "match-compute"  # runner-only [methods] key: the label whose client training compute a run matches
 
 
 @dataclass
@@ -107,6 +119,7 @@ class Suite:
     reference: str | None = None
     run_timeout: float = 3600.0
     description: str = ""
+    matched: dict[str, tuple[str, str]] = field(default_factory=dict)  # match-compute label -> (reference, source)
 
 
 def load_suite(
@@ -123,6 +136,12 @@ def load_suite(
         unknown = [m for m in methods if m not in known and m not in METHODS]
         if unknown:
             raise ValueError(f"--methods {unknown}: not in {path}'s [methods] {list(known)} nor a method name")
+        sources = {m for label in methods for m in match_sources(known)[0].get(label, ()) if m not in methods}
+        if sources:
+            raise ValueError(
+                f"--methods {methods}: match-compute labels among them read their rounds from {sorted(sources)}; "
+                "name those too"
+            )
         raw["methods"] = {m: known.get(m, {}) for m in methods}
         if raw.get("suite", {}).get("reference") not in raw["methods"]:
             raw.get("suite", {}).pop("reference", None)
@@ -146,6 +165,8 @@ def load_suite(
             errors.append(f"[methods] {label}: not a method name, so it must set method = one of {list(METHODS)}")
         elif any(k in overrides for k in ("seed", "output-dir")):
             errors.append(f"[methods] {label}: seed and output-dir are set by the runner")
+    matched, match_errors = match_sources(methods)
+    errors += match_errors
     grid = raw.get("grid", {})
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
@@ -175,7 +196,45 @@ def load_suite(
         reference,
         float(head.get("run-timeout", 3600.0)),
         head.get("description", ""),
+        matched,
     )
+
+
+def run_overrides(label: str, overrides: dict) -> dict:
+    """A [methods] entry as run-config overrides: the method its label names, then its own keys but the runner's."""
+    own = {k: v for k, v in overrides.items() if k != MATCH_COMPUTE}
+    return {**({"method": label} if label in METHODS else {}), **own}
+
+
+def match_sources(methods: dict) -> tuple[dict[str, tuple[str, str]], list[str]]:
+    """({label: (reference label, source label)} of the entries with ``match-compute``, errors). The source is the
+    same method's equal-rounds run: the first label whose overrides equal the entry's without ``match-compute``."""
+    entries = {label: o for label, o in methods.items() if isinstance(o, dict)}
+    plain = [label for label, o in entries.items() if MATCH_COMPUTE not in o]
+    matched, errors = {}, []
+    for label, overrides in entries.items():
+        if MATCH_COMPUTE not in overrides:
+            continue
+        reference = overrides[MATCH_COMPUTE]
+        where = f"[methods] {label}: {MATCH_COMPUTE}={reference!r}"
+        own = run_overrides(label, overrides)
+        sources = [other for other in plain if run_overrides(other, entries[other]) == own]
+        if reference == label:
+            errors.append(f"{where}: a run cannot match its own compute; allowed: one of {plain}")
+        elif not isinstance(reference, str) or reference not in plain:
+            errors.append(f"{where}: not a [methods] label without {MATCH_COMPUTE}; allowed: one of {plain}")
+        elif "num-server-rounds" in overrides:
+            errors.append(f"{where}: sets num-server-rounds too; the runner sets the rounds of a matched run")
+        elif not sources:
+            errors.append(
+                f"{where}: no [methods] label has its overrides without {MATCH_COMPUTE} ({own}); that equal-rounds "
+                "run's FLOPs per round set its rounds, so add it"
+            )
+        elif sources[0] == reference:
+            errors.append(f"{where}: its equal-rounds run is {reference} itself; it would repeat that run")
+        else:
+            matched[label] = (reference, sources[0])
+    return matched, errors
 
 
 # -- paths in records: portable ------------------------------------------------------------------------------------
@@ -242,11 +301,14 @@ class PlannedRun:
     federation: dict
     data: dict = field(default_factory=dict)  # data_record(run_config)
     folder: Path = None
-    action: str = ""  # "reuse", "train", or "refuse"
+    action: str = ""  # "reuse", "train", "refuse"; a match-compute run: "pending" until resolved, "skip" if it cannot
     differences: list[str] = field(default_factory=list)
     moved_aside: Path | None = None
     resume_from: Path | None = None  # an interrupted copy of this run whose checkpoint the run continues from
     resumed_after_round: int = 0
+    match: tuple[str, str] | None = None  # a match-compute run's (reference label, source label)
+    match_compute: dict = field(default_factory=dict)  # what its rounds were resolved from (its run.json keeps it)
+    reason: str = ""  # "pending": what it waits for; "skip": why it is not run
 
     @property
     def name(self) -> str:
@@ -274,20 +336,22 @@ def cells(grid: dict[str, list]) -> list[dict]:
 
 
 def expand(suite: Suite) -> list[PlannedRun]:
-    """Every run of the suite, seed by seed (so a stopped suite has whole seeds first), validated before any run."""
+    """Every run of the suite, seed by seed (so a stopped suite has whole seeds first), validated before any run;
+    within a seed the match-compute entries come last, after the runs their rounds are read from."""
     runs = []
+    labels = sorted(suite.methods, key=lambda label: label in suite.matched)  # stable: file order otherwise
     for seed in suite.seeds:
-        for label, overrides in suite.methods.items():
+        for label in labels:
             for cell in cells(suite.grid):
-                method = {"method": label} if label in METHODS else {}
-                request = {**suite.base, **cell, **method, **overrides, "seed": seed}
+                request = {**suite.base, **cell, **run_overrides(label, suite.methods[label]), "seed": seed}
                 try:
                     config = validate_run_config(request).to_dict()
                     data = data_record(config)
                 except ValueError as error:
                     raise ValueError(f"{label}{cell_suffix(cell)} seed={seed}: {error}") from None
                 config.pop("output-dir")
-                runs.append(PlannedRun(label, cell, seed, config, dict(suite.federation), data))
+                match = suite.matched.get(label)
+                runs.append(PlannedRun(label, cell, seed, config, dict(suite.federation), data, match=match))
     return runs
 
 
@@ -353,9 +417,13 @@ def is_finished(folder: Path, record: dict | None) -> bool:
         return False
 
 
+def home_folder(run: PlannedRun, out: Path) -> Path:
+    return out / "runs" / f"{run.label}{cell_suffix(run.cell)}" / f"seed{run.seed}"
+
+
 def decide(run: PlannedRun, out: Path, rerun_changed: bool) -> None:
     """Choose the run's folder and action: reuse an exact match, train a missing or interrupted run, or refuse."""
-    home = out / "runs" / f"{run.label}{cell_suffix(run.cell)}" / f"seed{run.seed}"
+    home = home_folder(run, out)
     versions = [home] + sorted(home.parent.glob(f"{home.name}.v*"), key=lambda p: int(p.name.rsplit(".v", 1)[1]))
     for folder in versions:
         record = read_record(folder)
@@ -376,9 +444,21 @@ def decide(run: PlannedRun, out: Path, rerun_changed: bool) -> None:
 
 
 def plan(suite: Suite, out: Path, rerun_changed: bool = False) -> list[PlannedRun]:
+    """Every run with its folder and action. A match-compute run whose sources are reused is resolved now (so a
+    finished run of other rounds is refused before anything trains); one whose sources train first is "pending"
+    (``settle_match`` resolves it when ``execute`` reaches it)."""
     runs = expand(suite)
     for run in runs:
-        decide(run, out, rerun_changed)
+        if run.match is None:
+            decide(run, out, rerun_changed)
+    for run in runs:
+        if run.match is not None:
+            reference, source = match_sources_of(run, runs)
+            if reference.action == "reuse" and source.action == "reuse":
+                settle_match(run, runs, out, rerun_changed)
+            else:
+                run.folder, run.action = home_folder(run, out), "pending"
+                run.reason = f"its rounds are set once {reference.label} and {source.label} of seed {run.seed} end"
     refused = [r for r in runs if r.action == "refuse"]
     if refused:
         lines = [
@@ -396,6 +476,85 @@ def plan(suite: Suite, out: Path, rerun_changed: bool = False) -> list[PlannedRu
 
 class SuiteMismatch(RuntimeError):
     pass
+
+
+# -- match-compute runs: rounds from the finished runs of their seed ------------------------------------------------
+def match_sources_of(run: PlannedRun, runs: list[PlannedRun]) -> tuple[PlannedRun, PlannedRun]:
+    """The reference's and the source's runs of ``run``'s seed and cell (``expand`` plans both)."""
+    reference, source = run.match
+    found = {(r.label, json.dumps(r.cell, sort_keys=True), r.seed): r for r in runs}
+    cell = json.dumps(run.cell, sort_keys=True)
+    return found[(reference, cell, run.seed)], found[(source, cell, run.seed)]
+
+
+def flops_per_round(folder: Path) -> list[float]:
+    """``client_train_flops`` of each round of a finished run's rounds.csv (their sum is the total that
+    ``fl_app.report.total_compute`` reads); ValueError naming the file when a round did not record it."""
+    path = folder / "rounds.csv"
+    values = read_table(path, ("round", MATCHED_COLUMN), (MATCHED_COLUMN,))[MATCHED_COLUMN].tolist()
+    if not values or not all(math.isfinite(v) and v >= 0 for v in values) or math.fsum(values) <= 0:
+        raise ValueError(f"{path}: {MATCHED_COLUMN} is not recorded (a number >= 0, not all zero) in every round")
+    return values
+
+
+def matched_rounds(reference_total: float, per_round: float) -> int:
+    """ceil(reference_total / per_round), at least 1; a quotient within float rounding of a whole number is that
+    number (matching a run of the same FLOPs per round must not add a round)."""
+    ratio = reference_total / per_round
+    return max(1, round(ratio) if math.isclose(ratio, round(ratio), rel_tol=1e-9) else math.ceil(ratio))
+
+
+def resolve_match(run: PlannedRun, reference: PlannedRun, source: PlannedRun) -> None:
+    """Set a match-compute run's num-server-rounds from the finished reference and source runs of its seed, and
+    its eval-every; ValueError naming the file or key when they cannot be set."""
+    reference_total = math.fsum(flops_per_round(reference.folder))
+    per_round = flops_per_round(source.folder)
+    flops = math.fsum(per_round) / len(per_round)
+    rounds = matched_rounds(reference_total, flops)
+    # evaluate about as often as the source (every eval-every rounds and after the last: ceil(R / eval-every)
+    # evaluations): a run several times longer at the same eval-every would spend that many times the evaluation
+    # time, and its curve would have more points than the one it is compared with
+    evaluations = math.ceil(source.run_config["num-server-rounds"] / source.run_config["eval-every"])
+    eval_every = math.ceil(rounds / evaluations)
+    config = {**run.run_config, "num-server-rounds": rounds, "eval-every": eval_every}
+    run.run_config = validate_run_config(config).to_dict()
+    run.run_config.pop("output-dir")
+    run.match_compute = {
+        "reference": reference.label,
+        "reference_total_flops": reference_total,
+        "source": source.label,
+        "source_flops_per_round": flops,
+        "rounds": rounds,
+        "eval_every": eval_every,
+    }
+
+
+def match_text(run: PlannedRun) -> str:
+    """A match-compute run's rounds, or what it waits for or why it is not run ('' for other runs)."""
+    if run.match_compute and run.action != "skip":
+        return f"{run.match_compute['rounds']} rounds, the client training FLOPs of {run.match[0]}"
+    return run.reason
+
+
+def settle_match(
+    run: PlannedRun, runs: list[PlannedRun], out: Path, rerun_changed: bool, failed: list[PlannedRun] = ()
+) -> None:
+    """Resolve a match-compute run once its sources have ended, then decide it like any run (``decide``: reuse,
+    train or refuse). When a source failed or recorded no FLOPs it becomes "skip", with the reason."""
+    reference, source = match_sources_of(run, runs)
+    run.folder = home_folder(run, out)
+    ended = [r for r in (reference, source) if r not in failed and is_finished(r.folder, read_record(r.folder))]
+    missing = [r for r in (reference, source) if r not in ended]
+    if missing:
+        run.action = "skip"
+        run.reason = "no finished run of " + " and ".join(f"{r.label} seed={r.seed}" for r in missing)
+        return
+    try:
+        resolve_match(run, reference, source)
+    except ValueError as error:
+        run.action, run.reason = "skip", f"its rounds cannot be set: {error}"
+        return
+    decide(run, out, rerun_changed)
 
 
 # -- the suite folder: one suite's runs and tables ------------------------------------------------------------------
@@ -566,7 +725,7 @@ def stop_left_running(runs: list[PlannedRun], out: Path, printer=print) -> None:
     reuse. Stop it (the processes its record names, by pid and start time, and what they spawned) and say so;
     refuse when the runner that owns the record is still alive, or when its processes do not stop."""
     for run in runs:
-        record = read_record(run.folder) if run.action == "train" else None
+        record = read_record(run.folder) if run.action in ("train", "pending") else None
         if not record or record.get("status") != RUNNING:
             continue
         where = run.folder / RUN_RECORD
@@ -704,16 +863,37 @@ def execute(
     run_timeout: float,
     printer=print,
     progress_every: float = 10.0,
+    rerun_changed: bool = False,
 ) -> list[PlannedRun]:
     """Train the runs marked 'train' (one at a time), printing a line as each starts, after each of its rounds
     (``Progress``, every ``progress_every`` seconds at most) and as it ends; returns failures. Runs left running by a
-    runner that died are stopped first; an interrupted run is moved aside and continues from its checkpoint."""
+    runner that died are stopped first; an interrupted run is moved aside and continues from its checkpoint. A
+    pending match-compute run is resolved when it is reached (its sources, earlier in ``runs``, have ended); one
+    that cannot run (a source failed, its folder holds a run of other settings) is a failure with its reason."""
     commit, dirty = git_state()
     stop_left_running(runs, out, printer)
-    to_train = sum(r.action == "train" for r in runs)
+    to_train = sum(r.action in ("train", "pending") for r in runs)
     started, trained, spent, failed = time.time(), 0, 0.0, []
     for index, run in enumerate(runs, 1):
         where = f"[{index}/{len(runs)}] {run.label:<18} seed={run.seed} cell={cell_suffix(run.cell)[1:] or '-'}"
+        if run.action == "pending":
+            settle_match(run, runs, out, rerun_changed, failed)
+            if run.action == "refuse":
+                run.action = "skip"
+                run.reason = (
+                    f"{run.folder.relative_to(out)} holds a finished run with other settings: "
+                    f"{'; '.join(run.differences)} (--rerun-changed trains it into a new folder)"
+                )
+            if run.action == "train":
+                stop_left_running([run], out, printer)  # its folder is known only now
+            else:
+                to_train -= 1
+        if run.match_compute and run.action != "skip":
+            printer(f"{where}  {match_text(run)}", flush=True)
+        if run.action == "skip":
+            printer(f"{where}  NOT RUN: {run.reason}", flush=True)
+            failed.append(run)
+            continue
         if run.action == "reuse":
             printer(f"{where}  reuse {run.folder.relative_to(out)}", flush=True)
             continue
@@ -736,6 +916,7 @@ def execute(
             "status": RUNNING,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "log": RUN_LOG,
+            **({"match_compute": run.match_compute} if run.match_compute else {}),
             **(
                 {"resumed_from": run.resume_from.name, "resumed_after_round": run.resumed_after_round}
                 if run.resume_from
@@ -795,18 +976,23 @@ def run_suite(
     check_suite_folder(suite, runs, out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "suite.json", suite_record(suite, runs, out), replace=True)  # check_suite_folder: this suite's
+    pending = sum(r.action == "pending" for r in runs)
     printer(
         f"suite {suite.path.name}: {len(runs)} runs ({sum(r.action == 'train' for r in runs)} to train, "
-        f"{sum(r.action == 'reuse' for r in runs)} finished earlier) -> {out}",
+        f"{sum(r.action == 'reuse' for r in runs)} finished earlier"
+        + (f", {pending} matching the compute of runs that train first" if pending else "")
+        + f") -> {out}",
         flush=True,
     )
-    if launch is not None or not any(r.action == "train" for r in runs):
-        failed = execute(runs, out, launch, suite.run_timeout, printer, progress_every)
+    if launch is not None or not any(r.action in ("train", "pending") for r in runs):
+        failed = execute(runs, out, launch, suite.run_timeout, printer, progress_every, rerun_changed)
     else:
         from experiments.flower_env import local_flower_env
 
         with local_flower_env() as env:  # one SuperLink (own FLWR_HOME, free ports) for the whole suite
-            failed = execute(runs, out, flower_launcher(env), suite.run_timeout, printer, progress_every)
+            failed = execute(runs, out, flower_launcher(env), suite.run_timeout, printer, progress_every, rerun_changed)
+    if pending:  # the folders of the matched runs are known only now (a .vK with --rerun-changed)
+        write_json(out / "suite.json", suite_record(suite, runs, out), replace=True)
     finished = [r for r in runs if r not in failed]
     text = write_suite_tables(
         out,
@@ -816,10 +1002,14 @@ def run_suite(
         plots=plots,
     )
     printer(text, flush=True)
-    if failed:
+    not_run = [r for r in failed if r.action == "skip"]
+    if not_run:
+        printer("runs not run:\n  " + "\n  ".join(f"{r.name} seed={r.seed}: {r.reason}" for r in not_run), flush=True)
+    if len(not_run) < len(failed):
         printer(
             "failed runs (moved aside, and continued from their last checkpoint or trained again, on the next "
-            "invocation):\n  " + "\n  ".join(f"{r.folder.relative_to(out)} (log {RUN_LOG})" for r in failed),
+            "invocation):\n  "
+            + "\n  ".join(f"{r.folder.relative_to(out)} (log {RUN_LOG})" for r in failed if r not in not_run),
             flush=True,
         )
     return {"runs": runs, "failed": failed}
@@ -1143,7 +1333,8 @@ def main(argv: list[str] | None = None) -> int:
             runs = plan(suite, out, args.rerun_changed)
             check_suite_folder(suite, runs, out)
             for run in runs:
-                print(f"{run.action:<6} {run.name} seed={run.seed} -> {run.folder}")
+                note = match_text(run)
+                print(f"{run.action:<6} {run.name} seed={run.seed} -> {run.folder}" + (f" ({note})" if note else ""))
             if is_committed(out):
                 print("note: a committed results folder; `run` into it needs --into-committed")
             return 0

@@ -32,12 +32,6 @@ BAND_ALPHA = 0.12
 MIN_SEEDS_FOR_BAND = 3  # below this the t-interval is too wide to draw (±12.7 sd at 2 seeds): each seed is a dot
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 CLASS_NAMES = {"cifar10": CIFAR10_CLASSES, "cinic10": CIFAR10_CLASSES}
-ACCURACY_LABELS = {
-    "population_weighted_accuracy": "population-weighted accuracy (%)",
-    "mean_client_accuracy": "mean client accuracy (%)",
-}
-
-
 def accuracy_band(points, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The 95 % interval around accuracies ``y`` (in %) from ``points``' ``accuracy_ci95``, clipped to [0, 100] %."""
     half = 100 * np.nan_to_num(points["accuracy_ci95"].to_numpy())
@@ -156,8 +150,10 @@ def percent_limits(values, pad: float = 3.0) -> tuple[float, float]:
 
 
 def accuracy_label(rows) -> str:
+    from fl_app.report import ACCURACY_TITLES  # the tables' names for the accuracy kinds: one list for both
+
     kinds = {row.first.accuracy_kind for row in rows}
-    return ACCURACY_LABELS[kinds.pop()] if len(kinds) == 1 else "accuracy (%)"
+    return ACCURACY_TITLES[kinds.pop()] if len(kinds) == 1 else "accuracy (%)"
 
 
 def _title(fig, what: str, rows, extra: str = "") -> None:

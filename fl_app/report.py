@@ -13,7 +13,12 @@ table and no plot.
 
 Accuracy is the population-weighted accuracy for the supernet methods (each client scored with a tier it can afford,
 see the run-config key ``population-tier``) and the mean client accuracy for the model-heterogeneous ones (each
-client's own model on its own test split).
+client's own model on its own test split). When every run of a table recorded ``client_subnet_accuracy`` (each client
+scored with its own largest affordable cached subnet), the table uses that instead, for all of its runs.
+
+Runs the suite runner trained to another label's client training compute (``match-compute``, see
+``experiments.runner``; their run.json has ``match_compute``) also get the matched-compute table (``matched.csv``):
+their compute relative to that label's runs and their final accuracy against its own, paired by seed.
 
 Every file read is checked: a malformed field (``completed`` not a boolean, a summary that is not an object, a
 metrics.csv without its columns, text where a number belongs) is an error that names the file, not a count. Files
@@ -23,6 +28,7 @@ are written through ``fl_app.run.files.replace_file``: a symlink at an output na
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import math
@@ -41,11 +47,18 @@ from fl_app.run.stats import Estimate, format_estimate, mean_ci, paired_differen
 
 # summary key of the headline accuracy, in order of preference
 ACCURACY_KEYS = ("population_weighted_accuracy", "mean_client_accuracy")
+# preferred over ACCURACY_KEYS for a table whose every run recorded it (``prefer_client_subnet_accuracy``)
+CLIENT_SUBNET_ACCURACY = "client_subnet_accuracy"
+ALL_ACCURACY_KEYS = (CLIENT_SUBNET_ACCURACY, *ACCURACY_KEYS)
 # run-config keys that do not change what a run computes: ignored when grouping runs into rows
 NOT_GROUPED = ("seed", "output-dir", "checkpoint-every", "round-timeout", "resume-from")
 # the files write_tables writes, by table
 TABLE_FILES = {"accuracy": "table.csv", "paired": "paired.csv", "tiers": "tiers.csv", "rounds": "rounds.csv"}
 TABLE_FILES["compute"] = "compute.csv"
+TABLE_FILES["matched"] = "matched.csv"
+# run-config keys the suite runner sets per seed for a match-compute run (from its sources' compute): not grouped on
+MATCH_SET = ("num-server-rounds", "eval-every")
+MATCHED_COLUMN = "client_train_flops"  # the compute a match-compute run matches (experiments.runner)
 
 
 def settings(run_config: dict) -> dict:
@@ -105,6 +118,7 @@ SUMMARY_FIELDS = {
     "clients_per_round": "count",
     "population_weighted_accuracy": "fraction",
     "mean_client_accuracy": "fraction",
+    CLIENT_SUBNET_ACCURACY: "fraction",
     "bytes_down": "amount",
     "bytes_up": "amount",
     "tiers": "tiers",
@@ -117,6 +131,7 @@ RECORD_FIELDS = {
     "dirty": "boolean",
     "federation": "object",
     "run_config": "object",
+    "match_compute": "object",
 }
 
 
@@ -201,6 +216,8 @@ class Run:
     record: dict  # the runner's run.json ({} for runs started by hand)
     curve: list[tuple[int, float]] = field(default_factory=list)  # (round, accuracy) at each evaluation
     rounds: pd.DataFrame | None = None  # rounds.csv (None when the run wrote none)
+    accuracy_keys: tuple = ACCURACY_KEYS  # summary keys of its accuracy, in order of preference
+    client_subnet_curve: list[tuple[int, float]] = field(default_factory=list)  # the curve of client_subnet_accuracy
 
     @property
     def label(self) -> str:
@@ -228,20 +245,28 @@ class Run:
 
     @property
     def accuracy(self) -> float:
-        return next((float(self.summary[k]) for k in ACCURACY_KEYS if self.summary.get(k) is not None), math.nan)
+        return next((float(self.summary[k]) for k in self.accuracy_keys if self.summary.get(k) is not None), math.nan)
 
     @property
     def accuracy_kind(self) -> str:
-        return next((k for k in ACCURACY_KEYS if self.summary.get(k) is not None), ACCURACY_KEYS[0])
+        return next((k for k in self.accuracy_keys if self.summary.get(k) is not None), self.accuracy_keys[0])
+
+    @property
+    def matched_to(self) -> str | None:
+        """The label whose compute a match-compute run matched (None for other runs)."""
+        match = self.record.get("match_compute")
+        return match.get("reference") if isinstance(match, dict) else None
 
     def group_key(self) -> tuple:
-        config = {k: v for k, v in self.config.items() if k not in NOT_GROUPED}
+        # the seeds of a match-compute run train different rounds (each its reference seed's compute): one row
+        matched = self.matched_to is not None
+        config = {k: v for k, v in self.config.items() if k not in NOT_GROUPED and not (matched and k in MATCH_SET)}
         return (
             self.label,
             json.dumps(self.cell, sort_keys=True),
             json.dumps(config, sort_keys=True),
             json.dumps(self.record.get("federation", {}), sort_keys=True),
-            self.summary.get("rounds"),
+            None if matched else self.summary.get("rounds"),
             self.summary.get("num_clients"),
         )
 
@@ -271,11 +296,14 @@ def load_run(folder: Path) -> Run:
     record = read_json(folder / "run.json", RECORD_FIELDS) if os.path.lexists(folder / "run.json") else {}
     if "seed" in record and not KINDS["whole"][0](record["seed"]):
         raise ReportError(f"{folder / 'run.json'}: 'seed' is {record['seed']!r}; allowed: a whole number")
+    if "match_compute" in record and not isinstance(record["match_compute"].get("reference"), str):
+        raise ReportError(f"{folder / 'run.json'}: 'match_compute' has no 'reference' label; allowed: a string")
     seed = (record.get("run_config") or summary.get("run_config") or {}).get("seed", 0)
     if "seed" not in summary and not KINDS["whole"][0](seed):
         raise ReportError(f"{folder}: run config 'seed' is {seed!r}; allowed: a whole number")
-    metrics = read_table(folder / "metrics.csv", ("round",), ACCURACY_KEYS, any_of=ACCURACY_KEYS)
-    for key in (k for k in ACCURACY_KEYS if k in metrics.columns):
+    # every run records one of ACCURACY_KEYS; client_subnet_accuracy is recorded beside them
+    metrics = read_table(folder / "metrics.csv", ("round",), ALL_ACCURACY_KEYS, any_of=ACCURACY_KEYS)
+    for key in (k for k in ALL_ACCURACY_KEYS if k in metrics.columns):
         outside = metrics[key].notna() & ~metrics[key].between(0, 1)
         if outside.any():
             line = int(outside.to_numpy().argmax())
@@ -283,10 +311,7 @@ def load_run(folder: Path) -> Run:
                 f"{folder / 'metrics.csv'}: line {line + 2}, column '{key}': {float(metrics[key].iloc[line])!r}; "
                 "allowed: a number in [0, 1] or empty"
             )
-    # a row's accuracy: the first accuracy column it has a value in; a round's: its last row with one
-    present = [k for k in ACCURACY_KEYS if k in metrics.columns]
-    accuracy = metrics[present].bfill(axis=1).iloc[:, 0]
-    curve = accuracy.groupby(metrics["round"]).last().dropna()
+    curve = accuracy_curve(metrics, ACCURACY_KEYS)
     rounds = None
     if os.path.lexists(folder / "rounds.csv"):
         rounds = read_table(folder / "rounds.csv", ("round",), tuple(c for c, _ in COMPUTE_COLUMNS))
@@ -295,7 +320,31 @@ def load_run(folder: Path) -> Run:
             raise ReportError(
                 f"{folder / 'rounds.csv'}: round {rounds['round'][repeated].iloc[0]} appears twice (one row per round)"
             )
-    return Run(folder, summary, record, [(int(r), float(a)) for r, a in curve.items()], rounds)
+    client_subnet_curve = accuracy_curve(metrics, (CLIENT_SUBNET_ACCURACY,))
+    return Run(folder, summary, record, curve, rounds, client_subnet_curve=client_subnet_curve)
+
+
+def accuracy_curve(metrics: pd.DataFrame, keys: tuple) -> list[tuple[int, float]]:
+    """(round, accuracy) of each evaluated round: a row's accuracy is the first of ``keys`` it has a value in, a
+    round's its last row with one ([] when metrics.csv has none of the columns)."""
+    present = [k for k in keys if k in metrics.columns]
+    if not present:
+        return []
+    accuracy = metrics[present].bfill(axis=1).iloc[:, 0]
+    curve = accuracy.groupby(metrics["round"]).last().dropna()
+    return [(int(r), float(a)) for r, a in curve.items()]
+
+
+def prefer_client_subnet_accuracy(runs: list[Run]) -> list[Run]:
+    """The runs scored by ``client_subnet_accuracy`` (summary and curve) when every one recorded it, so one table
+    holds one kind; otherwise unchanged (``ACCURACY_KEYS``, as runs made before it was recorded)."""
+    if not runs or not all(
+        run.summary.get(CLIENT_SUBNET_ACCURACY) is not None and run.client_subnet_curve for run in runs
+    ):
+        return runs
+    return [
+        dataclasses.replace(run, curve=run.client_subnet_curve, accuracy_keys=(CLIENT_SUBNET_ACCURACY,)) for run in runs
+    ]
 
 
 def suite_folders(path: Path) -> list[Path]:
@@ -404,6 +453,15 @@ def seeds_text(row: Row) -> str:
     return ",".join(str(run.seed) for run in row.runs)
 
 
+def rounds_text(row: Row):
+    """The row's rounds; 'least-most' when its seeds differ (a match-compute row: each seed its reference's)."""
+    rounds = sorted({run.summary.get("rounds", "?") for run in row.runs}, key=str)
+    if len(rounds) == 1:
+        return rounds[0]
+    numbers = [r for r in rounds if isinstance(r, int)]
+    return f"{min(numbers)}-{max(numbers)}" if len(numbers) == len(rounds) else "/".join(map(str, rounds))
+
+
 # -- tables --------------------------------------------------------------------------------------------------------
 def run_frame(rows: list[Row], **values) -> pd.DataFrame:
     """One line per run: its row's index and, per keyword, ``value(run)`` (runs in row order, each row's by seed)."""
@@ -449,7 +507,7 @@ def accuracy_rows(rows: list[Row]) -> list[dict]:
         {
             "method": [row.name for row in rows],
             "dataset": [row.first.summary.get("dataset", "?") for row in rows],
-            "rounds": [row.first.summary.get("rounds", "?") for row in rows],
+            "rounds": [rounds_text(row) for row in rows],
             "seeds": [seeds_text(row) for row in rows],
             "tiers": [tier_text(row.first) for row in rows],
             "accuracy": acc["accuracy"].to_numpy(),
@@ -634,6 +692,40 @@ def equal_compute_rows(rows: list[Row], reference: str | None = None) -> tuple[l
     return records(table), text
 
 
+def matched_rows(rows: list[Row]) -> list[dict]:
+    """Each match-compute row (see ``experiments.runner``) against the row of the label it matched, in its grid cell
+    (``reference_row``): the mean over seeds of its total client training FLOPs over the reference's of the same
+    seed, its final accuracy (mean and 95% interval over its seeds), and the paired difference of the final
+    accuracies over the seeds both ran. A row whose reference runs are not in the table is left out."""
+    table = []
+    for row in rows:
+        label = row.first.matched_to
+        ref = reference_row(rows, row, label) if label is not None else None
+        if ref is None:
+            continue
+        theirs = ref.by_seed(lambda run: total_compute(run, MATCHED_COLUMN))
+        ratios = [total_compute(run, MATCHED_COLUMN) / theirs[run.seed] for run in row.runs if run.seed in theirs]
+        accuracy = row.estimate()
+        paired = paired_difference(row.by_seed(), ref.by_seed())
+        table.append(
+            {
+                "method": row.name,
+                "reference": ref.name,
+                "rounds": ",".join(str(run.summary.get("rounds", "?")) for run in row.runs),
+                "seeds": seeds_text(row),
+                "compute_ratio": math.fsum(ratios) / len(ratios) if ratios else math.nan,
+                "accuracy": accuracy.mean,
+                "accuracy_ci95": accuracy.half_width,
+                "difference": paired.difference.mean,
+                "difference_ci95": paired.difference.half_width,
+                "n": paired.difference.n,
+                "wins": paired.wins,
+                "verdict": paired.verdict,
+            }
+        )
+    return table
+
+
 # -- markdown ------------------------------------------------------------------------------------------------------
 def percent(mean: float, half: float) -> str:
     if math.isnan(mean):
@@ -650,6 +742,7 @@ def markdown(header: list[str], lines: list[list]) -> str:
 ACCURACY_TITLES = {
     "population_weighted_accuracy": "population-weighted accuracy (%)",
     "mean_client_accuracy": "mean client accuracy (%)",
+    CLIENT_SUBNET_ACCURACY: "client-subnet accuracy (%)",
 }
 
 
@@ -712,6 +805,32 @@ def compute_markdown(table: list[dict], text: str) -> str:
     )
 
 
+def matched_markdown(table: list[dict]) -> str:
+    return markdown(
+        ["method", "vs", "rounds", "compute (× vs)", "accuracy (%)", "difference (points)", "seeds won", "verdict"],
+        [
+            [
+                r["method"],
+                r["reference"],
+                r["rounds"],
+                f"{r['compute_ratio']:.3f}",
+                percent(r["accuracy"], r["accuracy_ci95"]),
+                _signed(r["difference"], r["difference_ci95"]),
+                f"{r['wins']}/{r['n']}",
+                r["verdict"],
+            ]
+            for r in table
+        ],
+    )
+
+
+MATCHED_NOTE = (
+    "Matched compute: each seed trained ceil(T / f) rounds, T the client training FLOPs of vs's run of that seed, f "
+    "the FLOPs per round of the method's own equal-rounds run, with its learning-rate schedule over those rounds; "
+    "compute is its total over vs's (mean over seeds), and the difference is to vs's final accuracy."
+)
+
+
 def compute_reference_label(tables: dict) -> str | None:
     """The reference label when a row carries it (the compute budgets are then its per-seed totals), else None."""
     reference = tables.get("reference")
@@ -728,11 +847,12 @@ def compute_note(reference: str | None) -> str:
 
 
 def report(runs: list[Run], reference: str | None = None, allow_mixed_commits: bool = False) -> dict:
-    """Every table of a set of runs: {'accuracy', 'paired', 'tiers', 'rounds', 'compute', 'compute_text'}."""
+    """Every table of a set of runs: {'accuracy', 'paired', 'tiers', 'rounds', 'compute', 'compute_text', 'matched'}
+    (and the rows and reference they were made of)."""
     if not runs:
         raise ValueError("no finished runs found (a run folder holds summary.json)")
     check_commits(runs, allow_mixed_commits)
-    rows = group_runs(runs)
+    rows = group_runs(prefer_client_subnet_accuracy(runs))
     compute, compute_text = equal_compute_rows(rows, reference)
     return {
         "accuracy": accuracy_rows(rows),
@@ -741,6 +861,7 @@ def report(runs: list[Run], reference: str | None = None, allow_mixed_commits: b
         "rounds": round_rows(rows),
         "compute": compute,
         "compute_text": compute_text,
+        "matched": matched_rows(rows),
         "rows": rows,
         "reference": reference,
     }
@@ -753,6 +874,9 @@ def report_text(tables: dict) -> str:
     if tables["compute"]:
         parts.append(compute_markdown(tables["compute"], tables["compute_text"]))
         parts.append(compute_note(compute_reference_label(tables)))
+    if tables.get("matched"):
+        parts.append(matched_markdown(tables["matched"]))
+        parts.append(MATCHED_NOTE)
     parts.append("Means over seeds with 95% t-intervals (±); differences are paired by seed.")
     return "\n\n".join(parts)
 
@@ -774,12 +898,12 @@ def write_file(path: Path, content) -> Path:
 
 
 def write_tables(out: Path, tables: dict) -> str:
-    """table.md (what is printed) and table.csv, paired.csv, tiers.csv, rounds.csv, compute.csv."""
+    """table.md (what is printed) and table.csv, paired.csv, tiers.csv, rounds.csv, compute.csv, matched.csv."""
     out.mkdir(parents=True, exist_ok=True)
     text = report_text(tables)
     write_file(out / "table.md", (text + "\n").encode())
     for name, filename in TABLE_FILES.items():
-        if tables[name]:
+        if tables.get(name):
             write_file(out / filename, csv_bytes(tables[name]))
     return text
 
@@ -787,7 +911,7 @@ def write_tables(out: Path, tables: dict) -> str:
 def stale_files(out: Path, tables: dict, plotted: list[Path] | None = None) -> list[Path]:
     """Table files (and, after plotting, plot files) in ``out`` this report did not write: left from an earlier
     report, of other runs or of a quantity no longer reported; they are named, not removed."""
-    stale = [out / f for name, f in TABLE_FILES.items() if not tables[name] and os.path.lexists(out / f)]
+    stale = [out / f for name, f in TABLE_FILES.items() if not tables.get(name) and os.path.lexists(out / f)]
     if plotted is not None:
         from fl_app.plots import PLOTS
 
@@ -838,6 +962,7 @@ README_TABLES = {
     "accuracy": lambda t: accuracy_markdown(t["accuracy"]),
     "paired": lambda t: paired_markdown(t["paired"]),
     "tiers": lambda t: tiers_markdown(t["tiers"]),
+    "matched": lambda t: matched_markdown(t["matched"]),
 }
 
 

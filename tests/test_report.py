@@ -82,6 +82,41 @@ def test_model_heterogeneous_runs_report_mean_client_accuracy(tmp_path):
     assert "mean client accuracy (%)" in text and "| fedtopo | cifar10 | 4 | 0,1 | – | 72.0 ± 25.4 |" in text
 
 
+def add_client_subnet_accuracy(folder: Path, final: float, at_round_2: float) -> None:
+    """What runs record since client_subnet_accuracy exists: the summary key and a metrics.csv column."""
+    summary = json.loads((folder / "summary.json").read_text())
+    write_json(folder / "summary.json", {**summary, "client_subnet_accuracy": final}, replace=True)
+    write_csv(
+        folder / "metrics.csv",
+        [
+            {"round": 2, "population_weighted_accuracy": 0.1, "client_subnet_accuracy": at_round_2},
+            {
+                "round": 4,
+                "population_weighted_accuracy": summary["population_weighted_accuracy"],
+                "client_subnet_accuracy": final,
+            },
+        ],
+        replace=True,
+    )
+
+
+def test_client_subnet_accuracy_is_used_when_every_run_of_the_table_recorded_it(tmp_path):
+    for seed, (final, early) in enumerate(((0.50, 0.20), (0.54, 0.30))):
+        add_client_subnet_accuracy(make_run(tmp_path / f"a{seed}", seed=seed, accuracy=0.3), final, early)
+    tables = report(find_runs([tmp_path]))
+    (row,) = tables["accuracy"]
+    assert row["accuracy"] == pytest.approx(0.52) and row["accuracy_kind"] == "client_subnet_accuracy"
+    assert "client-subnet accuracy (%)" in report_text(tables)
+    assert [(r["round"], r["accuracy"]) for r in tables["rounds"]] == [
+        (2, pytest.approx(0.25)),
+        (4, pytest.approx(0.52)),
+    ]
+    # one run without it: the whole table falls back to the population-weighted accuracy, as before
+    make_run(tmp_path / "a2", seed=2, accuracy=0.3)
+    (row,) = report(find_runs([tmp_path]))["accuracy"]
+    assert row["accuracy"] == pytest.approx(0.3) and row["accuracy_kind"] == "population_weighted_accuracy"
+
+
 def test_failed_runs_are_left_out(tmp_path):
     make_run(tmp_path / "ok", seed=0, accuracy=0.4)
     failed = make_run(tmp_path / "failed", seed=1, accuracy=0.1)
