@@ -68,7 +68,7 @@ def flwr_run(
 
     The run id comes from `flwr run --format json`; the log from `flwr log RUN_ID --stream` (what `flwr run --stream`
     shows), into `log_file` as the run goes when one is given. `superlink` names a SuperLink connection in
-    $FLWR_HOME/config.toml (a real deployment, see fl_app/deploy.py); None uses the default (local simulation).
+    $FLWR_HOME/config.toml (a real deployment, see fl_app/deploy/); None uses the default (local simulation).
     `federation=None` sends no `--federation-config` (a deployment's SuperNodes are real processes, not simulation
     settings). A run whose log is interrupted or times out is stopped in the SuperLink, so nothing keeps writing into
     its output folder. ``started(run_id)`` is called once the SuperLink has accepted the run (a caller records the

@@ -3,13 +3,13 @@ is typed).
 
 Each block sits between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->` and is replaced whole: the tables
 and verdicts in experiments/results/kvtranslate/README.md (the results and study log) and
-kvtranslate/checkpoints/README.md, a one-sentence summary in kvtranslate/README.md (the package reference) and
-the kvtranslate headline of README.md. Sources:
-kvtranslate/results/summary.json and details.json (the demo); in experiments/results/kvtranslate/,
-bench_translate_real.json and bench_translate_tiny.json (experiments/bench_translate.py), heldout_*.json
-(experiments/translate_heldout.py), the retention studies' summaries (STUDIES, experiments/kvtranslate_retention.py)
-and longcontext_probe.jsonl (experiments/kvtranslate_longcontext.py) where they exist; the checkpoints' own
-kvtranslate.json; kvtranslate/history/translator_trials.jsonl.
+experiments/results/kvtranslate/checkpoints/README.md, a one-sentence summary in kvtranslate/README.md (the package
+reference) and the kvtranslate headline of README.md. Sources, all in experiments/results/kvtranslate/:
+demo/summary.json and demo/details.json (the demo); bench_translate_real.json and bench_translate_tiny.json
+(experiments/bench_translate.py), heldout_*.json (experiments/translate_heldout.py), the retention studies'
+summaries (STUDIES, experiments/kvtranslate_retention.py) and longcontext_probe.jsonl
+(experiments/kvtranslate_longcontext.py) where they exist; the checkpoints' own kvtranslate.json (checkpoints/);
+history/translator_trials.jsonl.
 
     python -m experiments.kvtranslate_report            # rewrites the READMEs' generated tables
     python -m experiments.kvtranslate_report --check    # exit 1 if a README is not up to date
@@ -27,10 +27,11 @@ sys.path.insert(0, REPO)
 from kvtranslate.cli import HelpFormatter, comma_list  # noqa: E402
 
 README = os.path.join(REPO, "kvtranslate", "README.md")  # the package reference: only its summary sentence
-CHECKPOINTS_README = os.path.join(REPO, "kvtranslate", "checkpoints", "README.md")
 TOP_README = os.path.join(REPO, "README.md")  # only its kvtranslate-headline block
-DEMO = os.path.join(REPO, "kvtranslate", "results")
 EXPERIMENTS = os.path.join(REPO, "experiments", "results", "kvtranslate")
+CHECKPOINTS = os.path.join(EXPERIMENTS, "checkpoints")  # the committed tiny models
+CHECKPOINTS_README = os.path.join(CHECKPOINTS, "README.md")
+DEMO = os.path.join(EXPERIMENTS, "demo")
 STUDIES_README = os.path.join(EXPERIMENTS, "README.md")  # the results and study log: every table
 READMES = (README, CHECKPOINTS_README, TOP_README, STUDIES_README)
 # the one-sentence headline's block in each README that has one, and its link to the study log from there
@@ -476,9 +477,8 @@ def longcontext_table(path):
 def checkpoints_table():
     """The committed tiny checkpoints: architecture and the final evaluation their pretraining logged."""
     rows = []
-    folder = os.path.join(REPO, "kvtranslate", "checkpoints")
-    for name in sorted(os.listdir(folder)):
-        meta = load(os.path.join(folder, name, "kvtranslate.json"))
+    for name in sorted(os.listdir(CHECKPOINTS)):
+        meta = load(os.path.join(CHECKPOINTS, name, "kvtranslate.json"))
         if meta is None:
             continue
         spec, final = meta["spec"], meta["final"]
@@ -551,7 +551,7 @@ def heldout_table(path):
 
 
 def translator_trials_table(path):
-    """kvtranslate/history/translator_trials.jsonl (hand-collected, architecture of commit 05bd9e5)."""
+    """history/translator_trials.jsonl (hand-collected, architecture of commit 05bd9e5)."""
     if not os.path.isfile(path):
         return "Missing."
     rows = []
@@ -675,7 +675,7 @@ def render(demo=DEMO):
         blocks[name] = headline(summary, real, latest, link)
     blocks["checkpoints"] = checkpoints_table()
     blocks["translator-trials"] = translator_trials_table(
-        os.path.join(REPO, "kvtranslate", "history", "translator_trials.jsonl")
+        os.path.join(EXPERIMENTS, "history", "translator_trials.jsonl")
     )
     blocks["heldout"] = heldout_table(os.path.join(EXPERIMENTS, "heldout_tiny-gpt2__tiny-qwen2.json"))
     for name, study in studies.items():

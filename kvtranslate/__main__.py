@@ -287,7 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow --out to be the committed checkpoint folder (replaces the models the demo and tests use)",
     )
     p.add_argument(
-        "--log", help="JSON-lines log (default OUT/pretrain_log.jsonl; kvtranslate/results/ for the committed folder)"
+        "--log",
+        help="JSON-lines log (default OUT/pretrain_log.jsonl; for the committed folder, experiments/results/"
+        "kvtranslate/)",
     )
     add_threads_arg(p)
     p.set_defaults(func=cmd_pretrain)

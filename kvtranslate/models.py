@@ -34,8 +34,12 @@ from .tokenization import load_tokenizer, save_tokenizer, train_tokenizer
 FAMILIES = ("gpt2", "opt", "qwen2")
 LEARNED_POSITIONS = ("gpt2", "opt")  # Qwen2 rotates by position (RoPE), it has no position table
 INITS = ("hf", "torch")
-CHECKPOINT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoints")
-RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+# The committed tiny checkpoints and their pretraining log are data, kept with kvtranslate's results outside this
+# code-only package (a path in the repository, not an import)
+RESULTS_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "results", "kvtranslate"
+)
+CHECKPOINT_DIR = os.path.join(RESULTS_DIR, "checkpoints")
 N_POSITIONS = 256
 # --dtype: "auto" loads a checkpoint in the dtype its config.json records (the tiny checkpoints: float32), as
 # transformers' from_pretrained does; the others load it in that dtype

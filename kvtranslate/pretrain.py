@@ -1,7 +1,7 @@
 """Pretraining the tiny models on the synthetic fact corpus so they really read their context.
 
 Recipe (what takes the models to reading, binding and copying values from their context on 2 CPU cores;
-the trials behind each choice are in checkpoints/README.md):
+the trials behind each choice are in experiments/results/kvtranslate/checkpoints/README.md):
 - every sequence is a passage followed by 3 question/answer/EOS turns about different facts of it, each question
   ending on the asked name (corpus.question_turn); next-token loss on the answer tokens only;
 - a curriculum on the number of facts per passage: 1 fact (pure copy) first, growing to 6 over the first
@@ -29,7 +29,7 @@ from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .corpus import QAItem, has_same_type_distractor, make_dataset, make_item, make_recall_item, questions_about
-from .models import CHECKPOINT_DIR, INITS, N_POSITIONS, TINY_SPECS, build_tiny, forward, save_model
+from .models import INITS, N_POSITIONS, TINY_SPECS, build_tiny, forward, save_model
 from .scoring import binding_accuracy, greedy_answers, option_logprobs, pad_right
 from .tokenization import encode_item, encode_text, encode_turn
 
@@ -163,13 +163,16 @@ def direct_accuracy(
 
 def pretrain(
     name: str,
-    out_dir: str = CHECKPOINT_DIR,
+    out_dir: str | os.PathLike[str],
     log: Callable[[str], Any] = print,
     tokenizer: PreTrainedTokenizerBase | None = None,
     **overrides: Any,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
     """Pretrain tiny model `name` (DEFAULTS with `overrides`) and save it to out_dir/name; returns the model,
-    its tokenizer and the final evaluation record."""
+    its tokenizer and the final evaluation record. `out_dir` has no default: the committed checkpoints are only
+    replaced when a caller names their folder."""
+    if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir):
+        raise ValueError(f"out_dir {out_dir!r}: the folder the pretrained model is saved in (a path) is required")
     cfg = {**DEFAULTS, **overrides}
     check_config(cfg)
     torch.manual_seed(cfg["seed"])

@@ -24,6 +24,7 @@ from pathlib import Path
 from experiments.flower_env import free_ports
 from experiments.flower_runs import flwr_run
 from fl_app import deploy
+from tests.harness import deployment as harness
 
 CONNECTION = "churn-deployment"
 NUM_NODES = 3
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
     address = f"127.0.0.1:{superlink_port}"
     markers = (address, *(f"127.0.0.1:{port}" for port in node_ports))
     try:
-        env = deploy.flower_env(tmp / "flwr_home")
+        env = harness.flower_env(tmp / "flwr_home")
         certs = deploy.make_certs(tmp / "certs")
         keys = deploy.make_node_keys(tmp / "keys", NUM_NODES)
         # state in memory: on a loaded machine the file database of `deploy.superlink_command` was seen locked
@@ -64,17 +65,17 @@ def main(argv: list[str] | None = None) -> dict:
         command = deploy.superlink_command(tmp / "superlink", tmp / "certs", superlink_port)
         at = command.index("--database")
         procs.append(
-            deploy.start_process(
+            harness.start_process(
                 command[:at] + command[at + 2 :], tmp / "superlink" / "superlink.log", env=env, cwd=tmp
             )
         )
-        deploy.wait_for_port("127.0.0.1", superlink_port, timeout=90, proc=procs[0])
+        harness.wait_for_port("127.0.0.1", superlink_port, timeout=90, proc=procs[0])
         deploy.write_connection(tmp / "flwr_home", CONNECTION, address, certs["ca"])
         for i, (_, public) in enumerate(keys):
             deploy.register_node(public, CONNECTION, env=env, name=f"partition-{i}")
 
         def start(i: int, port: int):
-            proc = deploy.start_supernode(
+            proc = harness.start_supernode(
                 tmp / f"supernode-{i}-{port}" / "supernode.log",
                 address,
                 i,
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(report))
         return report
     finally:
-        deploy.stop_processes(procs, markers=markers)
+        harness.stop_processes(procs, markers=markers)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import tomllib
 import pytest
 
 from fl_app import deploy
+from tests.harness import deployment as harness
 
 
 def _snapshot(folder) -> dict:
@@ -88,7 +89,7 @@ def test_new_deploy_folders_are_created_0700(tmp_path):
         deploy.make_certs(tmp_path / "a" / "certs")
         deploy.make_node_keys(existing / "keys", 1)
         deploy.write_connection(tmp_path / "home" / "flwr", "deployment", "127.0.0.1:9093", insecure=True)
-        proc = deploy.start_process([sys.executable, "-c", "print('ok')"], tmp_path / "node" / "logs" / "n.log")
+        proc = harness.start_process([sys.executable, "-c", "print('ok')"], tmp_path / "node" / "logs" / "n.log")
         proc.wait(timeout=60)
     finally:
         os.umask(old_umask)
@@ -106,7 +107,7 @@ def test_a_symlink_at_a_log_file_is_not_followed(tmp_path):
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "node.log").symlink_to(victim)
     with pytest.raises(OSError):
-        deploy.start_process([sys.executable, "-c", "print('x')"], tmp_path / "logs" / "node.log")
+        harness.start_process([sys.executable, "-c", "print('x')"], tmp_path / "logs" / "node.log")
     assert victim.read_text() == "precious\n"
 
 

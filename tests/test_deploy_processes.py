@@ -1,6 +1,6 @@
-"""`deploy.stop_processes` stops what a test started: the process, what it spawned into sessions of its own (as Flower
-does with SuperExec, ServerApp and ClientApp processes), and orphans whose command line names the marker; nothing else.
-Found through psutil, by process id, parent links and command lines."""
+"""`stop_processes` (tests/harness/deployment.py) stops what a test started: the process, what it spawned into
+sessions of its own (as Flower does with SuperExec, ServerApp and ClientApp processes), and orphans whose command
+line names the marker; nothing else. Found through psutil, by process id, parent links and command lines."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 import psutil
 
 from experiments.flower_env import free_port
-from fl_app import deploy
 from fl_app.run import processes
+from tests.harness import deployment as harness
 
 # started by the test: a child in a session of its own that stays its child, and an orphan that names the marker
 # (its parent exits at once), as a SuperExec whose SuperLink is gone would
@@ -42,7 +42,7 @@ def test_stop_processes_stops_the_tree_and_marked_orphans_only(tmp_path):
     other = f"127.0.0.1:{free_port()}"
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
-    proc = deploy.start_process([sys.executable, str(script), marker], tmp_path / "logs" / "parent.log")
+    proc = harness.start_process([sys.executable, str(script), marker], tmp_path / "logs" / "parent.log")
     bystander = psutil.Popen(
         [sys.executable, "-c", "import time; time.sleep(120)", "flwr-bystander", other], start_new_session=True
     )
@@ -59,11 +59,11 @@ def test_stop_processes_stops_the_tree_and_marked_orphans_only(tmp_path):
         tree = processes.related_pids([proc.pid], (marker,))
         assert named() <= tree and proc.pid in tree and bystander.pid not in tree
 
-        deploy.stop_processes([proc], markers=(marker,), timeout=10)
+        harness.stop_processes([proc], markers=(marker,), timeout=10)
         assert proc.poll() is not None
         assert all(processes.is_gone(pid) for pid in tree)
         assert bystander.is_running() and bystander.status() != psutil.STATUS_ZOMBIE  # another address: untouched
     finally:
         bystander.kill()
         bystander.wait(timeout=30)
-        deploy.stop_processes([proc], markers=(marker,), timeout=5)
+        harness.stop_processes([proc], markers=(marker,), timeout=5)

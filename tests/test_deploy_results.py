@@ -11,7 +11,8 @@ import stat
 
 import pytest
 
-from fl_app import deploy, deploy_results
+from fl_app import deploy
+from fl_app.deploy import results as deploy_results
 
 
 def _tree(folder) -> dict:

@@ -15,7 +15,8 @@ import pytest
 
 from experiments.flower_env import free_ports
 from experiments.flower_runs import APP_DIR, flwr_run
-from fl_app import deploy, deploy_results
+from fl_app import deploy
+from tests.harness import deployment as harness
 
 pytestmark = pytest.mark.slow  # real Flower processes: minutes; skipped by -m "not slow"
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,19 +46,19 @@ def tls_deployment(tmp_path, request):
     markers = (address, *(f"127.0.0.1:{port}" for port in node_ports))  # SuperExecs name these addresses
 
     def stop_all():
-        deploy.stop_processes(procs, markers=markers)
+        harness.stop_processes(procs, markers=markers)
         print(f"[test_deployment] wall time with teardown {time.monotonic() - started:.1f} s")
 
     request.addfinalizer(stop_all)
 
     home = tmp_path / "flwr_home"
-    env = deploy.flower_env(home)
+    env = harness.flower_env(home)
     certs = deploy.make_certs(tmp_path / "certs")
     keys = deploy.make_node_keys(tmp_path / "keys", NUM_NODES + 1)  # the last one is never registered
 
-    superlink = deploy.start_superlink(tmp_path / "superlink", tmp_path / "certs", superlink_port, env=env)
+    superlink = harness.start_superlink(tmp_path / "superlink", tmp_path / "certs", superlink_port, env=env)
     procs.append(superlink)
-    deploy.wait_for_port("127.0.0.1", superlink_port, timeout=90, proc=superlink)
+    harness.wait_for_port("127.0.0.1", superlink_port, timeout=90, proc=superlink)
     deploy.write_connection(home, CONNECTION, address, certs["ca"])
     node_ids = [
         deploy.register_node(public, CONNECTION, env=env, name=f"partition-{i}")
@@ -65,7 +66,7 @@ def tls_deployment(tmp_path, request):
     ]
 
     def start_supernode(index: int, partition_id: int, num_partitions: int, **kwargs):
-        proc = deploy.start_supernode(
+        proc = harness.start_supernode(
             tmp_path / f"supernode-{index}" / "supernode.log",
             address,
             partition_id,
@@ -132,7 +133,7 @@ def test_tls_deployment_runs_and_refuses_unregistered_supernode(tls_deployment):
     assert summary["num_clients"] == NUM_NODES
 
     # the user who started the run fetches its folder by run id (here the SuperLink's host is this machine)
-    fetched = deploy_results.fetch_results(run_id, CONNECTION, d.tmp / "fetched", runs=[str(d.tmp)], env=d.env)
+    fetched = deploy.fetch_results(run_id, CONNECTION, d.tmp / "fetched", runs=[str(d.tmp)], env=d.env)
     assert fetched["status"] == "finished:completed" and fetched["folder"] == str(out)
     copied = {p.relative_to(d.tmp / "fetched"): p.read_bytes() for p in (d.tmp / "fetched").rglob("*") if p.is_file()}
     assert copied == {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}

@@ -49,8 +49,9 @@ def test_pretrain_refuses_the_committed_checkpoints_unless_told(capsys):
         with pytest.raises(SystemExit) as stop:
             main(["pretrain", "--models", "tiny-qwen2", "--steps", "1", "--out", out])
         assert stop.value.code == 2 and "--overwrite-committed" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # no --out at all: there is no default folder to overwrite
+    with pytest.raises(SystemExit) as stop:  # no --out at all: there is no default folder to overwrite
         main(["pretrain", "--models", "tiny-qwen2", "--steps", "1"])
+    assert stop.value.code == 2 and "--out" in capsys.readouterr().err
     assert snapshot(CHECKPOINT_DIR) == before
 
 

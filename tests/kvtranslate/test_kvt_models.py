@@ -48,6 +48,22 @@ def test_template_split_changes_only_the_phrasing():
         assert a.question.split("\nQ: ")[1].split("\nA:")[0] == asked[-1]  # the held-out one
 
 
+def test_the_package_is_code_only_and_tiny_names_resolve_outside_it():
+    """kvtranslate/ holds its modules and README; the committed checkpoints (and every other result) live under
+    experiments/results/kvtranslate/, where tiny names resolve."""
+    package = os.path.join(REPO, "kvtranslate")
+    data = [
+        os.path.relpath(os.path.join(root, f), package)
+        for root, dirs, files in os.walk(package)
+        for f in files
+        if "__pycache__" not in root and not (f.endswith(".py") or f == "README.md")
+    ]
+    folders = [d for d in os.listdir(package) if os.path.isdir(os.path.join(package, d)) and d != "__pycache__"]
+    assert data == [] and folders == []
+    results = os.path.join(REPO, "experiments", "results", "kvtranslate")
+    assert resolve("tiny-gpt2") == os.path.join(results, "checkpoints", "tiny-gpt2")
+
+
 def test_missing_local_path_is_an_error_not_a_hub_lookup():
     with pytest.raises(FileNotFoundError, match="does not exist"):
         resolve("./no/such/model")

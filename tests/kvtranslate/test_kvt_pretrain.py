@@ -114,6 +114,24 @@ def test_bad_pretraining_settings_fail_before_anything_is_written(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_pretrain_takes_its_output_folder_explicitly(tmp_path, monkeypatch):
+    """No default folder (the committed checkpoints are not written unless named): a missing or empty out_dir is
+    refused before any model is built."""
+    import pytest
+
+    import kvtranslate.pretrain as pretraining
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("a model was built")
+
+    monkeypatch.setattr(pretraining, "build_tiny", no_build)
+    with pytest.raises(TypeError, match="out_dir"):
+        pretraining.pretrain("tiny-qwen2", log=lambda line: None)
+    for bad in ("", None):
+        with pytest.raises(ValueError, match="out_dir"):
+            pretraining.pretrain("tiny-qwen2", out_dir=bad, log=lambda line: None)
+
+
 def test_init_choice_sets_scales_and_tying():
     import pytest
 

@@ -26,7 +26,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from fl_app.deploy_files import PRIVATE_DIR, make_private_dir
+from fl_app.deploy.files import PRIVATE_DIR, make_private_dir
 from fl_app.run.tracker import RUN_RECORD
 
 DEFAULT_RUNS = ("~/fl_app_runs",)
