@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_search_options(parser: argparse.ArgumentParser, population: int, generations: int) -> None:
-    """The evolutionary search's options (``choose``), shared with ``experiments.frontier``."""
+    """The evolutionary search's options (``choose``), shared with ``experiments.studies.frontier``."""
     parser.add_argument("--population", type=int, default=population, help="search: candidates per generation")
     parser.add_argument("--generations", type=int, default=generations, help="search: generations")
     parser.add_argument("--seed", type=int, default=0, help="search: random seed")

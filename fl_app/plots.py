@@ -32,6 +32,8 @@ BAND_ALPHA = 0.12
 MIN_SEEDS_FOR_BAND = 3  # below this the t-interval is too wide to draw (±12.7 sd at 2 seeds): each seed is a dot
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 CLASS_NAMES = {"cifar10": CIFAR10_CLASSES, "cinic10": CIFAR10_CLASSES}
+
+
 def accuracy_band(points, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The 95 % interval around accuracies ``y`` (in %) from ``points``' ``accuracy_ci95``, clipped to [0, 100] %."""
     half = 100 * np.nan_to_num(points["accuracy_ci95"].to_numpy())
@@ -504,7 +506,7 @@ def client_partitions(run) -> tuple[pd.DataFrame, list | None, list | None]:
             train, _ = dataset_for(config, Federation.build(config, num).cfg)
             rows = partition_rows(config, num, budgets)
         else:
-            from fl_app.hetero_app import client_rows
+            from fl_app.data.local_splits import client_rows
 
             train, _ = load_dataset(values["dataset"], values["data-source"], values["data-path"])
             rows = [train_rows for train_rows, _ in client_rows(config, num)]

@@ -1,12 +1,17 @@
 """Server and client wiring of the supernet family: FEAST and the methods built on the supernet (SuperFedNAS,
-DeepFedNAS, HeteroFL, FedRolex, FedAvg on the smallest model). The server routes, aggregates, evaluates tiers and
-writes results (``run_feast``); clients train what they are routed (``train_feast``)."""
+DeepFedNAS, HeteroFL, FedRolex, ScaleFL, FIARSE, FedAvg on the smallest model), one row each in
+``SUPERNET_METHOD_TABLE``. The server routes, aggregates, evaluates tiers and writes results (``run_feast``: a
+``FederatedRun`` told what this family does differently by ``SupernetFamily``); clients train what they are routed
+(``train_feast``)."""
 
 from __future__ import annotations
 
 import time
-from functools import lru_cache
-from logging import DEBUG, INFO
+from dataclasses import dataclass
+from functools import lru_cache, partial
+from logging import DEBUG
+from pathlib import Path
+from typing import Callable
 
 import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
@@ -19,25 +24,10 @@ from clients.local_training import LocalSettings
 from clients.scalefl import train_scalefl
 from fl_app.data.images import DATASETS
 from fl_app.models.elastic_resnet import ElasticResNet
-from fl_app.run.checkpoint import (
-    load_round_checkpoint,
-    restore_rng,
-    save_verified,
-    supernet_fingerprint,
-    write_round_checkpoint,
-)
+from fl_app.run.checkpoint import save_verified, supernet_checkpoint_state, supernet_fingerprint, supernet_state_of
 from fl_app.run.config import RunConfig
-from fl_app.run.outputs import (
-    ClientRecords,
-    memory_mb,
-    metrics_with_round_costs,
-    plot_accuracy_vs_macs,
-    prepare_output_dir,
-    resume_client_records,
-    summary_head,
-    write_results,
-    write_round_files,
-)
+from fl_app.run.lifecycle import FederatedRun, MethodFamily
+from fl_app.run.outputs import metrics_with_round_costs, plot_accuracy_vs_macs
 from fl_app.run.payload import record_to_state, state_to_record
 from fl_app.run.seeds import derived_seed
 from fl_app.supernet.evaluation import TierEvaluator
@@ -54,6 +44,81 @@ from strategies.scalefl import ScaleFLStrategy
 from strategies.superfednas import SuperFedNASStrategy
 
 
+# -- the methods: one row each ------------------------------------------------------------------------------------
+def cached_tiers(run: RunConfig, fed: Federation, strategy: FeastStrategy) -> list:
+    """The cached subnets the run's ``tiers`` name (methods whose clients run searched subnets)."""
+    return fed.tiers(run)
+
+
+def own_tiers(run: RunConfig, fed: Federation, strategy: FeastStrategy) -> list:
+    """The strategy's own levels: width rates (HeteroFL, FedRolex), ScaleFL's levels, FIARSE's mask levels."""
+    return strategy.tiers
+
+
+def smallest_tier(run: RunConfig, fed: Federation, strategy: FeastStrategy) -> list:
+    """The one fixed model every client trains (FedAvg on the smallest cached subnet)."""
+    return fed.cache.entries[:1]
+
+
+def maxnet_options(run: RunConfig, fed: Federation, subnet_source: str) -> dict:
+    """SuperFedNAS / DeepFedNAS: the MaxNet schedule over the run, subnets drawn from the space or the cache, and no
+    routing (every client receives the whole supernet)."""
+    return dict(
+        num_rounds=run["num-server-rounds"],
+        budget_constrained=run["budget-constrained"],
+        subnet_source=subnet_source,
+        beta0=run["maxnet-beta0"],
+        beta_final=run["maxnet-final"],
+        decay_fraction=run["maxnet-decay-fraction"],
+        routing=False,
+    )
+
+
+def fiarse_options(run: RunConfig, fed: Federation) -> dict:
+    """One magnitude-mask level per HeteroFL tier's MACs: the width-sliced baselines' budgets."""
+    return {"levels": [t.macs for t in rate_tiers(width_sliced_config(fed.cfg))]}
+
+
+@dataclass(frozen=True)
+class SupernetMethod:
+    """How the server builds one supernet-family method and what it reports."""
+
+    strategy: type[FeastStrategy]
+    tiers: Callable[[RunConfig, Federation, FeastStrategy], list]  # the reporting tiers
+    options: Callable[[RunConfig, Federation], dict] = lambda run, fed: {}  # the strategy's own keyword arguments
+    # clients deploy any cached subnet their budget affords, so each is also scored with its own largest one (the
+    # other methods' clients run a width level or the fixed smallest model, which their tiers already are)
+    clients_run_cached_subnets: bool = False
+
+
+SUPERNET_METHOD_TABLE = {
+    "feast": SupernetMethod(FeastStrategy, cached_tiers, clients_run_cached_subnets=True),
+    "superfednas": SupernetMethod(
+        SuperFedNASStrategy,
+        cached_tiers,
+        partial(maxnet_options, subnet_source="space"),
+        clients_run_cached_subnets=True,
+    ),
+    "deepfednas": SupernetMethod(
+        SuperFedNASStrategy,
+        cached_tiers,
+        partial(maxnet_options, subnet_source="cache"),
+        clients_run_cached_subnets=True,
+    ),
+    "heterofl": SupernetMethod(HeteroFLStrategy, own_tiers),
+    "fedrolex": SupernetMethod(FedRolexStrategy, own_tiers),
+    "scalefl": SupernetMethod(ScaleFLStrategy, own_tiers),
+    "fiarse": SupernetMethod(FiarseStrategy, own_tiers, fiarse_options),
+    "fedavg-min": SupernetMethod(FedAvgMinStrategy, smallest_tier),
+}
+
+
+def supernet_method(run: RunConfig) -> SupernetMethod:
+    if run["method"] not in SUPERNET_METHOD_TABLE:
+        raise ValueError(f"method='{run['method']}': allowed supernet-family methods are {list(SUPERNET_METHOD_TABLE)}")
+    return SUPERNET_METHOD_TABLE[run["method"]]
+
+
 # -- server ------------------------------------------------------------------------------------------------------
 def make_supernet_strategy(
     run: RunConfig,
@@ -63,6 +128,8 @@ def make_supernet_strategy(
     examples_of_partition: dict[int, int] | None = None,
     labels_of_partition: dict[int, list[int]] | None = None,
 ) -> FeastStrategy:
+    """The method's strategy (``SUPERNET_METHOD_TABLE``) with the options every supernet method takes."""
+    method = supernet_method(run)
     common = dict(
         **round_options(run, len(budgets)),
         routing=run["routing"],
@@ -70,29 +137,7 @@ def make_supernet_strategy(
         examples_of_partition=examples_of_partition,
         labels_of_partition=labels_of_partition,
     )
-    args = (fed.cfg, fed.cache, budgets, node_of_partition)
-    method = run["method"]
-    if method in ("superfednas", "deepfednas"):
-        return SuperFedNASStrategy(
-            *args,
-            num_rounds=run["num-server-rounds"],
-            budget_constrained=run["budget-constrained"],
-            subnet_source="space" if method == "superfednas" else "cache",
-            beta0=run["maxnet-beta0"],
-            beta_final=run["maxnet-final"],
-            decay_fraction=run["maxnet-decay-fraction"],
-            **{**common, "routing": False},
-        )
-    if method == "fiarse":  # one magnitude-mask level per HeteroFL tier's MACs: the width-sliced baselines' budgets
-        return FiarseStrategy(*args, levels=[t.macs for t in rate_tiers(width_sliced_config(fed.cfg))], **common)
-    strategy_class = {
-        "feast": FeastStrategy,
-        "heterofl": HeteroFLStrategy,
-        "fedrolex": FedRolexStrategy,
-        "fedavg-min": FedAvgMinStrategy,
-        "scalefl": ScaleFLStrategy,
-    }[method]
-    return strategy_class(*args, **common)
+    return method.strategy(fed.cfg, fed.cache, budgets, node_of_partition, **{**common, **method.options(run, fed)})
 
 
 def partition_reports(
@@ -110,23 +155,6 @@ def partition_reports(
     return examples, held
 
 
-# methods whose clients deploy any cached subnet their budget affords (the others run a width level or the fixed
-# smallest model, which their tiers already are): each client is scored with its own largest one
-CLIENTS_RUN_CACHED_SUBNETS = ("feast", "superfednas", "deepfednas")
-
-
-def strategy_tiers(run: RunConfig, fed: Federation, strategy: FeastStrategy):
-    """Reporting tiers: the width rates for width-sliced methods, the single fixed model for fedavg-min,
-    cached subnets otherwise."""
-    if isinstance(strategy, (HeteroFLStrategy, ScaleFLStrategy)):  # ScaleFL: its levels
-        return strategy.tiers
-    if isinstance(strategy, FedAvgMinStrategy):
-        return fed.cache.entries[:1]
-    if isinstance(strategy, FiarseStrategy):  # the full model masked at each level's MACs
-        return strategy.tiers
-    return fed.tiers(run)
-
-
 def prepare_feast(run: RunConfig) -> None:
     """Decode the dataset and build the subnet shapes (the meta-device model) before the nodes have answered."""
     cfg = load_supernet_config(run["supernet"], n_classes=DATASETS[run["dataset"]].num_classes)
@@ -134,175 +162,141 @@ def prepare_feast(run: RunConfig) -> None:
     subnet_shapes(cfg, cfg.max_subnet())
 
 
-def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> None:
-    """FEAST and the methods built on the supernet: route, train, aggregate, evaluate tiers, write results."""
-    num_clients = len(nodes)
-    fed = Federation.build(run, num_clients)
-    # a node's declared budget outside the supernet's range fails the run here, before training, as a malformed
-    # partition answer does at discovery (the budgets are fixed for the run: the γ-allocation splits rows by them)
-    budgets = fed.client_budgets(
-        run,
-        {pid: info["budget-macs"] for pid, info in nodes.items() if "budget-macs" in info},
-        {pid: info["node_id"] for pid, info in nodes.items()},
-    )
-    examples, held = partition_reports(run, fed, budgets)
-    strategy = make_supernet_strategy(
-        run, fed, budgets, {pid: info["node_id"] for pid, info in nodes.items()}, examples, held
-    )
-    tiers = strategy_tiers(run, fed, strategy)
-    resumed = load_round_checkpoint(run["resume-from"], run, num_clients) if run["resume-from"] else None
-    out_dir = prepare_output_dir(run["output-dir"], run["method"], run["dataset"], run["seed"])
+class SupernetFamily(MethodFamily):
+    """What the supernet methods do in a ``FederatedRun``: every client has a budget (its node's declared
+    ``budget-macs``, else the drawn one), the server evaluates the reporting tiers on its held-out data after each
+    ``eval-every`` rounds (metrics.csv), checkpoints carry the global model and the metrics so far, a finished run
+    writes the global model to supernet.pt, and the summary reports the tiers' accuracy (``summary_fields``)."""
 
-    train, test = dataset_for(run, fed.cfg)
-    splits = server_splits(run, train)
-    torch.manual_seed(run["seed"])
-    initial = strategy.global_model().state_dict()
-    initial = {k: v for k, v in initial.items() if not k.endswith("num_batches_tracked")}
-    log(
-        INFO,
-        "%s on %s: %d clients, budgets %s MMACs, tiers %s MMACs, output %s",
-        run["method"],
-        run["dataset"],
-        num_clients,
-        [round(b / 1e6, 2) for b in budgets.values()],
-        [round(t.macs / 1e6, 2) for t in tiers],
-        out_dir,
-    )
-    evaluator = TierEvaluator(
-        strategy.model_cfg,
-        tiers,
-        budgets.values(),
-        train.subset(splits.calibration),
-        train.subset(splits.validation),
-        test,
-        run["eval-every"],
-        run["num-server-rounds"],
-        record_to_state,
-        population_tier=run["population-tier"],
-        state_of_tier=getattr(strategy, "tier_state", None),
-        evaluate=getattr(strategy, "evaluate_tier", None),  # ScaleFL scores a level's deepest exit
-        client_subnets=(
-            [fed.cache.local_max(budgets[p]) for p in sorted(budgets)]
-            if run["method"] in CLIENTS_RUN_CACHED_SUBNETS
-            else None
-        ),
-    )
-    first_round = 1
-    if resumed is not None:
-        strategy.restore_state(resumed["strategy"])
-        evaluator.rows, evaluator.last = resumed["metrics"]["rows"], resumed["metrics"]["last"]
-        initial, first_round = resumed["global_state"], resumed["round"] + 1
-        restore_rng(resumed["rng"])
-        log(INFO, "Resuming from %s after round %d", run["resume-from"], resumed["round"])
+    def __init__(self, run: RunConfig, nodes: dict[int, dict]):
+        self.run, self.method, self.num_clients = run, supernet_method(run), len(nodes)
+        node_of_partition = {pid: info["node_id"] for pid, info in nodes.items()}
+        self.fed = Federation.build(run, self.num_clients)
+        # a node's declared budget outside the supernet's range fails the run here, before training, as a malformed
+        # partition answer does at discovery (the budgets are fixed for the run: the γ-allocation splits rows by them)
+        declared = {pid: info["budget-macs"] for pid, info in nodes.items() if "budget-macs" in info}
+        self.budgets = self.fed.client_budgets(run, declared, node_of_partition)
+        examples, held = partition_reports(run, self.fed, self.budgets)
+        self.strategy = make_supernet_strategy(run, self.fed, self.budgets, node_of_partition, examples, held)
+        self.tiers = self.method.tiers(run, self.fed, self.strategy)
+        self.fingerprint = supernet_fingerprint(run)
+        self.client_columns = {"budget_macs": self.budgets, "num_examples": examples}
 
-    round_started = time.time()
-
-    def metrics_rows() -> list[dict]:  # metrics.csv: the evaluated tiers with their round's loss and bytes
-        return metrics_with_round_costs(evaluator.rows, strategy.rounds)
-
-    def round_done(server_round: int) -> None:
-        nonlocal round_started
-        log_ = strategy.rounds[server_round]
-        log_.seconds, round_started = time.time() - round_started, time.time()
-        log_.server_rss_mb, log_.server_peak_rss_mb = memory_mb()
-        log(
-            INFO,
-            "round %d: %.1fs, server memory %.0f MiB (peak %.0f)",
-            server_round,
-            log_.seconds,
-            log_.server_rss_mb,
-            log_.server_peak_rss_mb,
+    def prepare(self, out_dir: Path) -> None:
+        run, fed, strategy = self.run, self.fed, self.strategy
+        train, test = dataset_for(run, fed.cfg)
+        splits = server_splits(run, train)
+        torch.manual_seed(run["seed"])  # the global model's initial weights
+        initial = strategy.global_model().state_dict()
+        self.initial = {k: v for k, v in initial.items() if not k.endswith("num_batches_tracked")}
+        self.evaluate_fn = TierEvaluator(
+            strategy.model_cfg,
+            self.tiers,
+            self.budgets.values(),
+            train.subset(splits.calibration),
+            train.subset(splits.validation),
+            test,
+            run["eval-every"],
+            run["num-server-rounds"],
+            record_to_state,
+            population_tier=run["population-tier"],
+            state_of_tier=getattr(strategy, "tier_state", None),
+            evaluate=getattr(strategy, "evaluate_tier", None),  # ScaleFL scores a level's deepest exit
+            client_subnets=(
+                [fed.cache.local_max(self.budgets[p]) for p in sorted(self.budgets)]
+                if self.method.clients_run_cached_subnets
+                else None
+            ),
         )
-        write_round_files(out_dir, metrics_rows(), strategy.rounds, clients)
-        every = run["checkpoint-every"]
-        if every and server_round % every == 0 and server_round < run["num-server-rounds"]:
-            path = write_round_checkpoint(
-                out_dir,
-                server_round,
-                run,
-                num_clients,
-                strategy.global_state,
-                strategy.checkpoint_state(),
-                {"rows": evaluator.rows, "last": evaluator.last},
-                clients.checkpoint_state(),
-            )
-            log(INFO, "Checkpoint after round %d: %s", server_round, path)
 
-    started = time.time()
-    clients = ClientRecords(
-        {pid: info["node_id"] for pid, info in nodes.items()}, budget_macs=budgets, num_examples=examples
-    )
-    if resumed is not None:
-        resume_client_records(clients, resumed, run["resume-from"])
+    def restore(self, blob: dict, path: Path) -> None:
+        blob = supernet_state_of(blob)
+        self.strategy.restore_state(blob["strategy"])
+        self.evaluate_fn.rows, self.evaluate_fn.last = blob["metrics"]["rows"], blob["metrics"]["last"]
+        self.initial = blob["global_state"]
 
-    def summary_of(error: str | None) -> dict:
+    def describe(self) -> str:
+        budgets = [round(b / 1e6, 2) for b in self.budgets.values()]
+        return f"budgets {budgets} MMACs, tiers {[round(t.macs / 1e6, 2) for t in self.tiers]} MMACs"
+
+    def initial_arrays(self):
+        return state_to_record(self.initial)
+
+    def metrics_rows(self) -> list[dict]:  # the evaluated tiers with their round's loss and bytes
+        return metrics_with_round_costs(self.evaluate_fn.rows, self.strategy.rounds)
+
+    def checkpoint_state(self) -> dict:
+        metrics = {"rows": self.evaluate_fn.rows, "last": self.evaluate_fn.last}
+        return supernet_checkpoint_state(self.strategy.global_state, self.strategy.checkpoint_state(), metrics)
+
+    def summary_fields(self) -> dict:
+        last = self.evaluate_fn.last
         return {
-            **summary_head(run, error),
-            "supernet": fed.cfg.name,
-            "num_clients": num_clients,
-            "clients_per_round": run.clients_per_round(num_clients),
-            "tiers": evaluator.last.get("tiers", []),
-            "population_weighted_accuracy": evaluator.last.get("population_weighted_accuracy"),
-            "client_subnet_accuracy": evaluator.last.get("client_subnet_accuracy"),
-            **({"client_subnets": evaluator.last["client_subnets"]} if "client_subnets" in evaluator.last else {}),
-            **round_totals(strategy.rounds),
-            "budgets": [budgets[p] for p in sorted(budgets)],
-            "wall_seconds": round(time.time() - started, 1),
-            "resumed_after_round": first_round - 1,
-            "run_config": run.to_dict(),
+            "supernet": self.fed.cfg.name,
+            "tiers": last.get("tiers", []),
+            "population_weighted_accuracy": last.get("population_weighted_accuracy"),
+            "client_subnet_accuracy": last.get("client_subnet_accuracy"),
+            **({"client_subnets": last["client_subnets"]} if "client_subnets" in last else {}),
+            "budgets": [self.budgets[p] for p in sorted(self.budgets)],
         }
 
-    try:
-        result = strategy.start(
-            clients.wrap(grid),
-            state_to_record(initial),
-            num_rounds=run["num-server-rounds"],
-            timeout=run["round-timeout"],
-            evaluate_fn=evaluator,
-            first_round=first_round,
-            round_done=round_done,
-        )
-    except Exception as failure:  # keep what the finished rounds and the failed one counted, then fail the run
-        summary = summary_of(f"{type(failure).__name__}: {failure}")
-        write_results(out_dir, summary, metrics_rows(), strategy.rounds, clients)
-        raise
-    elapsed = time.time() - started
-
-    final_state = strategy.global_state or record_to_state(result.arrays)
-    summary = summary_of(None)
-    save_verified(
-        out_dir / "supernet.pt",
-        {
-            "supernet": strategy.model_cfg.to_dict(),
+    def save_final(self, out_dir: Path, result) -> None:
+        final_state = self.strategy.global_state or record_to_state(result.arrays)
+        blob = {
+            "supernet": self.strategy.model_cfg.to_dict(),
             "state_dict": {k: torch.from_numpy(v) for k, v in final_state.items()},
-            "run_config": run.to_dict(),
-            "num_clients": num_clients,
-            "budgets": summary["budgets"],
-        },
-        supernet_fingerprint(run),
-    )
-    plot_accuracy_vs_macs(
-        out_dir / "accuracy_vs_macs.png",
-        {run["method"]: [(t["macs"], t["accuracy"]) for t in summary["tiers"]]},
-        f"{run['method']} on {run['dataset']} ({run['num-server-rounds']} rounds)",
-    )
-    write_results(out_dir, summary, metrics_rows(), strategy.rounds, clients)
-    tiers_text = ", ".join(f"{t['macs'] / 1e6:.2f}M: {100 * t['accuracy']:.1f}%" for t in summary["tiers"])
-    log(
-        INFO,
-        "Done in %.0fs. Tier accuracy: %s; population-weighted %.1f%% by tier, %.1f%% by each client's subnet",
-        elapsed,
-        tiers_text,
-        100 * (summary["population_weighted_accuracy"] or 0),
-        100 * (summary["client_subnet_accuracy"] or 0),
-    )
-    log(INFO, "Results written to %s", out_dir)
+            "run_config": self.run.to_dict(),
+            "num_clients": self.num_clients,
+            "budgets": [self.budgets[p] for p in sorted(self.budgets)],
+        }
+        save_verified(out_dir / "supernet.pt", blob, self.fingerprint)
+
+    def round_totals(self) -> dict:
+        return round_totals(self.strategy.rounds)
+
+    def plot(self, out_dir: Path, summary: dict) -> None:
+        run = self.run
+        plot_accuracy_vs_macs(
+            out_dir / "accuracy_vs_macs.png",
+            {run["method"]: [(t["macs"], t["accuracy"]) for t in summary["tiers"]]},
+            f"{run['method']} on {run['dataset']} ({run['num-server-rounds']} rounds)",
+        )
+
+    def outcome(self, summary: dict) -> str:
+        tiers = ", ".join(f"{t['macs'] / 1e6:.2f}M: {100 * t['accuracy']:.1f}%" for t in summary["tiers"])
+        by_tier, by_client = summary["population_weighted_accuracy"], summary["client_subnet_accuracy"]
+        return (
+            f". Tier accuracy: {tiers}; population-weighted {100 * (by_tier or 0):.1f}% by tier, "
+            f"{100 * (by_client or 0):.1f}% by each client's subnet"
+        )
+
+
+def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
+    """FEAST and the methods built on the supernet: route, train, aggregate, evaluate tiers, write results; how
+    their runs differ from the other family's is ``SupernetFamily``."""
+    return FederatedRun(run, nodes, SupernetFamily(run, nodes)).execute(grid)
 
 
 # -- client ------------------------------------------------------------------------------------------------------
 @lru_cache(maxsize=2)
 def _federation(run_items: tuple, num_partitions: int) -> Federation:
     return Federation.build(RunConfig(dict(run_items)), num_partitions)
+
+
+def _subnet_plan(routed, fed: Federation, run: RunConfig) -> tuple[SubnetPlan, dict]:
+    """(what this client trains, the shapes it sends back): the one subnet the server assigned (the baselines) and
+    its slice, else its own max/min/random plan within the routed bounds and everything received."""
+    if routed.arch is not None:
+        return SubnetPlan(routed.arch, None, []), subnet_shapes(routed.cfg, routed.arch)
+    plan = plan_subnets(fed.cache, routed.budget, routed.bounds, run.train_subnets)
+    return plan, {k: v.shape for k, v in routed.received.items()}
+
+
+def _logit_mask(n_classes: int, labels: list[int]) -> torch.Tensor:
+    """HeteroFL: only the classifier rows of the labels held here are trained."""
+    mask = torch.zeros(n_classes, dtype=torch.bool)
+    mask[labels] = True
+    return mask
 
 
 def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
@@ -320,17 +314,10 @@ def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Conte
     model = ElasticResNet(cfg, bounds)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in received.items()}, strict=False)
     model.set_width_scaler(routed.width_rate)
-    if routed.arch is not None:
-        plan, returned = SubnetPlan(routed.arch, None, []), subnet_shapes(cfg, routed.arch)
-    else:
-        plan = plan_subnets(fed.cache, routed.budget, bounds, run.train_subnets)
-        returned = {k: v.shape for k, v in received.items()}
+    plan, returned = _subnet_plan(routed, fed, run)
     data = client_data(run, pid, num, routed.partition_budgets)  # declared budgets shape the split
     labels = sorted(int(c) for c in torch.unique(data.labels))
-    logit_mask = None
-    if routed.mask_labels:  # HeteroFL: only the classifier rows of labels held here are trained
-        logit_mask = torch.zeros(cfg.n_classes, dtype=torch.bool)
-        logit_mask[labels] = True
+    logit_mask = _logit_mask(cfg.n_classes, labels) if routed.mask_labels else None
     settings = LocalSettings.from_run(run, routed.lr, derived_seed(run["seed"], routed.server_round, pid))
     if routed.threshold is None:
         metrics = train_subnets(model, plan, data, settings, logit_mask)
@@ -357,13 +344,6 @@ def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Conte
             ),
         }
     )
-    # wall-clock span of this client's work, for the run's timeline (experiments.bench_default_run --timeline)
-    log(
-        DEBUG,
-        "client timeline: partition %d round %s from %.3f to %.3f",
-        pid,
-        routed.server_round,
-        began,
-        time.time(),
-    )
+    # wall-clock span of this client's work, for a run's timeline (experiments.benchmarks.bench_default_run --timeline)
+    log(DEBUG, "client timeline: partition %d round %s from %.3f to %.3f", pid, routed.server_round, began, time.time())
     return Message(reply, reply_to=msg)

@@ -176,7 +176,7 @@ def ask_one(rng: random.Random, facts: list[StatedFact], split: str) -> tuple[st
 def question_turn(question: str, person: str) -> str:
     """ "\nQ: <question>\nA: <asked name>": the answer follows the asked name directly. With any token between
     the name and the answer position ("...of Kalo?\nA:") the tiny models never learned to bind a value to its
-    name; with the name last they do (experiments/probe_recall.py,
+    name; with the name last they do (experiments/translation/probe_recall.py,
     experiments/results/kvtranslate/checkpoints/README.md)."""
     return f"\nQ: {question}\nA: {person}"
 

@@ -132,7 +132,8 @@ def init_for_retrieval(model: PreTrainedModel) -> None:
     """PyTorch's default scales instead of HF's N(0, 0.02): embeddings N(0, 1), every weight matrix
     U(+-1/sqrt(fan_in)). With HF's init and tied embeddings tiny-qwen2 did not learn to retrieve a value by
     matching content (an induction-style circuit) in 15,000 steps of a bare recall task; with this init,
-    untied embeddings and lr 1e-3 it (and tiny-gpt2) learns it in 1,000-1,500 (experiments/probe_recall.py)."""
+    untied embeddings and lr 1e-3 it (and tiny-gpt2) learns it in 1,000-1,500
+    (experiments/translation/probe_recall.py)."""
     for module in model.modules():
         if isinstance(module, torch.nn.Embedding):
             torch.nn.init.normal_(module.weight)

@@ -1,5 +1,5 @@
 """Server side of FedTopo: a reliability-aware merge of the relation topologies clients upload (the shared
-model-heterogeneous skeleton is ``strategies.hetero_base``)."""
+model-heterogeneous base is ``strategies.hetero_base``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Server side of the model-heterogeneous baselines: local (no communication), LG-FedAvg, FD, FedProto, FedTGP (the
-shared skeleton is ``strategies.hetero_base``)."""
+shared base is ``strategies.hetero_base``)."""
 
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ class FiarseStrategy(FeastStrategy):
         return thresholds, [magnitude_mask(state, self.costs, t) for t in thresholds]
 
     def _round_masks(self) -> tuple[list[float], list[dict]]:
-        server_round, view = self._view  # set by configure_train before any client's message is built
+        server_round, view = self._view  # set by begin_round before any client's message is built
         if self._masks is None or self._masks[0] != server_round:
             self._masks = (server_round, *self.level_masks(view))
         return self._masks[1], self._masks[2]
@@ -72,7 +72,7 @@ class FiarseStrategy(FeastStrategy):
         (threshold,) = level_thresholds(state, self.costs, [tier.macs])
         return masked_state(state, magnitude_mask(state, self.costs, threshold))
 
-    # -- the skeleton's hooks -------------------------------------------------------------------------------------
+    # -- FeastStrategy's hooks -------------------------------------------------------------------------------------
     def assign(self, partition_id: int, server_round: int):
         full = self.cfg.max_subnet()
         return full, full

@@ -1,5 +1,6 @@
-"""Round bookkeeping shared by every strategy: seeded client sampling over partition ids, the per-round log of who
-was sampled, who failed, whose reply was rejected, and what it cost, and the set of partitions whose node is
+"""Round bookkeeping shared by every strategy (the round skeleton itself is ``strategies.skeleton``): seeded client
+sampling over partition ids, the per-round log of who was sampled, who failed, whose reply was rejected, and what it
+cost, and the nodes taking part: the partition query a node answers and the set of partitions whose node is
 connected now (nodes leave, join and rejoin in a deployment)."""
 
 from __future__ import annotations
@@ -8,14 +9,12 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from logging import INFO, WARNING
-from typing import Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.common.logger import log
-from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
 
 from fl_app.run.config import RunConfig
 from fl_app.run.lr_schedule import lr_schedule
@@ -32,63 +31,6 @@ def round_options(run: RunConfig, num_partitions: int) -> dict:
         min_reply_fraction=run["min-reply-fraction"],
         lr_of_round=lr_schedule(run),
     )
-
-
-class RoundLoop(Strategy):
-    """Flower's round loop, shared by every strategy here, that can continue from ``first_round`` with
-    ``initial_arrays`` as the model after round ``first_round - 1``. Each round trains (``configure_train``, the grid,
-    ``aggregate_train``, whose arrays replace the model unless it returns None: strategies without a global model),
-    evaluates on the clients when the strategy configures that, centrally when ``evaluate_fn(round, arrays)`` is
-    given (also before round 1), then calls ``round_done(round)`` (results written as the run goes, checkpoints)."""
-
-    def prepare_rounds(self, timeout: float) -> None:
-        """What a strategy sets up from the round timeout before its first round."""
-
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord | None = None,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn=None,
-        *,
-        first_round: int = 1,
-        round_done=None,
-    ) -> Result:
-        log(INFO, "Starting %s at round %d of %d", type(self).__name__, first_round, num_rounds)
-        self.prepare_rounds(timeout)
-        self.summary()
-        train_config = train_config or ConfigRecord()
-        result, arrays, started = Result(), initial_arrays, time.time()
-        if evaluate_fn and first_round == 1:
-            evaluate_fn(0, arrays)
-        for server_round in range(first_round, num_rounds + 1):
-            log(INFO, "")
-            log(INFO, "[ROUND %s/%s]", server_round, num_rounds)
-            replies = grid.send_and_receive(
-                self.configure_train(server_round, arrays, train_config, grid), timeout=timeout
-            )
-            aggregated, metrics = self.aggregate_train(server_round, replies)
-            if aggregated is not None:
-                arrays = result.arrays = aggregated
-            result.train_metrics_clientapp[server_round] = metrics
-            log(INFO, "\t└──> %s", metrics)
-            messages = self.configure_evaluate(server_round, arrays, train_config, grid)
-            if messages:
-                evaluated = self.aggregate_evaluate(server_round, grid.send_and_receive(messages, timeout=timeout))
-                result.evaluate_metrics_clientapp[server_round] = evaluated
-                log(INFO, "\t└──> evaluation: %s", evaluated)
-            if evaluate_fn:
-                evaluated = evaluate_fn(server_round, arrays)
-                if evaluated is not None:
-                    log(INFO, "\t└──> evaluation: %s", evaluated)
-                    result.evaluate_metrics_serverapp[server_round] = evaluated
-            if round_done:
-                round_done(server_round)
-        log(INFO, "Strategy finished rounds %d-%d in %.1fs", first_round, num_rounds, time.time() - started)
-        return result
 
 
 def sample_partitions(partition_ids: Iterable[int], k: int, seed: int, server_round: int) -> list[int]:
@@ -204,6 +146,32 @@ class RoundLog:
             return None, f"(client {pid}'s node) answers no message of this round (another round's, or none)"
         return pid, ""
 
+    def accept(
+        self,
+        server_round: int,
+        replies: Iterable[Message],
+        sent: Mapping[int, Message],
+        problem_of: Callable[[int, Message], tuple[str | None, Any]],
+        what: str = "reply",
+    ) -> list[tuple[int, Message, Any]]:
+        """(partition id, reply, its decoded form) of the replies ``screen`` credits whose ``problem_of(partition id,
+        reply)`` gives (None, decoded form), in partition order; they become ``accepted``. The others are logged with
+        their reason and ``rejected``: whatever ``problem_of`` raises is that reply's rejection (``raised``), never
+        the end of the round."""
+        usable = []
+        for pid, reply in self.screen(server_round, replies, sent):
+            try:
+                problem, decoded = problem_of(pid, reply)
+            except Exception as error:  # whatever one reply makes a check raise rejects that reply only
+                problem, decoded = raised(error), None
+            if problem:
+                log(WARNING, "round %d: %s from client %d rejected: %s", server_round, what, pid, problem)
+                self.rejected.append(pid)
+                continue
+            usable.append((pid, reply, decoded))
+        self.accepted = [pid for pid, _, _ in usable]
+        return usable
+
     def close(
         self, server_round: int, valid: int, min_reply_fraction: float, sent_bytes: Mapping[int, int] | None = None
     ) -> None:
@@ -305,6 +273,11 @@ class LiveNodes:
         self.query_timeout = query_timeout
         self.live: set[int] = set(node_of_partition)
         self.refused: dict[int, str] = {}  # node id -> why it is not used
+
+    def partitions(self, grid, server_round: int) -> list[int]:
+        """The partitions to sample from this round, sorted: the live ones (``refresh``), or every partition when
+        there is no grid to ask (a strategy driven directly, without Flower's runtime)."""
+        return self.refresh(grid, server_round) if grid is not None else sorted(self.node_of_partition)
 
     def refresh(self, grid, server_round: int) -> list[int]:
         """The live partition ids this round, sorted."""

@@ -51,8 +51,8 @@ server knows it, else at most ``MAX_WEIGHT``; with ``exact=True`` equal to it), 
 0..``MAX_CLIENT_SECONDS``).
 
 Order of use in a strategy: metrics, then ``record_problem``, then decode and ``tensor_problem`` / ``state_problem``
-and the method's own invariants; see ``FeastStrategy.reply_problem``. Any exception raised while a reply is decoded
-or checked rejects that reply, with ``raised(error)`` as its reason: it never ends the round.
+and the method's own invariants; see ``skeleton.RoundSkeleton.reply_problem``. Any exception raised while a reply
+is decoded or checked rejects that reply, with ``raised(error)`` as its reason: it never ends the round.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from experiments.flower_env import isolated_env, stop_local_superlink
-from experiments.flower_internals import message_identity
+from experiments.runner.flower_env import isolated_env, stop_local_superlink
+from experiments.runner.flower_internals import message_identity
 from fl_app.supernet.space import load_supernet_config
 from fl_app.supernet.subnets import SubnetCache
 
@@ -44,7 +44,7 @@ def flower_ids():
 @pytest.fixture(scope="session")
 def flwr_env(tmp_path_factory):
     """Environment for `flwr run` with its own FLWR_HOME and free SuperLink ports; at the end the local SuperLink
-    and the simulations it spawned are stopped by PID (experiments/flower_env.py)."""
+    and the simulations it spawned are stopped by PID (experiments/runner/flower_env.py)."""
     env = isolated_env(tmp_path_factory.mktemp("flwr_home"))
     yield env
     stop_local_superlink(env)

@@ -21,8 +21,8 @@ import threading
 import time
 from pathlib import Path
 
-from experiments.flower_env import free_ports
-from experiments.flower_runs import flwr_run
+from experiments.runner.flower_env import free_ports
+from experiments.runner.flower_runs import flwr_run
 from fl_app import deploy
 from tests.harness import deployment as harness
 

@@ -30,7 +30,7 @@ from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, Rec
 from flwr.common import Error
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode  # the SuperLink answers for a dead node under its id
 
-from experiments.flower_internals import set_message_id, set_reply_source
+from experiments.runner.flower_internals import set_message_id, set_reply_source
 from strategies.screening import MAX_CLIENT_SECONDS, MAX_TRAIN_LOSS
 
 NEVER = object()  # a corruption's result: the client never answers

@@ -6,7 +6,7 @@ from datetime import datetime
 
 import pytest
 
-from experiments.bench_default_run import timeline
+from experiments.benchmarks.bench_default_run import timeline
 
 DAY = "2026-12-01 06:10:"
 

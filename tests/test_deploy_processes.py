@@ -9,7 +9,7 @@ import time
 
 import psutil
 
-from experiments.flower_env import free_port
+from experiments.runner.flower_env import free_port
 from fl_app.run import processes
 from tests.harness import deployment as harness
 

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from experiments.flower_env import free_ports
-from experiments.flower_runs import APP_DIR, flwr_run
+from experiments.runner.flower_env import free_ports
+from experiments.runner.flower_runs import APP_DIR, flwr_run
 from fl_app import deploy
 from tests.harness import deployment as harness
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from flwr.app import ConfigRecord
 
-from experiments.flower_internals import set_message_id, set_reply_source
+from experiments.runner.flower_internals import set_message_id, set_reply_source
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.run.config import validate_run_config
 from fl_app.run.payload import state_to_record

@@ -6,7 +6,7 @@ import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common import Error
 
-from experiments.flower_internals import set_message_id, set_reply_source
+from experiments.runner.flower_internals import set_message_id, set_reply_source
 from fl_app.node_discovery import check_federation, discover_nodes
 
 

@@ -16,8 +16,8 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import Error
 from flwr.common.constant import ErrorCode
 
-from experiments.flower_internals import set_message_id, set_reply_source
 from experiments.runner import MEASURED
+from experiments.runner.flower_internals import set_message_id, set_reply_source
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.run.checkpoint import (
     capture_rng,

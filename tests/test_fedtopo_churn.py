@@ -10,8 +10,8 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, MessageType, RecordDict
 
-from experiments.flower_internals import set_message_id
-from experiments.in_process_grid import InProcessGrid, run_in_process
+from experiments.runner.flower_internals import set_message_id
+from experiments.runner.in_process_grid import InProcessGrid, run_in_process
 from fl_app.run.config import validate_run_config
 from tests.hostile import reply_to
 

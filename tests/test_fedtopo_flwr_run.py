@@ -12,8 +12,8 @@ import json
 import pytest
 import torch
 
-from experiments.flower_runs import flwr_run
-from experiments.in_process_grid import run_in_process
+from experiments.runner.flower_runs import flwr_run
+from experiments.runner.in_process_grid import run_in_process
 from fl_app.run.checkpoint import load_verified
 from fl_app.run.config import validate_run_config
 

@@ -11,14 +11,13 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
-from experiments.flower_internals import set_reply_source
-from experiments.in_process_grid import InProcessGrid, run_in_process
+from experiments.runner.flower_internals import set_reply_source
+from experiments.runner.in_process_grid import InProcessGrid, run_in_process
+from fl_app.data.local_splits import client_data, client_rows
 from fl_app.hetero_app import (
     HETERO_METHODS,
     MODEL_STATE,
     build_strategy,
-    client_data,
-    client_rows,
     evaluate_hetero,
     load_client_model,
     train_hetero,

@@ -14,7 +14,7 @@ import pytest
 import torch
 from flwr.app import MessageType
 
-from experiments.in_process_grid import InProcessGrid, run_in_process
+from experiments.runner.in_process_grid import InProcessGrid, run_in_process
 from fl_app.run.config import validate_run_config
 
 FORCED = "f0f0f0f0f0f0"  # the first random temporary-name part handed out (token_hex(6): 12 hex digits)
@@ -75,15 +75,15 @@ def _checkpoint(folder):
 
 
 def _client_model(folder):
-    from fl_app.hetero_app import save_model_file
     from fl_app.models.hetero import client_model
+    from fl_app.run.checkpoint import save_model_file
 
     run = validate_run_config({"method": "fedtopo", "checkpoint-every": 1})
     save_model_file(run, 0, 3, client_model(run["model-family"], 0, 10, run["feature-dim"]), str(folder), 1)
 
 
 def _subnet_cache(folder):
-    from experiments.search_subnets import main
+    from experiments.tools.search_subnets import main
 
     main(["--targets", "2", "--out", str(folder / "cache.csv")])
 
@@ -216,7 +216,7 @@ def test_csv_and_json_bytes_are_as_before(tmp_path):
 
 
 def test_a_planted_symlink_at_a_run_log_is_never_written_through(tmp_path, monkeypatch):
-    import experiments.flower_runs as flower_runs
+    import experiments.runner.flower_runs as flower_runs
 
     def no_run(*args, **kwargs):
         raise AssertionError("flwr run started although the log could not be created safely")
@@ -298,8 +298,8 @@ def test_another_run_on_the_same_nodes_never_replaces_a_runs_client_model_files(
 
 
 def test_a_client_model_file_of_another_run_is_neither_replaced_nor_resumed_from(tmp_path):
-    from fl_app.hetero_app import _model_file, restore_model_file, save_model_file
     from fl_app.models.hetero import client_model
+    from fl_app.run.checkpoint import client_model_file, restore_model_file, save_model_file
 
     run = validate_run_config({"method": "fedtopo", "checkpoint-every": 1})
 
@@ -308,10 +308,10 @@ def test_a_client_model_file_of_another_run_is_neither_replaced_nor_resumed_from
         return client_model(run["model-family"], 0, 10, run["feature-dim"])
 
     save_model_file(run, 0, 3, model(0), str(tmp_path), 1, "run-a")
-    before = _model_file(str(tmp_path), 0, 1).read_bytes()
+    before = client_model_file(str(tmp_path), 0, 1).read_bytes()
     with pytest.raises(FileExistsError, match="another run"):
         save_model_file(run, 0, 3, model(1), str(tmp_path), 1, "run-b")
-    assert _model_file(str(tmp_path), 0, 1).read_bytes() == before
+    assert client_model_file(str(tmp_path), 0, 1).read_bytes() == before
     with pytest.raises(ValueError, match="saved by another run"):
         restore_model_file(run, 0, 3, model(2), str(tmp_path), 1, "run-b")
     save_model_file(run, 0, 3, model(3), str(tmp_path), 1, "run-a")  # the same run training that round again

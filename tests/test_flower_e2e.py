@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.flower_runs import flwr_run as run_app
-from experiments.flower_runs import run_status, start_run
+from experiments.runner.flower_runs import flwr_run as run_app
+from experiments.runner.flower_runs import run_status, start_run
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.run.checkpoint import load_verified, supernet_fingerprint
 from fl_app.run.config import validate_run_config

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from experiments import flower_runs
+from experiments.runner import flower_runs
 
 STARTED = {"success": True, "run-id": "4242", "federation-id": "", "fab-id": "fl-app/fl-app"}
 

@@ -1,5 +1,5 @@
-"""experiments/gpu_check.sh on a machine without CUDA: every part reports, CUDA-only parts say they were skipped,
-the training benchmark's figures are consistent and the two FEAST rounds complete."""
+"""experiments/benchmarks/gpu_check.sh on a machine without CUDA: every part reports, CUDA-only parts say they were
+skipped, the training benchmark's figures are consistent and the two FEAST rounds complete."""
 
 from __future__ import annotations
 
@@ -16,7 +16,11 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU path; on CUDA run the script itself")
 def test_gpu_check_runs_on_cpu_and_skips_cuda_parts(tmp_path):
     proc = subprocess.run(
-        ["bash", str(ROOT / "experiments" / "gpu_check.sh")], cwd=ROOT, capture_output=True, text=True, timeout=900
+        ["bash", str(ROOT / "experiments" / "benchmarks" / "gpu_check.sh")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     parts = {}

@@ -21,7 +21,7 @@ from flwr.common import Error
 from flwr.common.constant import ErrorCode
 
 from clients.fedtopo import relation_scores
-from experiments.in_process_grid import InProcessGrid, run_in_process
+from experiments.runner.in_process_grid import InProcessGrid, run_in_process
 from fl_app.hetero_app import HETERO_METHODS, MODEL_STATE, train_hetero
 from fl_app.run.config import validate_run_config
 from fl_app.run.payload import record_to_state, state_to_record

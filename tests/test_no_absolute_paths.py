@@ -10,7 +10,7 @@ The rule, in two parts:
   Prose, code and TOML comments may show a folder there (``/tmp/smoke``) as the one a reader picks for a command.
 
 Files are those git tracks or would add (``git ls-files --cached --others --exclude-standard``); binary files are
-skipped. A record that holds such a path is fixed with ``python -m experiments.make_portable FOLDER``.
+skipped. A record that holds such a path is fixed with ``python -m experiments.tools.make_portable FOLDER``.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ simulation's Ray driver log appears there too. Without RAY_ADDRESS the simulatio
 under /tmp/ray and nothing appears in the head's temp dir.
 
 Everything started here is stopped by process group at the end: the SuperLink and its simulations as for every
-`flwr run` test (experiments/flower_env.py), and the Ray head (`ray start` runs in its own session; its daemons and
-workers stay in that group). `ray stop` is not used: it would stop every Ray instance on the machine.
+`flwr run` test (experiments/runner/flower_env.py), and the Ray head (`ray start` runs in its own session; its daemons
+and workers stay in that group). `ray stop` is not used: it would stop every Ray instance on the machine.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.flower_env import free_port, isolated_env, process_groups, stop_local_superlink
-from experiments.flower_runs import flwr_run
-from fl_app.run.processes import live_group_members, process_table, signal_groups
+from experiments.runner.flower_env import free_port, isolated_env, stop_local_superlink
+from experiments.runner.flower_runs import flwr_run
+from fl_app.run.processes import live_group_members, process_groups, process_table, signal_groups
 
 pytestmark = pytest.mark.slow  # real Flower processes: minutes; skipped by -m "not slow"
 RUN_CONFIG = (

@@ -17,7 +17,7 @@ from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDic
 from flwr.common import Error
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
-from experiments.flower_internals import set_message_id
+from experiments.runner.flower_internals import set_message_id
 from fl_app.run.payload import state_to_record
 from strategies.rounds import RoundLog
 from tests.hostile import HostileGrid, _set_values, _with_array, node_of, reply_to
@@ -160,3 +160,30 @@ def test_the_superlinks_error_for_an_unknown_message_and_a_second_reply_are_igno
     assert [pid for pid, _ in usable] == [0, 1, 2] and log_.failed == []
     assert any("SuperLink" in m and "ignored" in m for m in caplog.messages)
     assert any("a second reply for client 0" in m for m in caplog.messages)
+
+
+# -- RoundLog.accept: the skeleton's screen -> reject/accept step, shared by training and evaluation replies --------
+def test_accept_rejects_with_the_checks_reason_and_a_raising_check_rejects_only_its_reply(flower_ids, caplog):
+    sent = _sent((0, 1, 2, 3))
+    replies = [_ok(sent[p]) for p in (3, 2, 1, 0)]  # arrival order is not partition order
+
+    def problem_of(pid, reply):
+        if pid == 1:
+            return "num-examples too large", None
+        if pid == 2:
+            raise MemoryError("out of memory")
+        return None, {"decoded-for": pid, "examples": reply.content.metric_records["metrics"]["num-examples"]}
+
+    log_ = RoundLog(sampled=[0, 1, 2, 3])
+    with caplog.at_level(logging.WARNING):
+        usable = log_.accept(5, replies, sent, problem_of, "evaluation reply")
+    assert [(pid, decoded) for pid, _, decoded in usable] == [
+        (0, {"decoded-for": 0, "examples": 1}),
+        (3, {"decoded-for": 3, "examples": 1}),
+    ]
+    assert [reply.metadata.src_node_id for _, reply, _ in usable] == [node_of(0), node_of(3)]
+    assert log_.accepted == [0, 3] and log_.rejected == [1, 2] and log_.failed == []
+    assert "round 5: evaluation reply from client 1 rejected: num-examples too large" in caplog.messages
+    assert "round 5: evaluation reply from client 2 rejected: checking it raised MemoryError: out of memory" in (
+        caplog.messages
+    )

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
-from experiments.flower_internals import set_reply_source
+from experiments.runner.flower_internals import set_reply_source
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.run.payload import payload_bytes, record_bytes, record_to_state, state_to_record
 from fl_app.supernet.slicing import slice_subnet, state_numel, subnet_shapes

@@ -303,7 +303,8 @@ def test_every_committed_suite_is_valid(suite_file, tmp_path):
 
 
 def test_wrappers_run_their_suites_through_the_runner(monkeypatch):
-    from experiments import compare, fedtopo_compare, gamma, runner
+    from experiments import runner
+    from experiments.studies import compare, fedtopo_compare, gamma
 
     calls = []
     monkeypatch.setattr(runner, "main", lambda argv: calls.append(argv) or 0)

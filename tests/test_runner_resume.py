@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.flower_env import process_identity
 from experiments.runner import COMPLETED, RUN_RECORD, compare_run, plan, run_suite
+from experiments.runner.flower_env import process_identity
 from fl_app.run.checkpoint import save_verified
 from fl_app.run.outputs import write_csv, write_json
 
@@ -260,7 +260,7 @@ feast = {}
 def stop_after_checkpoint(folder: Path, at_round: int, done: threading.Event) -> None:
     """Wait for the run in ``folder`` to checkpoint round ``at_round``, then `flwr stop` it through what its
     run.json records of its Flower run (run id, FLWR_HOME, ports)."""
-    from experiments.flower_env import isolated_env
+    from experiments.runner.flower_env import isolated_env
 
     while not done.is_set():
         try:

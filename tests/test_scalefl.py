@@ -12,7 +12,7 @@ from flwr.app import ConfigRecord
 
 from clients.feast import read_routed
 from clients.scalefl import KD_WEIGHT, TEMPERATURE, self_distillation_loss
-from experiments.flower_internals import set_message_id, set_reply_source
+from experiments.runner.flower_internals import set_message_id, set_reply_source
 from fl_app.data.images import ImageData
 from fl_app.models.early_exit import (
     SCALEFL_RATES,

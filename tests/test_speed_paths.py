@@ -14,7 +14,7 @@ import torch
 
 from clients import feast
 from clients.feast import plan_subnets, train_subnets
-from experiments.bench_train import random_images, step_settings
+from experiments.benchmarks.bench_train import random_images, step_settings
 from fl_app.models import elastic_resnet
 from fl_app.models.elastic_resnet import ElasticResNet, prefix
 
@@ -199,7 +199,7 @@ def test_eval_inference_is_thread_count_independent_and_batches_side_by_side_agr
 def test_plain_reference_is_the_subnet_as_a_dense_model(cpu_cfg, cpu_cache):
     """bench_train's eager reference computes exactly what the supernet computes for a subnet: its state has the
     subnet's names and shapes, and with the same weights its logits and gradients are bit-identical."""
-    from experiments.bench_train import plain_resnet
+    from experiments.benchmarks.bench_train import plain_resnet
     from fl_app.supernet.slicing import slice_subnet, subnet_shapes
 
     arch = cpu_cache.under(5e6)[len(cpu_cache.under(5e6)) // 2].arch
@@ -223,7 +223,7 @@ def test_plain_reference_is_the_subnet_as_a_dense_model(cpu_cfg, cpu_cache):
 
 def test_plain_subnets_train_each_drawn_subnet_in_its_own_model(cpu_cfg, cpu_cache):
     """The reference step trains the max, the min and the drawn in-between subnet, each in its own dense model."""
-    from experiments.bench_train import plain_subnets
+    from experiments.benchmarks.bench_train import plain_subnets
 
     budget = 1e6
     plan = plan_subnets(cpu_cache, budget, cpu_cache.route_bounds(budget), ("max", "min", "random"))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator  # the test extra installs it
 
-from experiments.in_process_grid import run_in_process
+from experiments.runner.in_process_grid import run_in_process
 from fl_app.run import tracker
 from fl_app.run.config import validate_run_config
 from fl_app.run.outputs import write_results, write_round_files

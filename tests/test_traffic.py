@@ -1,11 +1,11 @@
-"""experiments.traffic: the FEAST repository's routing (depth and width cut, expansion kept full) never sends less
-than this project's (depth, width and expansion cut)."""
+"""experiments.studies.traffic: the FEAST repository's routing (depth and width cut, expansion kept full) never sends
+less than this project's (depth, width and expansion cut)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from experiments.traffic import main, routed_traffic
+from experiments.studies.traffic import main, routed_traffic
 from fl_app.supernet.subnets import draw_budgets
 
 

@@ -19,7 +19,7 @@ import torch
 from fl_app.run.files import write_new_file
 from fl_app.run.resources import bundled_file
 
-SAMPLE_DIR = Path(__file__).parent / "cifar10-sample"  # where experiments/make_sample.py writes it
+SAMPLE_DIR = Path(__file__).parent / "cifar10-sample"  # where experiments/tools/make_sample.py writes it
 
 
 @dataclass(frozen=True)

@@ -94,8 +94,15 @@ class Block(nn.Module):
 
 
 class ElasticResNet(nn.Module):
+    """The supernet, or any sub-supernet of it: holds the tensors of ``bounds`` (the whole supernet by default) and runs
+    any subnet inside them with ``forward(x, arch)``, every layer cut to a prefix of its weights (see the module
+    docstring). Clients build one of the bounds they were routed and train the subnets they planned in it; the
+    server builds the whole supernet for its global model; an extracted subnet is one with ``bounds = arch``
+    (``save_standalone`` / ``load_standalone``). ``set_width_scaler`` sets HeteroFL's output scaling for a width-rate
+    model while it trains."""
+
     # activations in channels-last layout: oneDNN's convolutions and BatchNorm then skip layout reorders (faster on
-    # CPU, see experiments/bench_train.py); weights stay NCHW, so state dicts and payloads are unchanged
+    # CPU, see experiments/benchmarks/bench_train.py); weights stay NCHW, so state dicts and payloads are unchanged
     memory_format = torch.channels_last
 
     def __init__(self, cfg: SupernetConfig, bounds: Subnet | None = None):

@@ -1,4 +1,5 @@
-"""Heterogeneous backbones for model-heterogeneous FL: client i gets ``family[i % 8]``.
+"""Heterogeneous backbones for model-heterogeneous FL: client i gets ``family[i % backbones]`` (all 8 by default;
+``backbones = 1`` puts every client on the family's first one, CNN-4, the homogeneous control).
 
 Every model is ``extractor -> Linear projection to feature-dim -> Linear head``: the extractor differs per
 architecture, the projection makes feature spaces the same *size* (not aligned), and the head is the one part
@@ -17,6 +18,9 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 MODEL_FAMILIES = ("cpu", "paper")
+BACKBONES_PER_FAMILY = (
+    8  # each family's number of architectures (tested); the most the run-config key ``backbones`` takes
+)
 
 
 class HeteroNet(nn.Module):
@@ -182,9 +186,12 @@ def family_names(family: str) -> list[str]:
     raise ValueError(f"model-family='{family}': allowed values are {list(MODEL_FAMILIES)}")
 
 
-def architecture_of(family: str, client: int) -> str:
+def architecture_of(family: str, client: int, backbones: int = BACKBONES_PER_FAMILY) -> str:
+    """Client ``client``'s backbone: the family's first ``backbones`` architectures in turn."""
     names = family_names(family)
-    return names[client % len(names)]
+    if not (isinstance(backbones, int) and 1 <= backbones <= len(names)):
+        raise ValueError(f"backbones={backbones!r}: allowed values are integers in [1, {len(names)}]")
+    return names[client % backbones]
 
 
 def build_model(family: str, name: str, num_classes: int, feature_dim: int) -> HeteroNet:
@@ -194,8 +201,10 @@ def build_model(family: str, name: str, num_classes: int, feature_dim: int) -> H
     return HeteroNet(name, extractor, dim, feature_dim, num_classes)
 
 
-def client_model(family: str, client: int, num_classes: int, feature_dim: int) -> HeteroNet:
-    return build_model(family, architecture_of(family, client), num_classes, feature_dim)
+def client_model(
+    family: str, client: int, num_classes: int, feature_dim: int, backbones: int = BACKBONES_PER_FAMILY
+) -> HeteroNet:
+    return build_model(family, architecture_of(family, client, backbones), num_classes, feature_dim)
 
 
 @lru_cache(maxsize=None)

@@ -1,4 +1,5 @@
-"""Checkpoints that are verified before they are trusted, and round checkpoints / resume for the supernet methods.
+"""Checkpoints that are verified before they are trusted: round checkpoints and resume for every method, and the
+model files the model-heterogeneous methods' clients keep for a resume.
 
 Verified files (any method, any model)::
 
@@ -20,10 +21,17 @@ weights_only=True)`` still reads it directly.
 The fingerprint covers ``model_config`` (e.g. the supernet config's ``to_dict()``, which catches a supernet JSON whose
 content changed under the same name) and the run-config keys that define a model (``MODEL_RUN_KEYS``).
 
-Round checkpoints (``write_round_checkpoint`` / ``load_round_checkpoint``) hold the global model, the strategy's
-state (round logs, baseline bookkeeping), the server's RNG states, the metrics measured so far, the clients'
-statistics (``client_records``: clients.csv's rows and each round's training FLOPs) and the run config;
-resuming also demands the same run config (except ``RESUME_MAY_CHANGE``) and federation size.
+Round checkpoints (``write_run_checkpoint`` / ``load_run_checkpoint``, one file per run folder) hold the round, the
+run config, the federation size, the method family's own state, the server's RNG states and the clients' statistics
+(``client_records``: clients.csv's rows and each round's training FLOPs). The supernet methods' state is the global
+model, the strategy's state (round logs, baseline bookkeeping) and the metrics measured so far
+(``write_round_checkpoint`` / ``load_round_checkpoint``); the model-heterogeneous methods' is the strategy's state and
+the run token naming their clients' model files. Resuming also demands the same run config (except
+``RESUME_MAY_CHANGE``) and federation size.
+
+Client model files (model-heterogeneous methods): models never leave the clients, so each client saves its own model
+after every round it trains (``save_model_file``, in ``client_model_dirs``) and a resumed run's clients reload the
+newest one at or before the checkpoint's round (``restore_model_file``).
 """
 
 from __future__ import annotations
@@ -39,12 +47,17 @@ import numpy as np
 import torch
 
 from fl_app.data.images import DATASETS
+from fl_app.models.hetero import architecture_of
 from fl_app.run.config import RunConfig
 from fl_app.run.files import remember_written, write_new_file, wrote_here
 from fl_app.run.outputs import CLIENT_RECORDS_KEY
 from fl_app.supernet.space import load_supernet_config
 
 CHECKPOINT_FILE = "checkpoint.pt"
+MODELS_DIR = "client-models"  # where clients keep model files for a resume (see ``client_model_dirs``)
+# client config keys: the run's token (names its model files' folder in a state-dir and is recorded in each file), and
+# the token of the run a resume continues ('' for a checkpoint written before runs had one)
+RUN_TOKEN, RESUME_TOKEN = "run-token", "resume-run-token"
 FORMAT_VERSION = 2  # 2: every file carries an integrity record
 # keys that may differ between a checkpoint's run and the run resuming it: none of them changes what is computed
 RESUME_MAY_CHANGE = ("output-dir", "resume-from", "checkpoint-every", "round-timeout", "tracker")
@@ -95,6 +108,19 @@ def supernet_fingerprint(run: RunConfig) -> dict:
     """The fingerprint of the supernet methods' model: the supernet config (from its name or JSON file)."""
     cfg = load_supernet_config(run["supernet"], n_classes=DATASETS[run["dataset"]].num_classes)
     return model_fingerprint(run, cfg.to_dict())
+
+
+def hetero_fingerprint(run: RunConfig, num_clients: int) -> dict:
+    """What FedTopo-family checkpoints belong to: every client's architecture, the classes and the feature size."""
+    return model_fingerprint(
+        run,
+        {
+            "architectures": [architecture_of(run["model-family"], p, run["backbones"]) for p in range(num_clients)],
+            "num-classes": DATASETS[run["dataset"]].num_classes,
+            "feature-dim": run["feature-dim"],
+            "num-clients": num_clients,
+        },
+    )
 
 
 def save_verified(
@@ -170,7 +196,7 @@ def _fingerprint_difference(saved: dict, current: dict) -> str:
     return "; ".join(differences) or "fingerprints differ"
 
 
-# -- round checkpoints of the supernet methods ---------------------------------------------------------------------
+# -- round checkpoints ---------------------------------------------------------------------------------------------
 def capture_rng() -> dict:
     numpy_state = np.random.get_state(legacy=False)
     return {
@@ -216,6 +242,45 @@ def same_run_earlier_round(run: RunConfig, server_round: int, path: Path | None 
     )
 
 
+def write_run_checkpoint(
+    out_dir: Path,
+    server_round: int,
+    run: RunConfig,
+    num_clients: int,
+    fingerprint: dict,
+    state: dict,
+    client_records: dict | None = None,
+) -> Path:
+    """``out_dir``/checkpoint.pt after ``server_round``: the round, the run config, the federation size, the method
+    family's ``state``, the server's RNG states and the clients' statistics. It replaces only an earlier round's
+    checkpoint this run wrote (``same_run_earlier_round``)."""
+    path = Path(out_dir) / CHECKPOINT_FILE
+    extra = {} if client_records is None else {CLIENT_RECORDS_KEY: client_records}
+    return save_verified(
+        path,
+        {
+            "format": FORMAT_VERSION,
+            "round": server_round,
+            "run_config": run.to_dict(),
+            "num_clients": num_clients,
+            **state,
+            "rng": capture_rng(),
+            **extra,
+        },
+        fingerprint,
+        replace_if=same_run_earlier_round(run, server_round, path),
+    )
+
+
+def supernet_checkpoint_state(global_state: dict[str, np.ndarray], strategy_state: dict, metrics: dict) -> dict:
+    """The supernet methods' part of a round checkpoint: the global model, the strategy's state and the metrics."""
+    return {
+        "global_state": {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in global_state.items()},
+        "strategy": strategy_state,
+        "metrics": metrics,
+    }
+
+
 def write_round_checkpoint(
     out_dir: Path,
     server_round: int,
@@ -226,23 +291,10 @@ def write_round_checkpoint(
     metrics: dict,
     client_records: dict | None = None,
 ) -> Path:
-    path = Path(out_dir) / CHECKPOINT_FILE
-    extra = {} if client_records is None else {CLIENT_RECORDS_KEY: client_records}
-    return save_verified(
-        path,
-        {
-            "format": FORMAT_VERSION,
-            "round": server_round,
-            "run_config": run.to_dict(),
-            "num_clients": num_clients,
-            "global_state": {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in global_state.items()},
-            "strategy": strategy_state,
-            "metrics": metrics,
-            "rng": capture_rng(),
-            **extra,
-        },
-        supernet_fingerprint(run),
-        replace_if=same_run_earlier_round(run, server_round, path),
+    """A supernet method's round checkpoint (``write_run_checkpoint`` with ``supernet_checkpoint_state``)."""
+    state = supernet_checkpoint_state(global_state, strategy_state, metrics)
+    return write_run_checkpoint(
+        out_dir, server_round, run, num_clients, supernet_fingerprint(run), state, client_records
     )
 
 
@@ -282,5 +334,90 @@ def load_run_checkpoint(location: str | Path, run: RunConfig, num_clients: int, 
 def load_round_checkpoint(location: str | Path, run: RunConfig, num_clients: int) -> dict:
     """The supernet methods' round checkpoint at ``location``, checked by ``load_run_checkpoint``."""
     _, blob = load_run_checkpoint(location, run, num_clients, supernet_fingerprint(run))
+    return supernet_state_of(blob)
+
+
+def supernet_state_of(blob: dict) -> dict:
+    """A supernet method's checkpoint content with its global model as numpy arrays (as the strategy holds it)."""
     blob["global_state"] = {k: v.numpy() for k, v in blob["global_state"].items()}
     return blob
+
+
+# -- client model files (model-heterogeneous methods) --------------------------------------------------------------
+def run_folder(state_dir: str, token: str) -> str:
+    """The folder of one run's model files in a node's ``state-dir``: every run keeps its own (named by the run
+    token, which a resumed run takes over from its checkpoint), so runs sharing a node never replace each other's
+    files. No token (a checkpoint written before runs had one): the ``state-dir`` itself."""
+    return str(Path(state_dir) / f"run-{token}") if token else state_dir
+
+
+def client_model_dirs(config, node_config) -> tuple[str, str]:
+    """(folder to save this client's model files in, folder to resume them from); '' = none. A node's own
+    ``state-dir`` (node config: a deployment, where only the node can reach its disk) wins over the folders the
+    server names (``client-models-dir`` / ``resume-models-dir``: simulation, one filesystem, inside the run's own
+    output folder); in a ``state-dir`` each run has its own folder (``run_folder``)."""
+    own = str(node_config.get("state-dir", ""))
+    if own:
+        return run_folder(own, str(config.get(RUN_TOKEN, ""))), run_folder(own, str(config.get(RESUME_TOKEN, "")))
+    return str(config.get("client-models-dir", "")), str(config.get("resume-models-dir", ""))
+
+
+def client_model_file(folder: str, pid: int, server_round: int) -> Path:
+    """Where partition ``pid``'s model after ``server_round`` is kept in ``folder``."""
+    return Path(folder) / f"partition-{pid}-round-{server_round}.pt"
+
+
+def _saved_rounds(folder: str, pid: int) -> list[int]:
+    return sorted(
+        int(f.stem.rsplit("-", 1)[1])
+        for f in Path(folder).glob(f"partition-{pid}-round-*.pt")
+        if f.stem.rsplit("-", 1)[1].isdigit()
+    )
+
+
+def save_model_file(run: RunConfig, pid: int, num: int, model, folder: str, server_round: int, token: str = "") -> None:
+    """The client's model after ``server_round`` as a verified file recording the run ``token``; files no checkpoint
+    can need any more are removed (the newest one at or before the last checkpoint round before this one is kept,
+    and all later). A file there for the same round is replaced only when it is this run's (its token; a resumed
+    run training that round again), never another run's."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    if Path(folder).is_symlink():
+        raise ValueError(f"{folder}: a symlink where this run keeps its model files; nothing is written through it")
+    save_verified(
+        client_model_file(folder, pid, server_round),
+        {
+            "round": server_round,
+            "run_config": run.to_dict(),
+            "run_token": token,
+            "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+        },
+        hetero_fingerprint(run, num),
+        replace_if=lambda old: old.get("round") == server_round and old.get("run_token", "") == token,
+    )
+    every = run["checkpoint-every"]
+    last_checkpoint = (server_round - 1) // every * every if every else server_round - 1
+    kept = [r for r in _saved_rounds(folder, pid) if r <= last_checkpoint][-1:]
+    for r in _saved_rounds(folder, pid):
+        if r < server_round and r <= last_checkpoint and r not in kept:
+            client_model_file(folder, pid, r).unlink(missing_ok=True)
+
+
+def restore_model_file(
+    run: RunConfig, pid: int, num: int, model, folder: str, resume_round: int, token: str = ""
+) -> bool:
+    """Load this client's newest model file from a round <= ``resume_round`` (the checkpoint being resumed);
+    False when there is none (the client never trained before it). A damaged file or one of another run (run
+    config, or run ``token`` when the checkpoint has one) or model raises (``ValueError`` naming it): a resume never
+    silently continues from the wrong model."""
+    rounds = [r for r in _saved_rounds(folder, pid) if r <= resume_round] if folder else []
+    if not rounds:
+        return False
+    path = client_model_file(folder, pid, rounds[-1])
+    blob = load_verified(path, hetero_fingerprint(run, num))
+    differing = run_config_differences(blob["run_config"], run.to_dict())
+    if differing:
+        raise ValueError(f"{path}: saved by a run with other {differing}")
+    if token and blob.get("run_token") != token:
+        raise ValueError(f"{path}: saved by another run (run token {blob.get('run_token')!r}, resuming {token!r})")
+    model.load_state_dict(blob["model"])
+    return True

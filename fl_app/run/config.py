@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fl_app.data.images import DATA_SOURCES, DATASETS
+from fl_app.data.local_splits import LOCAL_PARTITIONERS
 from fl_app.data.partition import PARTITIONERS
-from fl_app.models.hetero import MODEL_FAMILIES
+from fl_app.models.hetero import BACKBONES_PER_FAMILY, MODEL_FAMILIES
 from fl_app.run.payload import PAYLOAD_DTYPES
 from fl_app.supernet.evaluation import POPULATION_TIERS
 
@@ -144,6 +145,7 @@ def parse_partition_ids(text: str) -> frozenset[int]:
 FRACTION = Range(0, 1, low_open=True)  # (0, 1]
 UNIT = Range(0, 1)  # [0, 1]
 ROUNDS = Range(1, 100_000)
+MAX_CLASSES = max(d.num_classes for d in DATASETS.values())
 
 KEYS: dict[str, Key] = {
     "method": Key("feast", "federated method", METHODS),
@@ -234,12 +236,18 @@ KEYS: dict[str, Key] = {
         0.125, "superfednas/deepfednas: a, the final fraction of β₀ after the cosine decay", check=UNIT
     ),
     "maxnet-decay-fraction": Key(0.8, "superfednas/deepfednas: T as a fraction of the rounds", check=FRACTION),
-    # FedTopo and the model-heterogeneous baselines (they partition with plain Dirichlet(dirichlet-alpha))
+    # FedTopo and the model-heterogeneous baselines (they split with local-partitioner)
     "model-family": Key(
         "cpu",
-        "backbones of client i = family[i % 8]: 'cpu' small nets or 'paper' (CNN-4, "
+        "backbones of client i = family[i % backbones]: 'cpu' small nets or 'paper' (CNN-4, "
         "GoogLeNet, MobileNetV2, ResNet-18/34/50/101/152)",
         MODEL_FAMILIES,
+    ),
+    "backbones": Key(
+        BACKBONES_PER_FAMILY,
+        "client i trains the family's architecture number i % backbones: 8 = all eight, 1 = every client on CNN-4 "
+        "(one backbone, the homogeneous control)",
+        check=Range(1, BACKBONES_PER_FAMILY),
     ),
     "feature-dim": Key(
         64,
@@ -251,6 +259,23 @@ KEYS: dict[str, Key] = {
         0.2,
         "share of each client's partition held out as its local test split",
         check=Range(0.0, 1.0, low_open=True, high_open=True),
+    ),
+    "local-partitioner": Key(
+        "dirichlet",
+        "how the model-heterogeneous methods split the training set: 'dirichlet' = Dirichlet(dirichlet-alpha), "
+        "'pathological' = classes-per-client classes per client (HtFLlib's 'pat')",
+        LOCAL_PARTITIONERS,
+    ),
+    "classes-per-client": Key(
+        2,
+        "local-partitioner='pathological': classes each client holds (at most the dataset's classes)",
+        check=Range(1, MAX_CLASSES),
+    ),
+    "client-data-fraction": Key(
+        1.0,
+        "model-heterogeneous methods: share of each client's local training split it trains on (seeded, "
+        "label-stratified subsample; the local test split is kept whole)",
+        check=FRACTION,
     ),
     # τ >= 1e-3 keeps cos/τ <= 1000: the softmax stays finite (1e-45 made the topology NaN)
     "topo-tau": Key(
@@ -459,6 +484,12 @@ def model_size_problems(v: dict) -> list[str]:
 
 def _cross_checks(v: dict) -> list[str]:
     errors = model_size_problems(v)
+    classes = DATASETS[v["dataset"]].num_classes
+    if v["local-partitioner"] == "pathological" and v["classes-per-client"] > classes:
+        errors.append(
+            f"classes-per-client={v['classes-per-client']}: allowed values are integers in [1, {classes}] "
+            f"(dataset='{v['dataset']}' has {classes} classes)"
+        )
     if v["data-source"] == "local" and not v["data-path"]:
         errors.append("data-path: required when data-source='local'")
     if v["data-source"] != "local" and v["data-path"]:

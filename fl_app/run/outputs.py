@@ -22,8 +22,8 @@ from flwr.common.logger import log
 from fl_app.run import tracker
 from fl_app.run.files import replace_file, write_own_file
 
-# what a run writes into its output folder (MODELS_DIR of fl_app.hetero_app included): any of them there already
-# means the folder holds another run
+# what a run writes into its output folder (fl_app.run.checkpoint's MODELS_DIR included): any of them there
+# already means the folder holds another run
 RESULT_FILES = (
     "metrics.csv",
     "rounds.csv",

@@ -24,6 +24,11 @@ TIER_ROUNDING = 0.01
 
 @dataclass
 class Federation:
+    """The supernet family's federation as the run config and the seed define it, identical on the server and every
+    client (``build``): the supernet, its subnet cache, every partition's drawn budget and the supernet's MACs.
+    ``client_budgets`` turns it into the run's budgets (a node's declared ``budget-macs`` wins) and ``tiers`` into the
+    reporting tiers; both refuse, before training, what the federation cannot serve."""
+
     cfg: SupernetConfig
     cache: SubnetCache
     budgets: np.ndarray  # drawn budget of every partition id

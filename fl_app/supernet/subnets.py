@@ -27,6 +27,13 @@ class CachedSubnet:
 
 
 class SubnetCache:
+    """The searched subnets a supernet's clients may run, cheapest first, with their costs recomputed for ``cfg``.
+
+    What a budget affords comes from here: ``under`` (every subnet within it), ``local_max`` (the largest one: what a
+    client deploys and is scored with), ``route_bounds`` (the envelope of those subnets: the sub-supernet routed to
+    the client); ``tiers`` / ``nearest`` name the reporting tiers. Server and clients load the same cache (``load``:
+    a bundled name or a CSV path), so both derive the same answers."""
+
     def __init__(self, cfg: SupernetConfig, subnets: list[Subnet]):
         if not subnets:
             raise ValueError("subnet cache is empty")

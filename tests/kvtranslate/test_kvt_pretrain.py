@@ -152,12 +152,12 @@ def test_init_choice_sets_scales_and_tying():
 
 
 def test_recall_probe_targets_the_value_stated_after_the_queried_key():
-    """experiments/probe_recall.py: with filler gaps and multi-token keys, every target is the value that followed
-    the same key in the context, predicted at the query's last position (its conclusions rest on this)."""
+    """experiments/translation/probe_recall.py: with filler gaps and multi-token keys, every target is the value that
+    followed the same key in the context, predicted at the query's last position (its conclusions rest on this)."""
     import os
     import sys
 
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments"))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "translation"))
     from probe_recall import MARK, SEP, recall_batch
 
     pairs, gap, query_gap, key_tokens = 3, 2, 3, 2

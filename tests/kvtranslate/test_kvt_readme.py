@@ -1,13 +1,13 @@
-"""The number tables and headlines of kvtranslate's READMEs are the ones experiments/kvtranslate_report.py writes from
-the committed result files: a hand edit, a result committed without regenerating them, or a table whose markers were
-lost when a README was reorganised fails here."""
+"""The number tables and headlines of kvtranslate's READMEs are the ones experiments/translation/kvtranslate_report.py
+writes from the committed result files: a hand edit, a result committed without regenerating them, or a table whose
+markers were lost when a README was reorganised fails here."""
 
 import os
 import re
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "experiments"))
+sys.path.insert(0, os.path.join(REPO, "experiments", "translation"))
 
 import kvtranslate_report  # noqa: E402
 
@@ -21,7 +21,9 @@ def test_readme_tables_match_the_committed_results():
     blocks = kvtranslate_report.render()
     for path in kvtranslate_report.READMES:
         text = read(path)
-        assert kvtranslate_report.apply(text, blocks) == text, f"{path}: run python -m experiments.kvtranslate_report"
+        assert kvtranslate_report.apply(text, blocks) == text, (
+            f"{path}: run python -m experiments.translation.kvtranslate_report"
+        )
 
 
 def test_every_generated_block_has_its_place_in_a_readme():

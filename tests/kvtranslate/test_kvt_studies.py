@@ -8,7 +8,7 @@ import statistics
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "experiments"))
+sys.path.insert(0, os.path.join(REPO, "experiments", "translation"))
 
 import kvtranslate_report  # noqa: E402
 import kvtranslate_retention  # noqa: E402

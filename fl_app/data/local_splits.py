@@ -1,0 +1,148 @@
+"""Each client's own training and test split, for the model-heterogeneous methods (FedTopo and its baselines).
+
+Client i holds a share of the training set drawn by ``local-partitioner``, split ``test-fraction`` (0.2 by default)
+into a local test set and the rest into its local training set, both following the share's label distribution:
+
+- ``"dirichlet"`` (default): a Dirichlet(``dirichlet-alpha``) share (the plain Dirichlet partitioner, whatever
+  ``partitioner`` says: the γ-allocation is FEAST's).
+- ``"pathological"``: ``classes-per-client`` classes per client, as HtFLlib's ``partition = "pat"``
+  (``pathological_parts``).
+
+With ``client-data-fraction`` f < 1 each local training set is then subsampled (seeded, label-stratified) to
+round(f·n) of its n rows, at least one; the local test sets stay as they are, so accuracies at different fractions
+are read on the same images. Server and clients derive the splits from the seed with these same functions (no data
+crosses the wire); there is no server hold-out, since these methods evaluate on the clients.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from fl_app.data.images import DATASETS, ImageData, load_dataset, split_train, stratified_holdout
+from fl_app.data.partition import make_partitioner, partition_indices
+
+if TYPE_CHECKING:
+    from fl_app.run.config import RunConfig
+
+LOCAL_PARTITIONERS = ("dirichlet", "pathological")
+
+
+def pathological_parts(labels: np.ndarray, num_partitions: int, classes_per_client: int, seed: int) -> list[np.ndarray]:
+    """Sorted indices into ``labels`` of every partition, each holding exactly ``classes_per_client`` (k) classes.
+
+    As HtFLlib's ``separate_data(partition="pat")``, classes are dealt in order, k consecutive ones per client, and
+    a class's samples are divided among the clients that hold it. Three differences: the class order is a seeded
+    permutation (with a fixed order every seed would pair the same classes, and which classes share clients is what
+    a class-relation method is most sensitive to); client c takes the slots c·k .. c·k+k-1 of the cyclic class order,
+    so clients holding the same classes are spread over the client ids (HtFLlib gives them to consecutive ids, which
+    with backbone i % 8 keeps some class sets away from some backbones) and every class is held whenever n·k >= C;
+    and a class's samples are shuffled and split equally (within one sample) among its holders, HtFLlib's
+    ``balance=True``: its default draws unequal shares, a quantity skew the Dirichlet splits here do not add."""
+    labels = np.asarray(labels)
+    classes = np.unique(labels)
+    num_classes, k = len(classes), classes_per_client
+    if not 1 <= k <= num_classes:
+        raise ValueError(
+            f"classes-per-client={k}: allowed values are integers in [1, {num_classes}] (the classes in the data)"
+        )
+    if num_partitions * k < num_classes:
+        raise ValueError(
+            f"classes-per-client={k} with {num_partitions} clients holds at most {num_partitions * k} of the "
+            f"{num_classes} classes; allowed: classes-per-client >= {-(-num_classes // num_partitions)}"
+        )
+    rng = np.random.default_rng([seed, 59])
+    order = rng.permutation(classes)
+    held = [order[(c * k + np.arange(k)) % num_classes] for c in range(num_partitions)]
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_partitions)]
+    for label in classes:
+        holders = [c for c in range(num_partitions) if label in held[c]]
+        rows = rng.permutation(np.nonzero(labels == label)[0])
+        if len(rows) < len(holders):
+            raise ValueError(
+                f"classes-per-client={k}: class {label} has {len(rows)} samples for {len(holders)} clients; "
+                "allowed: fewer clients or classes-per-client, so that every holder gets a sample"
+            )
+        for c, chunk in zip(holders, np.array_split(rows, len(holders))):
+            parts[c].append(chunk)
+    return [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
+
+
+@lru_cache(maxsize=2)
+def _splits(
+    dataset: str,
+    source: str,
+    path: str,
+    seed: int,
+    alpha: float,
+    test_fraction: float,
+    num_partitions: int,
+    partitioner: str = "dirichlet",
+    classes_per_client: int = 2,
+    data_fraction: float = 1.0,
+) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    train, _ = load_dataset(dataset, source, path)
+    labels = train.labels.numpy()
+    pool = split_train(labels, 0, 0, seed).client_pool  # no server hold-out: evaluation is on clients
+    if partitioner == "dirichlet":
+        parts = partition_indices(labels[pool], make_partitioner("dirichlet", num_partitions, seed, alpha))
+    elif partitioner == "pathological":
+        parts = pathological_parts(labels[pool], num_partitions, classes_per_client, seed)
+    else:
+        raise ValueError(f"local-partitioner='{partitioner}': allowed values are {list(LOCAL_PARTITIONERS)}")
+    out = []
+    for pid, idx in enumerate(parts):
+        rows = pool[idx]
+        held = stratified_holdout(
+            labels[rows], int(round(test_fraction * len(rows))), np.random.default_rng([seed, 47, pid])
+        )
+        test = rows[held]
+        rows_train = np.setdiff1d(rows, test)
+        if data_fraction < 1.0:  # fewer training images, same label mix; a stream of its own keeps the test rows
+            kept = max(1, int(round(data_fraction * len(rows_train))))
+            rows_train = rows_train[
+                stratified_holdout(labels[rows_train], kept, np.random.default_rng([seed, 53, pid]))
+            ]
+        out.append((rows_train, test))
+    return tuple(out)
+
+
+def client_rows(run: RunConfig, num_partitions: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """(train rows, test rows) into the training set for every partition id (cached per process)."""
+    return _splits(
+        run["dataset"],
+        run["data-source"],
+        run["data-path"],
+        run["seed"],
+        run["dirichlet-alpha"],
+        run["test-fraction"],
+        num_partitions,
+        run["local-partitioner"],
+        run["classes-per-client"],
+        run["client-data-fraction"],
+    )
+
+
+def split_description(run: RunConfig) -> str:
+    """The clients' split in a few words, for the run's log."""
+    if run["local-partitioner"] == "pathological":
+        text = f"pathological, {run['classes-per-client']} classes per client"
+    else:
+        text = f"Dirichlet α={run['dirichlet-alpha']}"
+    fraction = run["client-data-fraction"]
+    return text if fraction == 1.0 else f"{text}, {fraction:g} of each client's training rows"
+
+
+def client_data(run: RunConfig, pid: int, num_partitions: int) -> tuple[ImageData, ImageData]:
+    """Partition ``pid``'s (local training set, local test set)."""
+    train, _ = load_dataset(run["dataset"], run["data-source"], run["data-path"])
+    rows_train, rows_test = client_rows(run, num_partitions)[pid]
+    return train.subset(rows_train), train.subset(rows_test)
+
+
+def train_class_counts(run: RunConfig, rows: np.ndarray) -> np.ndarray:
+    """Per-class counts of these training-set rows (what a client of that split reports as its counts)."""
+    train, _ = load_dataset(run["dataset"], run["data-source"], run["data-path"])
+    return np.bincount(train.labels.numpy()[rows], minlength=DATASETS[run["dataset"]].num_classes).astype(np.float32)
