@@ -531,6 +531,17 @@ def reference_row(rows: list[Row], row: Row, reference: str) -> Row | None:
     return min(candidates, key=lambda r: config_distance(r.first.config, row.first.config))
 
 
+def paired_columns(paired) -> dict:
+    """The columns of a paired comparison (``paired_difference``'s result) in paired.csv and matched.csv."""
+    return {
+        "difference": paired.difference.mean,
+        "difference_ci95": paired.difference.half_width,
+        "n": paired.difference.n,
+        "wins": paired.wins,
+        "verdict": paired.verdict,
+    }
+
+
 def paired_rows(rows: list[Row], reference: str) -> list[dict]:
     """Each row against the row of the reference label in the same grid cell, paired by seed."""
     table = []
@@ -543,11 +554,7 @@ def paired_rows(rows: list[Row], reference: str) -> list[dict]:
             {
                 "method": row.name,
                 "reference": ref.name,
-                "difference": paired.difference.mean,
-                "difference_ci95": paired.difference.half_width,
-                "n": paired.difference.n,
-                "wins": paired.wins,
-                "verdict": paired.verdict,
+                **paired_columns(paired),
             }
         )
     return table
@@ -716,11 +723,7 @@ def matched_rows(rows: list[Row]) -> list[dict]:
                 "compute_ratio": math.fsum(ratios) / len(ratios) if ratios else math.nan,
                 "accuracy": accuracy.mean,
                 "accuracy_ci95": accuracy.half_width,
-                "difference": paired.difference.mean,
-                "difference_ci95": paired.difference.half_width,
-                "n": paired.difference.n,
-                "wins": paired.wins,
-                "verdict": paired.verdict,
+                **paired_columns(paired),
             }
         )
     return table

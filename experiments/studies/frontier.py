@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fl_app.data.provenance import file_sha256
 from fl_app.extract import add_search_options, choose, load_trained
 from fl_app.run.cli import print_json, tool_parser
 from fl_app.run.device import preferred_device
@@ -214,7 +215,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     diffs = [c["search_minus_cache_test"] for c in comparison]
     summary = {
-        "checkpoint": str(args.checkpoint),
+        # no machine's absolute path in a committed summary: the file's last folders and its content hash
+        "checkpoint": str(Path(*args.checkpoint.resolve().parts[-4:])),
+        "checkpoint_sha256": file_sha256(args.checkpoint),
         "run_rounds": run["num-server-rounds"],
         "seed": args.seed,
         "population": args.population,
