@@ -1,6 +1,6 @@
 """FedTopo client: local training with a topology-guided loss, class prototypes, and the relation topology.
 
-Each piece is its own function so it can be checked in isolation; ``fl_app.hetero_app`` wires them to messages.
+Each piece is its own function so it can be checked in isolation; ``fl_app.multiarch_app`` wires them to messages.
 """
 
 from __future__ import annotations

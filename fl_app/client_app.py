@@ -8,7 +8,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fl_app.hetero_app import HETERO_METHODS, evaluate_hetero, train_hetero
+from fl_app.multiarch_app import MULTIARCH_METHODS, evaluate_multiarch, train_multiarch
 from fl_app.run.config import MACS_RANGE, SUPERNET_METHODS, validate_run_config
 from fl_app.supernet_app import train_feast
 
@@ -66,5 +66,5 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 # method -> client training; every method in fl_app.run.config.METHODS has an entry
 
-CLIENT_TRAINING = {**dict.fromkeys(SUPERNET_METHODS, train_feast), **dict.fromkeys(HETERO_METHODS, train_hetero)}
-CLIENT_EVALUATION = dict.fromkeys(HETERO_METHODS, evaluate_hetero)
+CLIENT_TRAINING = {**dict.fromkeys(SUPERNET_METHODS, train_feast), **dict.fromkeys(MULTIARCH_METHODS, train_multiarch)}
+CLIENT_EVALUATION = dict.fromkeys(MULTIARCH_METHODS, evaluate_multiarch)

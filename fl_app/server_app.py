@@ -1,12 +1,12 @@
 """ServerApp: validates the run config, finds the nodes and their partitions, and hands the run to the method's
-family (``fl_app.supernet_app`` or ``fl_app.hetero_app``)."""
+family (``fl_app.supernet_app`` or ``fl_app.multiarch_app``)."""
 
 from __future__ import annotations
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fl_app.hetero_app import HETERO_METHODS, run_hetero
+from fl_app.multiarch_app import MULTIARCH_METHODS, run_multiarch
 from fl_app.node_discovery import check_federation, discover_nodes
 from fl_app.run.config import SUPERNET_METHODS, validate_run_config
 from fl_app.run.tracker import tracking
@@ -30,6 +30,6 @@ def main(grid: Grid, context: Context) -> None:
 
 # method -> server run; every method in fl_app.run.config.METHODS has an entry
 
-SERVER_RUNS = {**dict.fromkeys(SUPERNET_METHODS, run_feast), **dict.fromkeys(HETERO_METHODS, run_hetero)}
+SERVER_RUNS = {**dict.fromkeys(SUPERNET_METHODS, run_feast), **dict.fromkeys(MULTIARCH_METHODS, run_multiarch)}
 # work a server run can do before it knows its nodes, done while they start up (results are cached per process)
 SERVER_PREPARE = dict.fromkeys(SUPERNET_METHODS, prepare_feast)

@@ -1,12 +1,12 @@
 """Server side of FedTopo: a reliability-aware merge of the relation topologies clients upload (the shared
-model-heterogeneous base is ``strategies.hetero_base``)."""
+model-heterogeneous base is ``strategies.multiarch_base``)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from fl_app.run.config import check_choice
-from strategies.hetero_base import HeteroStrategy
+from strategies.multiarch_base import MultiArchStrategy
 
 
 # -- FedTopo merge -------------------------------------------------------------------------------------------------
@@ -66,7 +66,7 @@ def relations_problem(relations: np.ndarray, counts: np.ndarray) -> str | None:
     return None
 
 
-class FedTopoStrategy(HeteroStrategy):
+class FedTopoStrategy(MultiArchStrategy):
     """Broadcast R̄ (uniform before the first merge); merge uploaded relation scores with reliability weighting."""
 
     name = "fedtopo"

@@ -1,5 +1,5 @@
 """Server side of the model-heterogeneous baselines: local (no communication), LG-FedAvg, FD, FedProto, FedTGP (the
-shared base is ``strategies.hetero_base``)."""
+shared base is ``strategies.multiarch_base``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from flwr.common.logger import log
 from torch import nn
 
 from fl_app.run.config import check_choice
-from strategies.hetero_base import HeteroStrategy
+from strategies.multiarch_base import MultiArchStrategy
 from strategies.screening import absent_rows_problem
 
 
@@ -23,13 +23,13 @@ def weighted_class_means(means: np.ndarray, counts: np.ndarray) -> tuple[np.ndar
     return summed / np.maximum(total, 1)[:, None], total > 0
 
 
-class LocalStrategy(HeteroStrategy):
+class LocalStrategy(MultiArchStrategy):
     """No communication: clients train alone (the broadcast is empty and uploads are ignored)."""
 
     name = "local"
 
 
-class LgFedAvgStrategy(HeteroStrategy):
+class LgFedAvgStrategy(MultiArchStrategy):
     """Average the shared-size heads (Linear(feature-dim, C)), weighted by num-examples."""
 
     name = "lg-fedavg"
@@ -49,7 +49,7 @@ class LgFedAvgStrategy(HeteroStrategy):
         }
 
 
-class _ClassMeanStrategy(HeteroStrategy):
+class _ClassMeanStrategy(MultiArchStrategy):
     """Keeps one global vector per class; classes nobody uploaded this round keep their previous value."""
 
     key = "means"

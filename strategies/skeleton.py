@@ -32,7 +32,7 @@ class RoundSkeleton(Strategy):
     metrics. ``start`` runs the rounds and can continue from ``first_round``.
 
     Hooks (the supernet family implements them in ``strategies.feast``, the model-heterogeneous one in
-    ``strategies.hetero_base``):
+    ``strategies.multiarch_base``):
       - ``begin_round``: what this round's messages are cut from (optional);
       - ``train_content``: the records sent to one partition (its arrays under ``DOWNLOAD_RECORD``);
       - ``metric_specs``, ``reply_shapes``: what a reply's metrics and arrays must be, checked before anything is

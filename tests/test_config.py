@@ -170,7 +170,7 @@ def test_strategies_and_clients_reject_what_the_registry_rejects():
     import torch
 
     from clients.fedtopo import fedtopo_upload
-    from fl_app.models.hetero import family_names
+    from fl_app.models.multiarch import family_names
     from strategies.fedtopo import merge_relations
     from strategies.fedtopo_baselines import adaptive_margin
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fl_app.data.images import DATASETS
-from fl_app.models.hetero import build_model, family_names
+from fl_app.models.multiarch import build_model, family_names
 from fl_app.run.config import KEYS, MAX_MODEL_BYTES, MODEL_SIZES, validate_run_config
 from fl_app.run.resources import bundled_file
 from fl_app.supernet.federation import TIER_ROUNDING, Federation

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from clients.fedtopo import capped_rows, class_prototypes, negative_weights, relation_scores, topology_loss
 from clients.fedtopo_baselines import FdLoss
-from fl_app.models.hetero import CPU_FAMILY, PAPER_FAMILY, architecture_of, build_model, family_names
+from fl_app.models.multiarch import CPU_FAMILY, PAPER_FAMILY, architecture_of, build_model, family_names
 from strategies.fedtopo import merge_relations, uniform_topology
 from strategies.fedtopo_baselines import (
     FdStrategy,

@@ -14,15 +14,15 @@ from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDic
 from experiments.runner.flower_internals import set_reply_source
 from experiments.runner.in_process_grid import InProcessGrid, run_in_process
 from fl_app.data.local_splits import client_data, client_rows
-from fl_app.hetero_app import (
-    HETERO_METHODS,
+from fl_app.models.multiarch import architecture_of, forward_macs
+from fl_app.multiarch_app import (
     MODEL_STATE,
+    MULTIARCH_METHODS,
     build_strategy,
-    evaluate_hetero,
+    evaluate_multiarch,
     load_client_model,
-    train_hetero,
+    train_multiarch,
 )
-from fl_app.models.hetero import architecture_of, forward_macs
 from fl_app.run.config import validate_run_config
 from fl_app.run.payload import record_bytes, record_to_state, state_to_record
 from strategies.fedtopo import merge_relations, uniform_topology
@@ -186,7 +186,7 @@ def test_fedtopo_client_uploads_only_relations_and_true_counts_and_keeps_its_mod
     run = _run(tmp_path, **{"proto-max-samples": 16})  # the cap limits compute, not the reported counts
     context = InProcessGrid(run, NUM_CLIENTS).contexts[1]
     before = {k: v.clone() for k, v in load_client_model(run, 1, context.state).state_dict().items()}
-    reply = train_hetero(_message(1, {"topology": uniform_topology(10)}), run, 1, NUM_CLIENTS, context)
+    reply = train_multiarch(_message(1, {"topology": uniform_topology(10)}), run, 1, NUM_CLIENTS, context)
     upload = record_to_state(reply.content.array_records["upload"])
     assert set(upload) == {"relations", "counts"}  # no weights leave the client
     train, test = client_data(run, 1, NUM_CLIENTS)
@@ -198,12 +198,12 @@ def test_fedtopo_client_uploads_only_relations_and_true_counts_and_keeps_its_mod
     np.testing.assert_allclose(upload["relations"], upload["relations"].T, atol=1e-6)
     after = load_client_model(run, 1, context.state).state_dict()
     assert any(not np.allclose(before[k].numpy(), after[k].numpy()) for k in before)  # kept in the node state
-    reply = evaluate_hetero(_message(1, {}, message_type=MessageType.EVALUATE), run, 1, NUM_CLIENTS, context)
+    reply = evaluate_multiarch(_message(1, {}, message_type=MessageType.EVALUATE), run, 1, NUM_CLIENTS, context)
     metrics = reply.content.metric_records["metrics"]
     assert metrics["num-test"] == len(test) and 0 <= metrics["correct"] <= len(test)
 
 
-@pytest.mark.parametrize("method", HETERO_METHODS)
+@pytest.mark.parametrize("method", MULTIARCH_METHODS)
 def test_every_method_runs_a_two_round_simulation(flower_ids, tmp_path, method):
     run = _run(tmp_path, method=method)
     grid = InProcessGrid(run, NUM_CLIENTS)

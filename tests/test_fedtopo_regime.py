@@ -13,7 +13,7 @@ import pytest
 from experiments.runner.in_process_grid import run_in_process
 from fl_app.data.images import load_dataset
 from fl_app.data.local_splits import client_rows, pathological_parts
-from fl_app.models.hetero import CPU_FAMILY, PAPER_FAMILY, architecture_of, client_model, family_names
+from fl_app.models.multiarch import CPU_FAMILY, PAPER_FAMILY, architecture_of, client_model, family_names
 from fl_app.run.config import KEYS, validate_run_config
 
 SAMPLE_LABELS = load_dataset("cifar10", "sample", "")[0].labels.numpy()

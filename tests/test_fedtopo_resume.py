@@ -14,7 +14,7 @@ import torch
 from flwr.app import MessageType
 
 from experiments.runner.in_process_grid import InProcessGrid, run_in_process
-from fl_app.hetero_app import MODEL_STATE
+from fl_app.multiarch_app import MODEL_STATE
 from fl_app.run.checkpoint import MODELS_DIR
 from fl_app.run.config import validate_run_config
 from fl_app.run.payload import record_to_state

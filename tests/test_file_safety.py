@@ -75,7 +75,7 @@ def _checkpoint(folder):
 
 
 def _client_model(folder):
-    from fl_app.models.hetero import client_model
+    from fl_app.models.multiarch import client_model
     from fl_app.run.checkpoint import save_model_file
 
     run = validate_run_config({"method": "fedtopo", "checkpoint-every": 1})
@@ -298,7 +298,7 @@ def test_another_run_on_the_same_nodes_never_replaces_a_runs_client_model_files(
 
 
 def test_a_client_model_file_of_another_run_is_neither_replaced_nor_resumed_from(tmp_path):
-    from fl_app.models.hetero import client_model
+    from fl_app.models.multiarch import client_model
     from fl_app.run.checkpoint import client_model_file, restore_model_file, save_model_file
 
     run = validate_run_config({"method": "fedtopo", "checkpoint-every": 1})

@@ -22,7 +22,7 @@ from flwr.common.constant import ErrorCode
 
 from clients.fedtopo import relation_scores
 from experiments.runner.in_process_grid import InProcessGrid, run_in_process
-from fl_app.hetero_app import HETERO_METHODS, MODEL_STATE, train_hetero
+from fl_app.multiarch_app import MODEL_STATE, MULTIARCH_METHODS, train_multiarch
 from fl_app.run.config import validate_run_config
 from fl_app.run.payload import record_to_state, state_to_record
 from strategies.fedtopo import FedTopoStrategy
@@ -43,8 +43,8 @@ STRATEGIES = {
 }
 
 
-def test_the_matrix_covers_the_six_hetero_methods():
-    assert sorted(STRATEGIES) == sorted(HETERO_METHODS)
+def test_the_matrix_covers_the_six_multiarch_methods():
+    assert sorted(STRATEGIES) == sorted(MULTIARCH_METHODS)
 
 
 def make_strategy_of(method: str):
@@ -205,7 +205,7 @@ def corruptions_of(method: str) -> list[Corruption]:
     return standard + method_corruptions(method)
 
 
-@pytest.mark.parametrize("method", sorted(HETERO_METHODS))
+@pytest.mark.parametrize("method", sorted(MULTIARCH_METHODS))
 def test_every_bad_training_reply_is_rejected_and_changes_nothing(flower_ids, method):
     setup = dict(
         make_strategy=make_strategy_of(method),
@@ -324,10 +324,10 @@ def _poisoned_topology(kind: str) -> np.ndarray:
 def test_a_client_refuses_a_poisoned_broadcast_and_keeps_its_model(flower_ids, tmp_path, method, arrays):
     run = validate_run_config({**TINY, "method": method, "output-dir": str(tmp_path / "out")})
     context = InProcessGrid(run, 3).contexts[1]
-    train_hetero(_train_message(1, {}, server_round=1), run, 1, 3, context)  # a first, honest round
+    train_multiarch(_train_message(1, {}, server_round=1), run, 1, 3, context)  # a first, honest round
     saved = {k: v.numpy().copy() for k, v in context.state.array_records[MODEL_STATE].items()}
     with pytest.raises(ValueError, match="refuses the round-2 broadcast"):
-        train_hetero(_train_message(1, arrays), run, 1, 3, context)
+        train_multiarch(_train_message(1, arrays), run, 1, 3, context)
     after = context.state.array_records[MODEL_STATE]
     assert all(np.array_equal(after[k].numpy(), v) for k, v in saved.items())
 
@@ -363,7 +363,7 @@ class PoisoningGrid(InProcessGrid):
         return out
 
 
-@pytest.mark.parametrize("method", sorted(HETERO_METHODS))
+@pytest.mark.parametrize("method", sorted(MULTIARCH_METHODS))
 def test_honest_models_and_global_state_equal_the_run_without_the_poisoner(flower_ids, tmp_path, method):
     def run_with(silent: bool, name: str):
         run = validate_run_config({**TINY, "method": method, "output-dir": str(tmp_path / name)})

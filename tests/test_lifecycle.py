@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from fl_app.hetero_app import HETERO_METHOD_TABLE, STEP_VALUES
+from fl_app.multiarch_app import MULTIARCH_METHOD_TABLE, STEP_VALUES
 from fl_app.run.checkpoint import model_fingerprint
 from fl_app.run.config import METHODS, SUPERNET_METHODS, validate_run_config
 from fl_app.run.lifecycle import FederatedRun, MethodFamily
@@ -156,14 +156,14 @@ def test_a_checkpoint_of_another_family_is_refused_before_the_output_folder_is_c
 
 def test_every_method_has_one_row_in_its_familys_table():
     assert sorted(SUPERNET_METHOD_TABLE) == sorted(SUPERNET_METHODS)
-    assert sorted([*SUPERNET_METHOD_TABLE, *HETERO_METHOD_TABLE]) == sorted(METHODS)
+    assert sorted([*SUPERNET_METHOD_TABLE, *MULTIARCH_METHOD_TABLE]) == sorted(METHODS)
     with pytest.raises(ValueError, match="method='fedtopo': allowed supernet-family methods are"):
         supernet_method(validate_run_config({"method": "fedtopo"}))
 
 
 def test_every_client_argument_is_a_step_value_or_a_run_config_key():
     run = validate_run_config({"method": "fedtopo"})
-    for name, method in HETERO_METHOD_TABLE.items():
+    for name, method in MULTIARCH_METHOD_TABLE.items():
         calls = [c for c in (method.before_training, method.loss, method.upload) if c is not None]
         for call in calls:
             for argument in call.arguments:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord
 
-import strategies.hetero_base as hetero_base
+import strategies.multiarch_base as multiarch_base
 from fl_app.run.payload import array_values, record_to_state, state_to_record
 from strategies.feast import FeastStrategy
 from strategies.fedtopo import FedTopoStrategy
@@ -136,7 +136,7 @@ def test_a_check_that_raises_rejects_the_evaluation_reply_and_the_run_goes_on(fl
         return "num-test" in specs and metrics.get("num-test") == TEST[HOSTILE]
 
     monkeypatch.setattr(
-        hetero_base, "metrics_problem", _raise_for_hostile(hetero_base.metrics_problem, is_hostile_evaluation)
+        multiarch_base, "metrics_problem", _raise_for_hostile(multiarch_base.metrics_problem, is_hostile_evaluation)
     )
     strategy = run_rounds(make_strategy_of("fedtopo"), state_to_record({}), honest_of("fedtopo"), TRAIN, 2, 0.6)
     for r in (1, 2):

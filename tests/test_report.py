@@ -76,8 +76,8 @@ def test_mixed_commits_are_refused_unless_allowed_and_each_row_names_its_commits
 
 
 def test_model_heterogeneous_runs_report_mean_client_accuracy(tmp_path):
-    make_run(tmp_path / "t0", method="fedtopo", seed=0, accuracy=0.7, kind="hetero")
-    make_run(tmp_path / "t1", method="fedtopo", seed=1, accuracy=0.74, kind="hetero")
+    make_run(tmp_path / "t0", method="fedtopo", seed=0, accuracy=0.7, kind="multiarch")
+    make_run(tmp_path / "t1", method="fedtopo", seed=1, accuracy=0.74, kind="multiarch")
     text = report_text(report(find_runs([tmp_path])))
     assert "mean client accuracy (%)" in text and "| fedtopo | cifar10 | 4 | 0,1 | – | 72.0 ± 25.4 |" in text
 

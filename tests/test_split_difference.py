@@ -27,8 +27,8 @@ def test_split_difference_pairs_runs_by_label_and_seed_and_never_overwrites(tmp_
 
     out = tmp_path / "diff"
     split_difference.main([str(old), str(new), "--out", str(out)])
-    assert "| feast | 25.0 | 27.0 | +5.0 / -1.0 |" in out.with_suffix(".md").read_text()
-    assert out.with_suffix(".csv").read_text().count("\n") == 3  # header and two runs
+    assert "| feast | 25.0 | 27.0 | +5.0 / -1.0 |" in (out / "split_difference.md").read_text()
+    assert (out / "split_difference.csv").read_text().count("\n") == 3  # header and two runs
     with pytest.raises(SystemExit):
         split_difference.main([str(old), str(new), "--out", str(out)])  # refuses to overwrite
     assert "already exist" in capsys.readouterr().err

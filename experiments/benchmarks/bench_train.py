@@ -302,7 +302,7 @@ def fedtopo_step(batch: int, device, bf16: bool):
     import torch
 
     from clients.fedtopo import local_train, topology_loss
-    from fl_app.models.hetero import architecture_of, client_model
+    from fl_app.models.multiarch import architecture_of, client_model
 
     torch.manual_seed(0)
     model = client_model("cpu", 0, 10, 64).to(device)

@@ -1,5 +1,5 @@
 """Drive a model-heterogeneous run in one process, without Ray or SuperNodes (tests and experiments): the app's own
-strategy and client functions (``fl_app.hetero_app``) exchange messages through ``InProcessGrid``, which hands each
+strategy and client functions (``fl_app.multiarch_app``) exchange messages through ``InProcessGrid``, which hands each
 message to the client function of its partition. What a Flower runtime would set on the messages is set by
 ``experiments.runner.flower_internals``."""
 
@@ -8,12 +8,12 @@ from __future__ import annotations
 from flwr.app import Context, MessageType, RecordDict
 
 from experiments.runner.flower_internals import message_identity, set_reply_source
-from fl_app.hetero_app import evaluate_hetero, run_hetero, train_hetero
+from fl_app.multiarch_app import evaluate_multiarch, run_multiarch, train_multiarch
 from fl_app.run.config import RunConfig
 
 
 class InProcessGrid:
-    """A Grid stand-in that delivers each message to ``train_hetero`` / ``evaluate_hetero`` of its partition, in
+    """A Grid stand-in that delivers each message to ``train_multiarch`` / ``evaluate_multiarch`` of its partition, in
     order, with one persistent ``Context`` per node (as a SuperNode keeps one per run)."""
 
     def __init__(self, run: RunConfig, num_clients: int, first_node_id: int = 100):
@@ -41,7 +41,7 @@ class InProcessGrid:
         replies = []
         for msg in messages:
             pid = self.partition_of_node[msg.metadata.dst_node_id]
-            handler = evaluate_hetero if msg.metadata.message_type == MessageType.EVALUATE else train_hetero
+            handler = evaluate_multiarch if msg.metadata.message_type == MessageType.EVALUATE else train_multiarch
             reply = handler(msg, self.run, pid, self.num_clients, self.contexts[pid])
             set_reply_source(reply, msg.metadata.dst_node_id)
             replies.append(reply)
@@ -51,4 +51,4 @@ class InProcessGrid:
 def run_in_process(run: RunConfig, num_clients: int, grid: InProcessGrid | None = None) -> dict:
     grid = grid or InProcessGrid(run, num_clients)
     with message_identity():
-        return run_hetero(grid, run, grid.nodes())
+        return run_multiarch(grid, run, grid.nodes())

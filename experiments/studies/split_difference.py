@@ -2,12 +2,12 @@
 the γ study under ``partitioner = "gamma"`` and under ``"gamma-class-size"``), compared run by run.
 
     python -m experiments.studies.split_difference experiments/results/gamma-seeds \\
-        experiments/results/gamma-class-size --out experiments/results/gamma-class-size/split_difference
+        experiments/results/gamma-class-size --out experiments/results/gamma-class-size
 
 Reads ``population_weighted_accuracy`` of every ``runs/<label>/seed<N>/summary.json`` present in both folders (the
 tier-based score every supernet run records, so folders made before ``client_subnet_accuracy`` existed compare
-too) and writes ``<out>.csv`` (one row per run) and ``<out>.md`` (one row per label: both means and the per-seed
-differences, new minus old). Refuses to overwrite either file.
+too) and writes ``split_difference.csv`` (one row per run) and ``split_difference.md`` (one row per label: both
+means and the per-seed differences, new minus old) into the ``--out`` folder. Refuses to overwrite either file.
 """
 
 from __future__ import annotations
@@ -75,14 +75,16 @@ def build_parser():
     parser = tool_parser("experiments.studies.split_difference", __doc__)
     parser.add_argument("old", type=Path, help="suite folder made with the old split")
     parser.add_argument("new", type=Path, help="suite folder made with the new split")
-    parser.add_argument("--out", type=Path, required=True, help="path without suffix: writes OUT.csv and OUT.md")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="folder for split_difference.csv and split_difference.md"
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    targets = [args.out.with_suffix(".csv"), args.out.with_suffix(".md")]
+    targets = [args.out / "split_difference.csv", args.out / "split_difference.md"]
     taken = [str(t) for t in targets if t.exists() or t.is_symlink()]
     if taken:
         parser.error(f"--out: {', '.join(taken)} already exist (nothing is overwritten)")
@@ -90,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         runs, labels = compare(args.old, args.new)
     except ValueError as error:
         parser.error(str(error))
+    args.out.mkdir(parents=True, exist_ok=True)
     write_csv(targets[0], runs)
     text = markdown(labels, args.old, args.new)
     write_text(targets[1], text)

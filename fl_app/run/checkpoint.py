@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from fl_app.data.images import DATASETS
-from fl_app.models.hetero import architecture_of
+from fl_app.models.multiarch import architecture_of
 from fl_app.run.config import RunConfig
 from fl_app.run.files import remember_written, write_new_file, wrote_here
 from fl_app.run.outputs import CLIENT_RECORDS_KEY
@@ -110,7 +110,7 @@ def supernet_fingerprint(run: RunConfig) -> dict:
     return model_fingerprint(run, cfg.to_dict())
 
 
-def hetero_fingerprint(run: RunConfig, num_clients: int) -> dict:
+def multiarch_fingerprint(run: RunConfig, num_clients: int) -> dict:
     """What FedTopo-family checkpoints belong to: every client's architecture, the classes and the feature size."""
     return model_fingerprint(
         run,
@@ -391,7 +391,7 @@ def save_model_file(run: RunConfig, pid: int, num: int, model, folder: str, serv
             "run_token": token,
             "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
         },
-        hetero_fingerprint(run, num),
+        multiarch_fingerprint(run, num),
         replace_if=lambda old: old.get("round") == server_round and old.get("run_token", "") == token,
     )
     every = run["checkpoint-every"]
@@ -413,7 +413,7 @@ def restore_model_file(
     if not rounds:
         return False
     path = client_model_file(folder, pid, rounds[-1])
-    blob = load_verified(path, hetero_fingerprint(run, num))
+    blob = load_verified(path, multiarch_fingerprint(run, num))
     differing = run_config_differences(blob["run_config"], run.to_dict())
     if differing:
         raise ValueError(f"{path}: saved by a run with other {differing}")

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from fl_app.data.images import DATA_SOURCES, DATASETS
 from fl_app.data.local_splits import LOCAL_PARTITIONERS
 from fl_app.data.partition import PARTITIONERS
-from fl_app.models.hetero import BACKBONES_PER_FAMILY, MODEL_FAMILIES
+from fl_app.models.multiarch import BACKBONES_PER_FAMILY, MODEL_FAMILIES
 from fl_app.run.payload import PAYLOAD_DTYPES
 from fl_app.supernet.evaluation import POPULATION_TIERS
 

@@ -1,5 +1,5 @@
 """One server run, the same for every method family: ``FederatedRun`` does what all runs do, a ``MethodFamily``
-says what its methods do differently (``fl_app.supernet_app.SupernetFamily``, ``fl_app.hetero_app.HeteroFamily``).
+says what its methods do differently (``fl_app.supernet_app.SupernetFamily``, ``fl_app.multiarch_app.MultiArchFamily``).
 
 summary.json, for every method: ``summary_head`` (method, dataset, rounds, seed, completed, error), then
 ``rounds_done``, ``num_clients``, ``clients_per_round``, the family's own keys (``MethodFamily.summary_fields``), the

@@ -23,7 +23,7 @@ BACKBONES_PER_FAMILY = (
 )
 
 
-class HeteroNet(nn.Module):
+class MultiArchNet(nn.Module):
     def __init__(self, name: str, extractor: nn.Module, extractor_dim: int, feature_dim: int, num_classes: int):
         super().__init__()
         self.name = name
@@ -194,16 +194,16 @@ def architecture_of(family: str, client: int, backbones: int = BACKBONES_PER_FAM
     return names[client % backbones]
 
 
-def build_model(family: str, name: str, num_classes: int, feature_dim: int) -> HeteroNet:
+def build_model(family: str, name: str, num_classes: int, feature_dim: int) -> MultiArchNet:
     if name not in family_names(family):
         raise ValueError(f"model '{name}' is not in model-family='{family}': {family_names(family)}")
     extractor, dim = CPU_FAMILY[name]() if family == "cpu" else PAPER_FAMILY[name](num_classes)
-    return HeteroNet(name, extractor, dim, feature_dim, num_classes)
+    return MultiArchNet(name, extractor, dim, feature_dim, num_classes)
 
 
 def client_model(
     family: str, client: int, num_classes: int, feature_dim: int, backbones: int = BACKBONES_PER_FAMILY
-) -> HeteroNet:
+) -> MultiArchNet:
     return build_model(family, architecture_of(family, client, backbones), num_classes, feature_dim)
 
 

@@ -1,11 +1,11 @@
 """Server and client wiring of the model-heterogeneous family: FedTopo and its baselines (local, LG-FedAvg, FD,
-FedProto, FedTGP), one row each in ``HETERO_METHOD_TABLE``.
+FedProto, FedTGP), one row each in ``MULTIARCH_METHOD_TABLE``.
 
 Client i trains ``family[i % backbones]`` on its own local training split and is scored on its local test split
 (``fl_app.data.local_splits``). Models never leave the clients: a client keeps its model between rounds in its node's
 ``context.state`` (in simulation and in a deployment alike), and in model files for a resume
 (``fl_app.run.checkpoint.save_model_file``). The server's run is a ``FederatedRun`` told what this family does
-differently by ``HeteroFamily``.
+differently by ``MultiArchFamily``.
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from clients.fedtopo_baselines import FdLoss, class_means_upload, head_upload, l
 from clients.local_training import LocalSettings
 from fl_app.data.images import DATASETS
 from fl_app.data.local_splits import client_data, client_rows, split_description, train_class_counts
-from fl_app.models.hetero import architecture_of, client_model, forward_macs
+from fl_app.models.multiarch import architecture_of, client_model, forward_macs
 from fl_app.run.checkpoint import (
     MODELS_DIR,
     RESUME_TOKEN,
     RUN_TOKEN,
     client_model_dirs,
-    hetero_fingerprint,
+    multiarch_fingerprint,
     restore_model_file,
     save_model_file,
 )
@@ -52,7 +52,7 @@ from fl_app.run.seeds import derived_seed
 from fl_app.supernet.training_costs import model_train_costs
 from strategies.fedtopo import FedTopoStrategy
 from strategies.fedtopo_baselines import FdStrategy, FedProtoStrategy, FedTgpStrategy, LgFedAvgStrategy, LocalStrategy
-from strategies.hetero_base import HeteroStrategy
+from strategies.multiarch_base import MultiArchStrategy
 from strategies.rounds import round_options, round_totals
 
 # the values of a client's training step a ``ClientCall`` can pass (any other argument name is a run-config key)
@@ -75,10 +75,10 @@ class ClientCall:
 
 
 @dataclass(frozen=True)
-class HeteroMethod:
+class MultiArchMethod:
     """Both sides of one model-heterogeneous method."""
 
-    strategy: type[HeteroStrategy]
+    strategy: type[MultiArchStrategy]
     broadcast: Callable[[int, int], dict[str, tuple]]  # (classes, feature size) -> what the server sends, once merged
     loss: ClientCall | None = None  # the client's loss_fn(logits, features, labels); None: plain cross-entropy
     upload: ClientCall | None = None  # the arrays the client uploads after training; None: nothing
@@ -94,8 +94,8 @@ _PROTOTYPE_LOSS = ClientCall(proto_loss, ("global_arrays", "distill-lambda"))
 _CLASS_MEANS_UPLOAD = ClientCall(
     class_means_upload, ("model", "train", "num_classes", "proto-max-samples", "round_seed")
 )
-HETERO_METHOD_TABLE = {
-    "fedtopo": HeteroMethod(
+MULTIARCH_METHOD_TABLE = {
+    "fedtopo": MultiArchMethod(
         FedTopoStrategy,
         lambda c, d: {"topology": (c, c)},
         loss=ClientCall(fedtopo_loss, ("global_arrays", "topo-beta")),
@@ -104,23 +104,23 @@ HETERO_METHOD_TABLE = {
         ),
         strategy_options={"tau": "topo-tau", "weighting": "topo-weighting", "kappa": "topo-kappa"},
     ),
-    "local": HeteroMethod(LocalStrategy, lambda c, d: {}),
-    "lg-fedavg": HeteroMethod(
+    "local": MultiArchMethod(LocalStrategy, lambda c, d: {}),
+    "lg-fedavg": MultiArchMethod(
         LgFedAvgStrategy,
         lambda c, d: {"head.weight": (c, d), "head.bias": (c,)},
         upload=ClientCall(head_upload, ("model",)),
         before_training=ClientCall(load_head, ("model", "global_arrays")),  # LG-FedAvg trains on from the global head
     ),
-    "fd": HeteroMethod(
+    "fd": MultiArchMethod(
         FdStrategy,
         lambda c, d: {"soft-labels": (c, c), "has": (c,)},
         loss=ClientCall(FdLoss, ("global_arrays", "distill-lambda", "num_classes")),
         upload=ClientCall(FdLoss.upload, ("loss_fn", "class_counts")),  # the mean logits seen while training
     ),
-    "fedproto": HeteroMethod(
+    "fedproto": MultiArchMethod(
         FedProtoStrategy, _class_means_broadcast, loss=_PROTOTYPE_LOSS, upload=_CLASS_MEANS_UPLOAD
     ),
-    "fedtgp": HeteroMethod(
+    "fedtgp": MultiArchMethod(
         FedTgpStrategy,
         _class_means_broadcast,
         loss=_PROTOTYPE_LOSS,
@@ -134,11 +134,11 @@ HETERO_METHOD_TABLE = {
         },
     ),
 }
-HETERO_METHODS = tuple(HETERO_METHOD_TABLE)
+MULTIARCH_METHODS = tuple(MULTIARCH_METHOD_TABLE)
 
 
 # -- client --------------------------------------------------------------------------------------------------------
-MODEL_STATE = "hetero-model"  # the ArrayRecord in context.state that holds a client's model between rounds
+MODEL_STATE = "multiarch-model"  # the ArrayRecord in context.state that holds a client's model between rounds
 
 
 def load_client_model(run: RunConfig, pid: int, state: RecordDict, num: int = 0, config=None, node_config=None):
@@ -162,7 +162,7 @@ def save_client_model(model, state: RecordDict) -> None:
     state[MODEL_STATE] = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
 
 
-def evaluate_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
+def evaluate_multiarch(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
     """Score this client's own model on its local test split."""
     _, test = client_data(run, pid, num)
     config = msg.content.config_records["config"]
@@ -173,7 +173,7 @@ def evaluate_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: C
     )
 
 
-def train_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
+def train_multiarch(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
     """One client step of a model-heterogeneous method: train the node's own model and upload what the method
     shares (never the weights, except LG-FedAvg's head). A broadcast that fails ``broadcast_problem`` is refused
     (the client raises: the server counts a failure) before the model is touched; a model that is no longer finite
@@ -185,7 +185,7 @@ def train_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Cont
     dtype = str(config["payload-dtype"])
     record = msg.content.array_records.get("arrays")
     global_arrays = record_to_state(record, dtype) if record is not None else {}
-    method = HETERO_METHOD_TABLE[run["method"]]
+    method = MULTIARCH_METHOD_TABLE[run["method"]]
     problem = broadcast_problem(global_arrays, method.broadcast(num_classes, run["feature-dim"]))
     if problem:
         raise ValueError(f"client {pid} refuses the round-{server_round} broadcast: {problem}")
@@ -201,7 +201,7 @@ def train_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Cont
         raise FloatingPointError(f"client {pid}: training diverged in round {server_round}; the model is not saved")
     step["class_counts"] = class_counts(train, num_classes)
     upload = method.upload(run, step) if method.upload is not None else {}
-    costs = hetero_train_costs(run, pid, tuple(train.images.shape[1:]), metrics["local-steps"] * settings.batch_size)
+    costs = multiarch_train_costs(run, pid, tuple(train.images.shape[1:]), metrics["local-steps"] * settings.batch_size)
     save_client_model(model, context.state)
     save_dir, _ = client_model_dirs(config, context.node_config)
     if save_dir:
@@ -212,7 +212,7 @@ def train_hetero(msg: Message, run: RunConfig, pid: int, num: int, context: Cont
     return Message(content, reply_to=msg)
 
 
-def hetero_train_costs(run: RunConfig, pid: int, image_shape: tuple[int, ...], samples: int) -> dict:
+def multiarch_train_costs(run: RunConfig, pid: int, image_shape: tuple[int, ...], samples: int) -> dict:
     """Reply metrics of what this client's training cost (clients.csv): FLOPs from its model's forward MACs."""
     family = run["model-family"]
     macs = forward_macs(
@@ -230,9 +230,9 @@ def build_strategy(run: RunConfig, node_of_partition: dict[int, int]):
     """The method's strategy. The server derives every client's split from the seed as the clients do, so it knows
     the size and per-class counts of each training split and the size of each test split, and holds replies to
     them."""
-    if run["method"] not in HETERO_METHOD_TABLE:
-        raise ValueError(f"method='{run['method']}': allowed model-heterogeneous methods are {list(HETERO_METHODS)}")
-    method = HETERO_METHOD_TABLE[run["method"]]
+    if run["method"] not in MULTIARCH_METHOD_TABLE:
+        raise ValueError(f"method='{run['method']}': allowed model-heterogeneous methods are {list(MULTIARCH_METHODS)}")
+    method = MULTIARCH_METHOD_TABLE[run["method"]]
     rows = client_rows(run, len(node_of_partition))
     common = dict(
         **round_options(run, len(node_of_partition)),
@@ -251,7 +251,7 @@ def build_strategy(run: RunConfig, node_of_partition: dict[int, int]):
     )
 
 
-class HeteroFamily(MethodFamily):
+class MultiArchFamily(MethodFamily):
     """What the model-heterogeneous methods do in a ``FederatedRun``: clients evaluate their own models (the
     strategy's ``history`` is metrics.csv), the server has no global model to save, so the checkpoint after the last
     round is its final state; each run has a token naming its clients' model files (new, or the resumed run's), and
@@ -265,7 +265,7 @@ class HeteroFamily(MethodFamily):
     def __init__(self, run: RunConfig, nodes: dict[int, dict]):
         self.run, self.num_clients = run, len(nodes)
         self.strategy = build_strategy(run, {pid: info["node_id"] for pid, info in nodes.items()})
-        self.fingerprint = hetero_fingerprint(run, self.num_clients)
+        self.fingerprint = multiarch_fingerprint(run, self.num_clients)
         family, rows = run["model-family"], client_rows(run, self.num_clients)
         self.client_columns = {
             "architecture": {pid: architecture_of(family, pid, run["backbones"]) for pid in nodes},
@@ -339,7 +339,7 @@ class HeteroFamily(MethodFamily):
         )
 
 
-def run_hetero(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
+def run_multiarch(grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
     """Run a model-heterogeneous method end to end and return its summary; how these runs differ from the other
-    family's is ``HeteroFamily``."""
-    return FederatedRun(run, nodes, HeteroFamily(run, nodes)).execute(grid)
+    family's is ``MultiArchFamily``."""
+    return FederatedRun(run, nodes, MultiArchFamily(run, nodes)).execute(grid)

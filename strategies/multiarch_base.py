@@ -41,7 +41,7 @@ TRAIN_METRIC_KEYS = {
 UPLOAD_RECORD = "upload"
 
 
-class HeteroStrategy(RoundSkeleton):
+class MultiArchStrategy(RoundSkeleton):
     """The base of the model-heterogeneous strategies: every sampled client gets the method's ``broadcast`` in a
     TRAIN message and uploads what the method merges; ``aggregate_uploads`` is the method's merge.
 
