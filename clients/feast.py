@@ -17,11 +17,11 @@ from fl_app.data.augment import soft_cross_entropy
 from fl_app.data.images import ImageData
 from fl_app.models.early_exit import level_shapes, scalefl_config
 from fl_app.models.elastic_resnet import ElasticResNet
+from fl_app.models.supernet_space import Subnet, SupernetConfig, width_sliced_config
 from fl_app.run.config import Range
 from fl_app.run.device import preferred_device
 from fl_app.run.payload import record_to_state
 from fl_app.supernet.slicing import subnet_shapes
-from fl_app.supernet.space import Subnet, SupernetConfig, width_sliced_config
 from fl_app.supernet.subnets import SubnetCache
 
 

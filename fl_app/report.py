@@ -22,7 +22,7 @@ their compute relative to that label's runs and their final accuracy against its
 
 Every file read is checked: a malformed field (``completed`` not a boolean, a summary that is not an object, a
 metrics.csv without its columns, text where a number belongs) is an error that names the file, not a count. Files
-are written through ``fl_app.run.files.replace_file``: a symlink at an output name is refused, never written through.
+are written through ``fl_app.io.files.replace_file``: a symlink at an output name is refused, never written through.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from fl_app.run.cli import tool_parser
+from fl_app.io.cli import tool_parser
+from fl_app.io.files import replace_file
 from fl_app.run.config import KEYS
-from fl_app.run.files import replace_file
 from fl_app.run.stats import Estimate, format_estimate, mean_ci, paired_difference, value_at_budget
 
 # summary key of the headline accuracy, in order of preference

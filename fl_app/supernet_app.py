@@ -24,6 +24,7 @@ from clients.local_training import LocalSettings
 from clients.scalefl import train_scalefl
 from fl_app.data.images import DATASETS
 from fl_app.models.elastic_resnet import ElasticResNet
+from fl_app.models.supernet_space import load_supernet_config, width_sliced_config
 from fl_app.run.checkpoint import save_verified, supernet_checkpoint_state, supernet_fingerprint, supernet_state_of
 from fl_app.run.config import RunConfig
 from fl_app.run.lifecycle import FederatedRun, MethodFamily
@@ -33,7 +34,6 @@ from fl_app.run.seeds import derived_seed
 from fl_app.supernet.evaluation import TierEvaluator
 from fl_app.supernet.federation import Federation, client_data, dataset_for, partition_rows, server_splits
 from fl_app.supernet.slicing import slice_state, subnet_shapes
-from fl_app.supernet.space import load_supernet_config, width_sliced_config
 from fl_app.supernet.training_costs import train_costs
 from strategies.feast import FeastStrategy
 from strategies.fedavg_min import FedAvgMinStrategy

@@ -9,9 +9,9 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.common.logger import log
 
 from fl_app.models.elastic_resnet import ElasticResNet
+from fl_app.models.supernet_space import Subnet, SupernetConfig
 from fl_app.run.payload import RecordState, record_to_state, state_to_record
 from fl_app.supernet.slicing import slice_state, state_numel, subnet_shapes
-from fl_app.supernet.space import Subnet, SupernetConfig
 from fl_app.supernet.subnets import SubnetCache
 from strategies.screening import CLIENT_SECONDS, TRAIN_LOSS, MetricSpec, examples_spec, labels_spec, magnitude_bound
 from strategies.skeleton import RoundSkeleton

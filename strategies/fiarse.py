@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import MetricRecord
 
+from fl_app.models.supernet_space import Subnet
 from fl_app.supernet.magnitude_masks import element_macs, level_thresholds, magnitude_mask
 from fl_app.supernet.slicing import state_numel, subnet_shapes
-from fl_app.supernet.space import Subnet
 from strategies.feast import FeastStrategy
 from strategies.heterofl import RUNNING_STATS
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import MetricRecord
 
+from fl_app.models.supernet_space import SupernetConfig, count_costs, width_sliced_config, width_tier
 from fl_app.supernet.slicing import subnet_shapes
-from fl_app.supernet.space import SupernetConfig, count_costs, width_sliced_config, width_tier
 from fl_app.supernet.subnets import CachedSubnet
 from strategies.feast import FeastStrategy
 

@@ -16,10 +16,10 @@ from fl_app.models.early_exit import (
     scalefl_config,
     scalefl_levels,
 )
+from fl_app.models.supernet_space import Subnet, SupernetConfig
 from fl_app.run.device import preferred_device
 from fl_app.supernet.evaluation import accuracy, recalibrate_bn
 from fl_app.supernet.slicing import slice_state
-from fl_app.supernet.space import Subnet, SupernetConfig
 from strategies.feast import FeastStrategy
 
 

@@ -9,7 +9,7 @@ import math
 import numpy as np
 from flwr.app import MetricRecord
 
-from fl_app.supernet.space import Subnet, count_macs
+from fl_app.models.supernet_space import Subnet, count_macs
 from fl_app.supernet.subnets import random_subnet
 from strategies.feast import FeastStrategy
 

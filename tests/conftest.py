@@ -7,7 +7,7 @@ import torch
 
 from experiments.runner.flower_env import isolated_env, stop_local_superlink
 from experiments.runner.flower_internals import message_identity
-from fl_app.supernet.space import load_supernet_config
+from fl_app.models.supernet_space import load_supernet_config
 from fl_app.supernet.subnets import SubnetCache
 
 

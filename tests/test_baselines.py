@@ -9,9 +9,9 @@ import pytest
 from flwr.app import ConfigRecord, MetricRecord
 
 from fl_app.models.elastic_resnet import ElasticResNet
+from fl_app.models.supernet_space import Subnet, count_macs, width_sliced_config, width_tier
 from fl_app.run.payload import payload_bytes, record_to_state, state_to_record
 from fl_app.supernet.slicing import subnet_shapes
-from fl_app.supernet.space import Subnet, count_macs, width_sliced_config, width_tier
 from strategies.heterofl import FedRolexStrategy, HeteroFLStrategy, elastic_dims, roll_state
 from strategies.superfednas import SuperFedNASStrategy, maxnet_beta, maxnet_weights, sandwich_roles
 from tests.test_routing_budgets import _reply

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 from flwr.app import MessageType
 
+from fl_app.models.supernet_space import count_macs, load_supernet_config
 from fl_app.run.outputs import ClientRecords, metrics_with_round_costs, write_round_files
-from fl_app.supernet.space import count_macs, load_supernet_config
 from fl_app.supernet.training_costs import train_costs, training_flops
 
 

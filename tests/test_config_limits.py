@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from fl_app.data.images import DATASETS
+from fl_app.io.resources import bundled_file
 from fl_app.models.multiarch import build_model, family_names
+from fl_app.models.supernet_space import NAMED_SUPERNETS
 from fl_app.run.config import KEYS, MAX_MODEL_BYTES, MODEL_SIZES, validate_run_config
-from fl_app.run.resources import bundled_file
 from fl_app.supernet.federation import TIER_ROUNDING, Federation
-from fl_app.supernet.space import NAMED_SUPERNETS
 from strategies.fedtopo_baselines import PrototypeGenerator
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from fl_app.data.images import decoded_cache_dir, load_dataset, split_train
-from fl_app.run.resources import bundled_file
+from fl_app.io.resources import bundled_file
 
 
 def test_bundled_sample_is_stratified_cifar10():

@@ -13,7 +13,7 @@ import stat
 import pytest
 from cryptography import x509
 
-import fl_app.run.files
+import fl_app.io.files
 from fl_app import deploy
 
 
@@ -27,14 +27,14 @@ def _snapshot(folder) -> dict:
 
 @pytest.fixture
 def open_calls(monkeypatch):
-    """Every os.open that fl_app.run.files makes: (path, flags, mode)."""
+    """Every os.open that fl_app.io.files makes: (path, flags, mode)."""
     calls, real_open = [], os.open
 
     def spy(path, flags, mode=0o777, *args, **kwargs):
         calls.append((str(path), flags, mode))
         return real_open(path, flags, mode, *args, **kwargs)
 
-    monkeypatch.setattr(fl_app.run.files.os, "open", spy)
+    monkeypatch.setattr(fl_app.io.files.os, "open", spy)
     return calls
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from fl_app.io.cli import HelpFormatter, comma_list, print_json, run_config_overrides
 from fl_app.run import config_reference
-from fl_app.run.cli import HelpFormatter, comma_list, print_json, run_config_overrides
 from fl_app.run.config import KEYS, Key, Range
 
 ROOT = Path(__file__).resolve().parents[1]

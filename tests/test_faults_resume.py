@@ -19,6 +19,7 @@ from flwr.common.constant import ErrorCode
 from experiments.runner import MEASURED
 from experiments.runner.flower_internals import set_message_id, set_reply_source
 from fl_app.models.elastic_resnet import ElasticResNet
+from fl_app.models.supernet_space import Subnet, load_supernet_config
 from fl_app.run.checkpoint import (
     capture_rng,
     load_round_checkpoint,
@@ -32,7 +33,6 @@ from fl_app.run.config import validate_run_config
 from fl_app.run.outputs import CLIENT_RECORDS_KEY
 from fl_app.run.payload import record_bytes, record_to_state, state_to_record
 from fl_app.supernet.slicing import slice_state, slice_subnet, subnet_shapes
-from fl_app.supernet.space import Subnet, load_supernet_config
 from fl_app.supernet_app import run_feast, train_feast
 from strategies.feast import FeastStrategy
 from strategies.rounds import round_totals, sample_partitions

@@ -13,9 +13,9 @@ from clients.fiarse import MagnitudeMask, masked_train_costs, masked_weight_grad
 from clients.local_training import LocalSettings
 from fl_app.data.images import ImageData
 from fl_app.models.elastic_resnet import ElasticResNet
+from fl_app.models.supernet_space import count_macs
 from fl_app.run.payload import payload_bytes, record_to_state, state_to_record
 from fl_app.supernet.magnitude_masks import element_macs, kept_macs, level_thresholds, magnitude_mask
-from fl_app.supernet.space import count_macs
 from strategies.fiarse import FiarseStrategy
 from tests.test_hostile_feast import CACHE, TINY
 from tests.test_routing_budgets import _reply

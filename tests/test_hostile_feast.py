@@ -13,10 +13,10 @@ import torch
 from flwr.app import Message, MetricRecord, RecordDict
 
 from fl_app.models.elastic_resnet import ElasticResNet
+from fl_app.models.supernet_space import Subnet, SupernetConfig, width_sliced_config
 from fl_app.run.config import SUPERNET_METHODS, validate_run_config
 from fl_app.run.payload import record_to_state, state_to_record
 from fl_app.supernet.slicing import slice_state, subnet_shapes
-from fl_app.supernet.space import Subnet, SupernetConfig, width_sliced_config
 from fl_app.supernet.subnets import SubnetCache
 from fl_app.supernet_app import make_supernet_strategy
 from tests.hostile import Corruption, check_hostile, node_of, run_rounds, set_value_corruption, standard_corruptions

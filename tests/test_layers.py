@@ -1,6 +1,7 @@
 """The import layers: fl_app's wiring (its top-level modules) on top, strategies/ and clients/ below it and beside
-each other, fl_app's core subpackages (run, data, supernet, models) below both, and kvtranslate/ apart from all
-of them. Checked on the source (ast) so an import inside a function counts too."""
+each other, fl_app's core subpackages below both, and kvtranslate/ apart from all of them. Inside the core the
+folders are ordered too (``CORE_FOLDER_RANKS``: io, then data and models, then run, then supernet), so no two
+folders import each other. Checked on the source (ast) so an import inside a function counts too."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 WIRING_PACKAGES = frozenset({"deploy"})
 WIRING = frozenset(p.stem for p in (ROOT / "fl_app").glob("*.py") if p.stem != "__init__") | WIRING_PACKAGES
 CORE = frozenset(p.name for p in (ROOT / "fl_app").iterdir() if (p / "__init__.py").exists()) - WIRING_PACKAGES
+# a core folder imports only folders of a lower rank: io (file writes, bundled files, CLI helpers) under everything;
+# data and models side by side; run above them (the run config checks values against their tables); supernet on top
+CORE_FOLDER_RANKS = {"io": 0, "data": 1, "models": 1, "run": 2, "supernet": 3}
 
 
 def imported_modules(source: str, module: str) -> set[str]:
@@ -64,6 +68,46 @@ def violations(module: str, source: str) -> list[str]:
     )
 
 
+def core_folder(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if layer_of(module) == "core" else None
+
+
+def folder_violations(module: str, source: str) -> list[str]:
+    """Imports from ``module`` (a core module) into a core folder of the same or a higher rank, its own excepted."""
+    own = core_folder(module)
+    if own is None:
+        return []
+    return sorted(
+        f"{module} ({own}, rank {CORE_FOLDER_RANKS[own]}) imports {name} "
+        f"({core_folder(name)}, rank {CORE_FOLDER_RANKS[core_folder(name)]})"
+        for name in imported_modules(source, module)
+        if core_folder(name) not in (None, own) and CORE_FOLDER_RANKS[core_folder(name)] >= CORE_FOLDER_RANKS[own]
+    )
+
+
+def folder_cycles(edges: set[tuple[str, str]]) -> list[list[str]]:
+    """The cycles of a folder graph, each as the list of folders on it (found by depth-first search)."""
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+    cycles, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                cycles.append(path[path.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return cycles
+
+
 def project_modules():
     for folder in ("fl_app", "strategies", "clients", "kvtranslate"):
         for path in sorted((ROOT / folder).rglob("*.py")):
@@ -79,6 +123,46 @@ def test_layers_hold_in_the_tree():
     )
     problems = [line for name, path in modules for line in violations(name, path.read_text())]
     assert problems == []
+
+
+def test_every_core_folder_has_a_rank():
+    assert set(CORE_FOLDER_RANKS) == set(CORE), "place a new fl_app folder in CORE_FOLDER_RANKS"
+
+
+def test_core_folders_import_only_lower_ranks_and_form_no_cycle():
+    modules = list(project_modules())
+    assert [line for name, path in modules for line in folder_violations(name, path.read_text())] == []
+    edges = {
+        (core_folder(name), core_folder(imported))
+        for name, path in modules
+        if core_folder(name)
+        for imported in imported_modules(path.read_text(), name)
+        if core_folder(imported) not in (None, core_folder(name))
+    }
+    assert ("supernet", "models") in edges and ("run", "data") in edges  # the graph is read, not empty
+    assert folder_cycles(edges) == []
+
+
+@pytest.mark.parametrize(
+    "module, source, bad",
+    [
+        ("fl_app.data.partition", "from fl_app.supernet.subnets import SubnetCache\n", "fl_app.supernet.subnets"),
+        ("fl_app.models.elastic_resnet", "from fl_app.supernet import slicing\n", "fl_app.supernet.slicing"),
+        ("fl_app.run.config", "from fl_app.supernet.evaluation import accuracy\n", "fl_app.supernet.evaluation"),
+        ("fl_app.data.images", "from fl_app.models.multiarch import MODEL_FAMILIES\n", "fl_app.models.multiarch"),
+        ("fl_app.io.files", "from ..run.config import RunConfig\n", "fl_app.run.config"),
+    ],
+)
+def test_each_upward_folder_import_is_caught(module, source, bad):
+    found = folder_violations(module, source)
+    assert any(f"imports {bad} " in line for line in found), found
+
+
+def test_folder_cycles_are_found():
+    assert folder_cycles({("run", "supernet"), ("supernet", "run"), ("data", "io")}) == [["run", "supernet", "run"]]
+    assert folder_cycles({("a", "b"), ("b", "c"), ("c", "a")}) == [["a", "b", "c", "a"]]
+    assert folder_cycles({("a", "b"), ("b", "c"), ("a", "c")}) == []
+    assert folder_violations("fl_app.supernet.search", "from fl_app.run.device import preferred_device\n") == []
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,9 @@ import math
 import pytest
 
 from fl_app.client_app import declared_budget
+from fl_app.models.supernet_space import count_macs
 from fl_app.run.config import validate_run_config
 from fl_app.supernet.federation import Federation
-from fl_app.supernet.space import count_macs
 from fl_app.supernet_app import run_feast
 
 NUM = 4

@@ -7,11 +7,11 @@ import pytest
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from experiments.runner.flower_internals import set_reply_source
+from fl_app.data.partition import draw_budgets
 from fl_app.models.elastic_resnet import ElasticResNet
+from fl_app.models.supernet_space import Subnet
 from fl_app.run.payload import payload_bytes, record_bytes, record_to_state, state_to_record
 from fl_app.supernet.slicing import slice_subnet, state_numel, subnet_shapes
-from fl_app.supernet.space import Subnet
-from fl_app.supernet.subnets import draw_budgets
 from strategies.feast import FeastStrategy
 from strategies.rounds import sample_partitions
 

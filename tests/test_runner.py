@@ -436,7 +436,7 @@ def local_data_suite(tmp_path, data: Path) -> Path:
 
 
 def copy_sample(folder: Path) -> Path:
-    from fl_app.run.resources import bundled_file
+    from fl_app.io.resources import bundled_file
 
     folder.mkdir(parents=True)
     for name in ("train.parquet", "test.parquet"):

@@ -24,12 +24,12 @@ from fl_app.models.early_exit import (
     truncated,
 )
 from fl_app.models.elastic_resnet import ElasticResNet
+from fl_app.models.supernet_space import count_costs, load_supernet_config
 from fl_app.run.config import validate_run_config
 from fl_app.run.payload import payload_bytes, record_to_state, state_to_record
 from fl_app.supernet.evaluation import evaluate_subnet
 from fl_app.supernet.federation import Federation
 from fl_app.supernet.slicing import is_prefix_shape
-from fl_app.supernet.space import count_costs, load_supernet_config
 from fl_app.supernet_app import make_supernet_strategy, partition_reports, train_feast
 from strategies.scalefl import ScaleFLStrategy, evaluate_level
 from tests.test_client_broadcast import _resent

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from fl_app.models.elastic_resnet import ElasticResNet
+from fl_app.models.supernet_space import Subnet
 from fl_app.supernet.evaluation import extract_subnet, recalibrate_bn
 from fl_app.supernet.slicing import prefix_region, slice_state, subnet_shapes
-from fl_app.supernet.space import Subnet
 
 
 def test_prefix_region_selects_leading_block():
@@ -192,8 +192,8 @@ def _images(n, seed):
 
 
 def test_search_respects_the_budget_and_explores_beyond_the_cache(cpu_cfg, cpu_cache):
+    from fl_app.models.supernet_space import count_costs
     from fl_app.supernet.search import evolutionary_search, shrink_to_budget
-    from fl_app.supernet.space import count_costs
 
     # a known objective: parameters (the search must climb it) — every candidate must still fit the budget
     def score(arch):

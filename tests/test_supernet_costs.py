@@ -10,7 +10,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from fl_app.models.elastic_resnet import ElasticResNet
-from fl_app.supernet.space import count_costs, load_supernet_config
+from fl_app.models.supernet_space import count_costs, load_supernet_config
 from fl_app.supernet.subnets import read_cache_rows
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference" / "feast"

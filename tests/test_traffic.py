@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from experiments.studies.traffic import main, routed_traffic
-from fl_app.supernet.subnets import draw_budgets
+from fl_app.data.partition import draw_budgets
 
 
 def test_depth_width_routing_sends_at_least_the_projects_routed_size(cpu_cfg, cpu_cache):

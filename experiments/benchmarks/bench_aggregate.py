@@ -2,7 +2,7 @@
 
     python -m experiments.benchmarks.bench_aggregate           # paper supernet (55.6M parameters), 10 clients
 
-Each client's budget comes from the Zipf draw (``fl_app.supernet.subnets.draw_budgets``), its reply is the
+Each client's budget comes from the Zipf draw (``fl_app.data.partition.draw_budgets``), its reply is the
 sub-supernet routed to that budget (``route_bounds`` -> ``subnet_shapes``), as an ``ArrayRecord`` like the ones a
 round receives.
 Sparse: decode the replies and ``strategies.sparse.sparse_average`` them into the global model, encode the result
@@ -34,10 +34,11 @@ def _reset_peak() -> None:
 
 
 def _inputs(supernet: str, cache_name: str, clients: int, seed: int, max_macs: float, dense: bool):
+    from fl_app.data.partition import draw_budgets
+    from fl_app.models.supernet_space import load_supernet_config
     from fl_app.run.payload import state_to_record
     from fl_app.supernet.slicing import slice_state, subnet_shapes
-    from fl_app.supernet.space import load_supernet_config
-    from fl_app.supernet.subnets import SubnetCache, draw_budgets
+    from fl_app.supernet.subnets import SubnetCache
 
     cfg = load_supernet_config(supernet)
     cache = SubnetCache.load(cfg, cache_name)

@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from fl_app.run.cli import tool_parser
-from fl_app.run.files import existing_output, write_own_file
+from fl_app.io.cli import tool_parser
+from fl_app.io.files import existing_output, write_own_file
 
 
 def build_parser() -> argparse.ArgumentParser:

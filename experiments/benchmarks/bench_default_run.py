@@ -37,8 +37,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from experiments.benchmarks.bench_startup import MARKERS, ROUND, log_stamp
-from fl_app.run.cli import tool_parser
-from fl_app.run.files import existing_output, write_own_file
+from fl_app.io.cli import tool_parser
+from fl_app.io.files import existing_output, write_own_file
 
 ROOT = Path(__file__).resolve().parents[2]
 ONE_RUN = r"""

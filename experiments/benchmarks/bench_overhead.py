@@ -35,8 +35,8 @@ import torch
 
 from experiments.runner.flower_env import local_flower_env
 from experiments.runner.flower_runs import flwr_run, format_run_config
-from fl_app.run.cli import run_config_overrides, tool_parser
-from fl_app.run.files import existing_output, write_own_file
+from fl_app.io.cli import run_config_overrides, tool_parser
+from fl_app.io.files import existing_output, write_own_file
 
 
 def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = None) -> dict:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from experiments.runner.flower_env import local_flower_env
 from experiments.runner.flower_runs import flwr_run, format_run_config
-from fl_app.run.cli import comma_list, tool_parser
+from fl_app.io.cli import comma_list, tool_parser
 
 DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "cifar10"
 

@@ -49,8 +49,8 @@ from pathlib import Path
 
 from experiments.runner.flower_env import local_flower_env
 from experiments.runner.flower_runs import APP_DIR, format_run_config
-from fl_app.run.cli import tool_parser
-from fl_app.run.files import existing_output, write_own_file
+from fl_app.io.cli import tool_parser
+from fl_app.io.files import existing_output, write_own_file
 
 # simulation DEBUG/INFO log markers, in the order they appear
 MARKERS = {

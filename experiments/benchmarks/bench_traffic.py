@@ -16,8 +16,9 @@ import json
 import numpy as np
 
 from experiments.studies.traffic import routed_traffic, supernet_parser
-from fl_app.supernet.space import load_supernet_config
-from fl_app.supernet.subnets import SubnetCache, draw_budgets
+from fl_app.data.partition import draw_budgets
+from fl_app.models.supernet_space import load_supernet_config
+from fl_app.supernet.subnets import SubnetCache
 from strategies.rounds import sample_partitions
 
 

@@ -48,8 +48,8 @@ import sys
 import time
 from pathlib import Path
 
-from fl_app.run.cli import tool_parser
-from fl_app.run.files import existing_output, write_own_file
+from fl_app.io.cli import tool_parser
+from fl_app.io.files import existing_output, write_own_file
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CLIENTS = 8  # the README's default federation

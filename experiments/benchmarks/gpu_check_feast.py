@@ -21,7 +21,7 @@ from pathlib import Path
 
 from experiments.runner.flower_env import local_flower_env
 from experiments.runner.flower_runs import flwr_run
-from fl_app.run.cli import tool_parser
+from fl_app.io.cli import tool_parser
 
 PAPER_CONFIG = Path(__file__).resolve().parents[1] / "conf" / "feast-cifar100.toml"
 

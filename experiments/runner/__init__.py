@@ -84,8 +84,8 @@ from typing import Callable
 
 from experiments.runner.flower_env import is_alive, process_identity, stop_in_flight
 from fl_app.data.provenance import data_fingerprint
+from fl_app.io.cli import add_command, comma_list, run_config_overrides, tool_parser
 from fl_app.report import MATCHED_COLUMN, read_table, settings, write_suite_tables
-from fl_app.run.cli import add_command, comma_list, run_config_overrides, tool_parser
 from fl_app.run.config import METHODS, SUPERNET_METHODS, validate_run_config
 from fl_app.run.outputs import write_json
 

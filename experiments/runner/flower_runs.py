@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from fl_app.run.files import open_new_file
+from fl_app.io.files import open_new_file
 
 APP_DIR = Path(__file__).resolve().parents[2]
 

@@ -35,8 +35,8 @@ from experiments.runner import (
     run_config_of,
 )
 from experiments.runner.in_process_grid import run_in_process
+from fl_app.io.cli import comma_list, tool_parser
 from fl_app.report import write_suite_tables
-from fl_app.run.cli import comma_list, tool_parser
 from fl_app.run.config import validate_run_config
 from fl_app.run.outputs import write_json
 

@@ -26,14 +26,14 @@ import numpy as np
 
 from fl_app.data.provenance import file_sha256
 from fl_app.extract import add_search_options, choose, load_trained
-from fl_app.run.cli import print_json, tool_parser
+from fl_app.io.cli import print_json, tool_parser
+from fl_app.io.files import write_own_file
+from fl_app.models.supernet_space import count_costs
 from fl_app.run.device import preferred_device
-from fl_app.run.files import write_own_file
 from fl_app.run.outputs import write_csv, write_json, write_text
 from fl_app.supernet.evaluation import accuracy, correct_predictions, extract_subnet, recalibrate_bn
 from fl_app.supernet.federation import dataset_for, server_splits
 from fl_app.supernet.search import ValidationScorer
-from fl_app.supernet.space import count_costs
 from fl_app.supernet.subnets import SubnetCache
 
 OUTPUTS = ("frontier.csv", "budgets.csv", "budgets.md", "frontier.png", "summary.json")  # what --out receives

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_app.run.cli import print_json, tool_parser
+from fl_app.io.cli import print_json, tool_parser
 from fl_app.run.config import SUPERNET_METHODS, validate_run_config
 from fl_app.run.outputs import write_csv, write_text
 from fl_app.run.payload import payload_bytes

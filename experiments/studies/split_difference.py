@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_app.run.cli import tool_parser
+from fl_app.io.cli import tool_parser
 from fl_app.run.outputs import write_csv, write_text
 
 KEY = "population_weighted_accuracy"

@@ -22,11 +22,12 @@ import argparse
 
 import numpy as np
 
-from fl_app.run.cli import print_json, tool_parser
+from fl_app.data.partition import draw_budgets
+from fl_app.io.cli import print_json, tool_parser
+from fl_app.models.supernet_space import Subnet, load_supernet_config
 from fl_app.run.payload import payload_bytes
 from fl_app.supernet.slicing import subnet_shapes
-from fl_app.supernet.space import Subnet, load_supernet_config
-from fl_app.supernet.subnets import SubnetCache, draw_budgets
+from fl_app.supernet.subnets import SubnetCache
 
 # --slicing value -> the sub-supernet a client receives, from its routing envelope
 SLICINGS = {

@@ -14,7 +14,7 @@ from pathlib import Path
 from experiments.runner import DEFAULT_DATA
 from experiments.runner.flower_env import local_flower_env
 from experiments.runner.flower_runs import flwr_run
-from fl_app.run.cli import print_json, tool_parser
+from fl_app.io.cli import print_json, tool_parser
 
 
 def build_parser() -> argparse.ArgumentParser:

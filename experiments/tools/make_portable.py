@@ -29,7 +29,7 @@ from pathlib import Path
 
 from experiments.runner import RESULTS, ROOT, RUN_RECORD, data_location, portable_data_path
 from fl_app.data.provenance import data_fingerprint
-from fl_app.run.cli import tool_parser
+from fl_app.io.cli import tool_parser
 from fl_app.run.outputs import write_text
 
 ABSOLUTE = re.compile(r"^(/|~)")

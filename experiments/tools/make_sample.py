@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from fl_app.data.images import SAMPLE_DIR
-from fl_app.run.cli import print_json, tool_parser
+from fl_app.io.cli import print_json, tool_parser
 
 
 def stratified_rows(labels: np.ndarray, per_class: int, rng: np.random.Generator) -> np.ndarray:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_app.run.cli import print_json, tool_parser
-from fl_app.run.files import existing_output
-from fl_app.supernet.space import Subnet, SupernetConfig, count_costs, load_supernet_config
+from fl_app.io.cli import print_json, tool_parser
+from fl_app.io.files import existing_output
+from fl_app.models.supernet_space import Subnet, SupernetConfig, count_costs, load_supernet_config
 from fl_app.supernet.subnets import CachedSubnet, random_subnet, write_cache
 
 

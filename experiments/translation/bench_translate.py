@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from fl_app.run.files import existing_output, write_own_file  # noqa: E402
+from fl_app.io.files import existing_output, write_own_file  # noqa: E402
 from kvtranslate.cli import HelpFormatter, int_list, print_table  # noqa: E402
 from kvtranslate.corpus import make_item  # noqa: E402
 from kvtranslate.evaluate import time_translate_vs_prefill, translate_and_prefill  # noqa: E402

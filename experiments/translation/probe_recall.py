@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from fl_app.run.files import existing_output, write_own_file  # noqa: E402
+from fl_app.io.files import existing_output, write_own_file  # noqa: E402
 from kvtranslate.cli import HelpFormatter, print_table  # noqa: E402
 from kvtranslate.models import INITS, TINY_SPECS, build_tiny, forward  # noqa: E402
 from kvtranslate.tokenization import train_tokenizer  # noqa: E402

@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from fl_app.run.files import existing_output, write_own_file  # noqa: E402
+from fl_app.io.files import existing_output, write_own_file  # noqa: E402
 from kvtranslate.cli import HelpFormatter, print_table  # noqa: E402
 from kvtranslate.corpus import make_dataset  # noqa: E402
 from kvtranslate.evaluate import qa_scores  # noqa: E402

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fl_app.run.files import write_new_file
-from fl_app.run.resources import bundled_file
+from fl_app.io.files import write_new_file
+from fl_app.io.resources import bundled_file
 
 SAMPLE_DIR = Path(__file__).parent / "cifar10-sample"  # where experiments/tools/make_sample.py writes it
 

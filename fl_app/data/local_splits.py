@@ -16,18 +16,18 @@ crosses the wire); there is no server hold-out, since these methods evaluate on 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from fl_app.data.images import DATASETS, ImageData, load_dataset, split_train, stratified_holdout
 from fl_app.data.partition import make_partitioner, partition_indices
 
-if TYPE_CHECKING:
-    from fl_app.run.config import RunConfig
-
 LOCAL_PARTITIONERS = ("dirichlet", "pathological")
+# a run config (``fl_app.run.config.RunConfig``) read by its keys; the data layer sits below the run layer
+RunSettings = Mapping[str, Any]
 
 
 def pathological_parts(labels: np.ndarray, num_partitions: int, classes_per_client: int, seed: int) -> list[np.ndarray]:
@@ -109,7 +109,7 @@ def _splits(
     return tuple(out)
 
 
-def client_rows(run: RunConfig, num_partitions: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+def client_rows(run: RunSettings, num_partitions: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
     """(train rows, test rows) into the training set for every partition id (cached per process)."""
     return _splits(
         run["dataset"],
@@ -125,7 +125,7 @@ def client_rows(run: RunConfig, num_partitions: int) -> tuple[tuple[np.ndarray, 
     )
 
 
-def split_description(run: RunConfig) -> str:
+def split_description(run: RunSettings) -> str:
     """The clients' split in a few words, for the run's log."""
     if run["local-partitioner"] == "pathological":
         text = f"pathological, {run['classes-per-client']} classes per client"
@@ -135,14 +135,14 @@ def split_description(run: RunConfig) -> str:
     return text if fraction == 1.0 else f"{text}, {fraction:g} of each client's training rows"
 
 
-def client_data(run: RunConfig, pid: int, num_partitions: int) -> tuple[ImageData, ImageData]:
+def client_data(run: RunSettings, pid: int, num_partitions: int) -> tuple[ImageData, ImageData]:
     """Partition ``pid``'s (local training set, local test set)."""
     train, _ = load_dataset(run["dataset"], run["data-source"], run["data-path"])
     rows_train, rows_test = client_rows(run, num_partitions)[pid]
     return train.subset(rows_train), train.subset(rows_test)
 
 
-def train_class_counts(run: RunConfig, rows: np.ndarray) -> np.ndarray:
+def train_class_counts(run: RunSettings, rows: np.ndarray) -> np.ndarray:
     """Per-class counts of these training-set rows (what a client of that split reports as its counts)."""
     train, _ = load_dataset(run["dataset"], run["data-source"], run["data-path"])
     return np.bincount(train.labels.numpy()[rows], minlength=DATASETS[run["dataset"]].num_classes).astype(np.float32)

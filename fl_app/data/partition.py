@@ -1,10 +1,11 @@
-"""Client partitions: FEAST's budget-coupled γ-allocation (plain NumPy) and flwr-datasets' partitioners.
+"""Client budgets and partitions: the Zipf draw of inference budgets, FEAST's budget-coupled γ-allocation (plain
+NumPy) and flwr-datasets' partitioners.
 
 flwr-datasets (with ``datasets``, seaborn, scipy and matplotlib) takes seconds to import in every process that loads
 the ClientApp, so it is imported only where a flwr-datasets partitioner is asked for: ``dirichlet``, ``iid`` and
 ``GammaPartitioner``, the γ-allocation as a flwr-datasets ``Partitioner`` for use outside this app. The γ-allocation
-(``partitioner = "gamma"``, the default run's, or ``"gamma-class-size"``, the FEAST repository's concentration) draws
-the same partitions without it.
+(``partitioner = "gamma-class-size"``, the default and the FEAST repository's concentration, or ``"gamma"``, the
+concentration of the earlier suites) draws the same partitions without it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,27 @@ GAMMA_PARTITIONERS = {"gamma": "clients", "gamma-class-size": "class-size"}
 PARTITIONERS = (*GAMMA_PARTITIONERS, "dirichlet", "iid")
 # the smallest concentration of the class-size draw: a vanishing share stays a valid Dirichlet parameter
 MIN_CONCENTRATION = 1e-6
+
+
+def draw_budgets(
+    num_clients: int, min_macs: float, max_macs: float, zipf_a: float, seed: int, levels: int = 0
+) -> np.ndarray:
+    """Client inference budgets: Zipf(``zipf_a``) over ``levels`` ranks spread evenly from ``min_macs`` to
+    ``max_macs`` (rank 1, the most common, is the smallest budget), jittered by up to half a step, clipped.
+
+    ``levels`` defaults to the number of clients. Deterministic in ``seed``.
+    """
+    levels = levels or num_clients
+    rng = np.random.default_rng([seed, 7919])
+    if levels == 1 or max_macs <= min_macs:
+        return np.full(num_clients, float(max(min_macs, max_macs)))
+    ranks = np.arange(1, levels + 1)
+    probs = ranks.astype(float) ** -zipf_a
+    probs /= probs.sum()
+    drawn = rng.choice(ranks, size=num_clients, p=probs)
+    step = (max_macs - min_macs) / (levels - 1)
+    budgets = min_macs + (drawn - 1) * step + rng.uniform(-step / 2, step / 2, size=num_clients)
+    return np.clip(budgets, min_macs, max_macs)
 
 
 def gamma_weights(budgets: np.ndarray, gamma: float, max_training_macs: float = 0.0) -> np.ndarray:
@@ -197,8 +219,7 @@ def skew_table(argv: list[str] | None = None) -> list[dict]:
     (Zipf over [--min-macs, --max-macs], γ shares capped at --max-training-macs)."""
     import pyarrow.parquet as pq
 
-    from fl_app.run.cli import print_json, tool_parser
-    from fl_app.supernet.subnets import draw_budgets
+    from fl_app.io.cli import print_json, tool_parser
 
     parser = tool_parser("fl_app.data.partition", skew_table.__doc__)
     parser.add_argument("labels", help="a train.parquet with a 'label' column")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from fl_app.run.resources import bundled_file
+from fl_app.io.resources import bundled_file
 
 
 def hub_name(dataset_name: str) -> str:

@@ -43,7 +43,7 @@ from fl_app.deploy.commands import (
 from fl_app.deploy.credentials import MAX_CERT_DAYS, make_certs, make_node_keys
 from fl_app.deploy.files import make_private_dir, write_connection
 from fl_app.deploy.results import DEFAULT_RUNS, fetch_results
-from fl_app.run.cli import add_command, comma_list, print_json, tool_parser
+from fl_app.io.cli import add_command, comma_list, print_json, tool_parser
 from fl_app.run.config import parse_macs_list
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import tomli_w
 
-from fl_app.run.files import fsync_dir, write_new_file
+from fl_app.io.files import fsync_dir, write_new_file
 
 PRIVATE_DIR = 0o700
 CONFIG_FILE = "config.toml"

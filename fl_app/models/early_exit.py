@@ -21,7 +21,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fl_app.models.elastic_resnet import ElasticResNet
-from fl_app.supernet.space import WIDTH_RATES, Subnet, SupernetConfig, count_costs, width_sliced_config, width_tier
+from fl_app.models.supernet_space import (
+    WIDTH_RATES,
+    Subnet,
+    SupernetConfig,
+    count_costs,
+    width_sliced_config,
+    width_tier,
+)
 
 # ScaleFL's width ratios: a fine grid (the reference searches 0.05 .. 1 in steps of 0.05), so that depth and width
 # can be balanced at each level's budget

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fl_app.supernet.space import Subnet, SupernetConfig
+from fl_app.models.supernet_space import Subnet, SupernetConfig
 
 
 def prefix(tensor: torch.Tensor, *sizes: int) -> torch.Tensor:

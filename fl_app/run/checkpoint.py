@@ -9,7 +9,7 @@ Verified files (any method, any model)::
 
 ``save_verified`` adds an ``integrity`` record to ``blob``: the SHA-256 of its content (every tensor's dtype, shape and
 bytes, every other value, in a canonical order) and the model fingerprint with what it was computed from. It writes
-through ``fl_app.run.files.write_new_file`` (a fresh temporary file, fsynced, then moved into place), so a crash never
+through ``fl_app.io.files.write_new_file`` (a fresh temporary file, fsynced, then moved into place), so a crash never
 leaves a half file under the real name. It never replaces an existing file unless ``replace_if(existing_blob)``
 says so for a verified file (e.g. an earlier round of the same run); anything else at the path (another file, a
 symlink) is refused with ``FileExistsError``.
@@ -47,11 +47,11 @@ import numpy as np
 import torch
 
 from fl_app.data.images import DATASETS
+from fl_app.io.files import remember_written, write_new_file, wrote_here
 from fl_app.models.multiarch import architecture_of
+from fl_app.models.supernet_space import load_supernet_config
 from fl_app.run.config import RunConfig
-from fl_app.run.files import remember_written, write_new_file, wrote_here
 from fl_app.run.outputs import CLIENT_RECORDS_KEY
-from fl_app.supernet.space import load_supernet_config
 
 CHECKPOINT_FILE = "checkpoint.pt"
 MODELS_DIR = "client-models"  # where clients keep model files for a resume (see ``client_model_dirs``)

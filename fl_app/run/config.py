@@ -18,7 +18,6 @@ from fl_app.data.local_splits import LOCAL_PARTITIONERS
 from fl_app.data.partition import PARTITIONERS
 from fl_app.models.multiarch import BACKBONES_PER_FAMILY, MODEL_FAMILIES
 from fl_app.run.payload import PAYLOAD_DTYPES
-from fl_app.supernet.evaluation import POPULATION_TIERS
 
 # methods built on the elastic supernet (FEAST and its baselines) share the FEAST client and server run
 SUPERNET_METHODS = ("feast", "superfednas", "deepfednas", "heterofl", "fedrolex", "fedavg-min", "fiarse", "scalefl")
@@ -27,6 +26,8 @@ TRAIN_SUBNETS = ("max", "min", "random")
 TOPO_WEIGHTINGS = ("support", "mean")
 TOPO_SOURCES = ("prototypes", "logits")
 TGP_MARGINS = ("class-gap", "max-pair")
+# which affordable tier scores a client in the population-weighted accuracy (fl_app.supernet.evaluation)
+POPULATION_TIERS = ("largest", "best-validation")
 
 
 MAX_CLIENTS = 100_000  # upper bound of every client/partition count in the run config

@@ -14,9 +14,9 @@ import re
 import sys
 from pathlib import Path
 
-from fl_app.run.cli import tool_parser
+from fl_app.io.cli import tool_parser
+from fl_app.io.files import replace_file
 from fl_app.run.config import KEYS, Key
-from fl_app.run.files import replace_file
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = Path("docs/run-config.md")  # relative to the repository root, where the tools are run

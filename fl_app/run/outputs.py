@@ -1,6 +1,6 @@
 """A run's output folder: metrics.csv (tiers), rounds.csv (per round), summary.json, the supernet, the plot.
 
-Files are written through ``fl_app.run.files`` (a fresh temporary file, then linked or renamed into place), so an
+Files are written through ``fl_app.io.files`` (a fresh temporary file, then linked or renamed into place), so an
 interrupted run never leaves a half-written file and no symlink is ever followed; a file is replaced only when this
 run wrote it (the round files rewritten after each round), and a folder that already holds results, another run's
 included, is refused before training starts.
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from flwr.common.logger import log
 
+from fl_app.io.files import replace_file, write_own_file
 from fl_app.run import tracker
-from fl_app.run.files import replace_file, write_own_file
 
 # what a run writes into its output folder (fl_app.run.checkpoint's MODELS_DIR included): any of them there
 # already means the folder holds another run

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from fl_app.run.files import write_own_file
+from fl_app.io.files import write_own_file
 
 RUN_RECORD = "flower_run.json"
 ROUND_KEYS = ("round", "tier_macs")  # what says which row a number belongs to, not a metric

@@ -13,9 +13,10 @@ from flwr.app import MetricRecord
 from fl_app.data.augment import normalize
 from fl_app.data.images import ImageData
 from fl_app.models.elastic_resnet import DynamicBatchNorm2d, ElasticResNet
+from fl_app.models.supernet_space import Subnet, SupernetConfig
+from fl_app.run.config import POPULATION_TIERS
 from fl_app.run.device import preferred_device
 from fl_app.supernet.slicing import slice_subnet
-from fl_app.supernet.space import Subnet, SupernetConfig
 
 
 def extract_subnet(cfg: SupernetConfig, supernet_state: Mapping, arch: Subnet) -> ElasticResNet:
@@ -106,9 +107,6 @@ def evaluate_subnet(
     model = extract_subnet(cfg, supernet_state, arch).to(preferred_device())
     recalibrate_bn(model, calibration.images)
     return [accuracy(model, split) for split in splits]
-
-
-POPULATION_TIERS = ("largest", "best-validation")
 
 
 def population_weighted_accuracy(

@@ -12,10 +12,10 @@ from functools import lru_cache
 import numpy as np
 
 from fl_app.data.images import DATASETS, ImageData, Splits, load_dataset, split_train
-from fl_app.data.partition import make_partitioner, partition_indices
+from fl_app.data.partition import draw_budgets, make_partitioner, partition_indices
+from fl_app.models.supernet_space import SupernetConfig, count_costs, load_supernet_config
 from fl_app.run.config import MAX_MODEL_BYTES, RunConfig
-from fl_app.supernet.space import SupernetConfig, count_costs, load_supernet_config
-from fl_app.supernet.subnets import SubnetCache, draw_budgets
+from fl_app.supernet.subnets import SubnetCache
 
 # Tiers are written as rounded MACs (596e6 names the paper cache's largest subnet, 595.7M MACs at 100 classes): a
 # tier this far (relative) outside the cached range still names the subnet at that end.

@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from fl_app.supernet.space import SupernetConfig
+from fl_app.models.supernet_space import SupernetConfig
 
 
 @lru_cache(maxsize=8)

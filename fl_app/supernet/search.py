@@ -16,8 +16,8 @@ from typing import Callable, Mapping
 import numpy as np
 
 from fl_app.data.images import ImageData
+from fl_app.models.supernet_space import Subnet, SupernetConfig, count_costs
 from fl_app.supernet.evaluation import subnet_correct
-from fl_app.supernet.space import Subnet, SupernetConfig, count_costs
 from fl_app.supernet.subnets import random_subnet
 
 

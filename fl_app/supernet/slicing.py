@@ -12,7 +12,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from fl_app.supernet.space import Subnet, SupernetConfig
+from fl_app.models.supernet_space import Subnet, SupernetConfig
 
 Shape = tuple[int, ...]
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_app.run.files import write_own_file
-from fl_app.run.resources import bundled_file
-from fl_app.supernet.space import NAMED_CACHES, Subnet, SupernetConfig, count_costs
+from fl_app.io.files import write_own_file
+from fl_app.io.resources import bundled_file
+from fl_app.models.supernet_space import NAMED_CACHES, Subnet, SupernetConfig, count_costs
 
 
 @dataclass(frozen=True)
@@ -114,27 +114,6 @@ def write_cache(path: Path, cache_entries: list[CachedSubnet]) -> None:
     for c in cache_entries:
         writer.writerow([c.macs, c.params, str(list(c.arch.d)), str(list(c.arch.e)), str(list(c.arch.w))])
     write_own_file(path, text.getvalue().encode())
-
-
-def draw_budgets(
-    num_clients: int, min_macs: float, max_macs: float, zipf_a: float, seed: int, levels: int = 0
-) -> np.ndarray:
-    """Client inference budgets: Zipf(``zipf_a``) over ``levels`` ranks spread evenly from ``min_macs`` to
-    ``max_macs`` (rank 1, the most common, is the smallest budget), jittered by up to half a step, clipped.
-
-    ``levels`` defaults to the number of clients. Deterministic in ``seed``.
-    """
-    levels = levels or num_clients
-    rng = np.random.default_rng([seed, 7919])
-    if levels == 1 or max_macs <= min_macs:
-        return np.full(num_clients, float(max(min_macs, max_macs)))
-    ranks = np.arange(1, levels + 1)
-    probs = ranks.astype(float) ** -zipf_a
-    probs /= probs.sum()
-    drawn = rng.choice(ranks, size=num_clients, p=probs)
-    step = (max_macs - min_macs) / (levels - 1)
-    budgets = min_macs + (drawn - 1) * step + rng.uniform(-step / 2, step / 2, size=num_clients)
-    return np.clip(budgets, min_macs, max_macs)
 
 
 def random_subnet(cfg: SupernetConfig, rng: np.random.Generator) -> Subnet:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from fl_app.models.supernet_space import SupernetConfig, count_macs
 from fl_app.run.outputs import memory_mb
-from fl_app.supernet.space import SupernetConfig, count_macs
 
 FLOPS_PER_TRAINED_MAC = 6
 

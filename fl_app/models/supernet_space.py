@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from fl_app.run.resources import bundled_file
+from fl_app.io.resources import bundled_file
 
 NAMED_SUPERNETS = {"cpu": "supernets/cpu.json", "paper": "supernets/paper.json"}
 NAMED_CACHES = {"cpu": "supernets/cpu-cache.csv", "paper": "supernets/paper-cache.csv"}
