@@ -56,6 +56,8 @@ NOT_GROUPED = ("seed", "output-dir", "checkpoint-every", "round-timeout", "resum
 TABLE_FILES = {"accuracy": "table.csv", "paired": "paired.csv", "tiers": "tiers.csv", "rounds": "rounds.csv"}
 TABLE_FILES["compute"] = "compute.csv"
 TABLE_FILES["matched"] = "matched.csv"
+TABLE_FILES["tier_rounds"] = "tier_rounds.csv"
+TIER_COLUMNS = ("tier_macs", "test_accuracy")  # metrics.csv: one row per evaluated round and tier
 # run-config keys the suite runner sets per seed for a match-compute run (from its sources' compute): not grouped on
 MATCH_SET = ("num-server-rounds", "eval-every")
 MATCHED_COLUMN = "client_train_flops"  # the compute a match-compute run matches (experiments.runner)
@@ -218,6 +220,7 @@ class Run:
     rounds: pd.DataFrame | None = None  # rounds.csv (None when the run wrote none)
     accuracy_keys: tuple = ACCURACY_KEYS  # summary keys of its accuracy, in order of preference
     client_subnet_curve: list[tuple[int, float]] = field(default_factory=list)  # the curve of client_subnet_accuracy
+    tier_curve: list[tuple[int, float, float]] = field(default_factory=list)  # (round, tier MACs, test accuracy)
 
     @property
     def label(self) -> str:
@@ -302,7 +305,7 @@ def load_run(folder: Path) -> Run:
     if "seed" not in summary and not KINDS["whole"][0](seed):
         raise ReportError(f"{folder}: run config 'seed' is {seed!r}; allowed: a whole number")
     # every run records one of ACCURACY_KEYS; client_subnet_accuracy is recorded beside them
-    metrics = read_table(folder / "metrics.csv", ("round",), ALL_ACCURACY_KEYS, any_of=ACCURACY_KEYS)
+    metrics = read_table(folder / "metrics.csv", ("round",), (*ALL_ACCURACY_KEYS, *TIER_COLUMNS), any_of=ACCURACY_KEYS)
     for key in (k for k in ALL_ACCURACY_KEYS if k in metrics.columns):
         outside = metrics[key].notna() & ~metrics[key].between(0, 1)
         if outside.any():
@@ -321,7 +324,17 @@ def load_run(folder: Path) -> Run:
                 f"{folder / 'rounds.csv'}: round {rounds['round'][repeated].iloc[0]} appears twice (one row per round)"
             )
     client_subnet_curve = accuracy_curve(metrics, (CLIENT_SUBNET_ACCURACY,))
-    return Run(folder, summary, record, curve, rounds, client_subnet_curve=client_subnet_curve)
+    return Run(
+        folder, summary, record, curve, rounds, client_subnet_curve=client_subnet_curve, tier_curve=tier_curve(metrics)
+    )
+
+
+def tier_curve(metrics: pd.DataFrame) -> list[tuple[int, float, float]]:
+    """(round, tier MACs, test accuracy) of every tier row of metrics.csv ([] for a run without tiers)."""
+    if any(c not in metrics.columns for c in TIER_COLUMNS):
+        return []
+    rows = metrics.dropna(subset=list(TIER_COLUMNS))
+    return [(int(r), float(m), float(a)) for r, m, a in zip(rows["round"], rows["tier_macs"], rows["test_accuracy"])]
 
 
 def accuracy_curve(metrics: pd.DataFrame, keys: tuple) -> list[tuple[int, float]]:
@@ -623,6 +636,38 @@ def round_rows(rows: list[Row]) -> list[dict]:
     return records(table)
 
 
+def tier_round_rows(rows: list[Row]) -> list[dict]:
+    """Per row, tier and evaluated round: the tier's test accuracy over seeds (tiers and rounds every run of the row
+    has; a tier is named by its MACs, as the runs' tier tables are)."""
+    frame = pd.DataFrame(
+        [
+            {"row": i, "macs": macs, "round": rnd, "accuracy": acc}
+            for i, row in enumerate(rows)
+            for run in row.runs
+            for rnd, macs, acc in run.tier_curve
+        ],
+        columns=["row", "macs", "round", "accuracy"],
+    )
+    if frame.empty:
+        return []
+    runs_there = frame.groupby(["row", "macs", "round"])["round"].transform("size")
+    frame = frame[runs_there == frame["row"].map(lambda i: rows[i].seeds)]
+    if frame.empty:
+        return []
+    acc = estimates(frame, ["row", "macs", "round"], "accuracy")
+    table = pd.DataFrame(
+        {
+            "method": [rows[i].name for i, _, _ in acc.index],
+            "tier_mmacs": [round(macs / 1e6, 3) for _, macs, _ in acc.index],
+            "round": [int(r) for _, _, r in acc.index],
+            "accuracy": acc["accuracy"].to_numpy(),
+            "accuracy_ci95": acc["accuracy_ci95"].to_numpy(),
+            "n": acc["n"].to_numpy(),
+        }
+    )
+    return records(table)
+
+
 COMPUTE_COLUMNS = (("client_train_flops", "client training FLOPs"), ("client_seconds", "client seconds"))
 
 
@@ -862,6 +907,7 @@ def report(runs: list[Run], reference: str | None = None, allow_mixed_commits: b
         "paired": paired_rows(rows, reference) if reference else [],
         "tiers": tier_rows(rows),
         "rounds": round_rows(rows),
+        "tier_rounds": tier_round_rows(rows),
         "compute": compute,
         "compute_text": compute_text,
         "matched": matched_rows(rows),

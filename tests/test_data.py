@@ -175,3 +175,19 @@ def test_a_decoded_cache_with_bad_labels_is_refused(tmp_path, monkeypatch):
     ):
         load_dataset("cifar10", "local", str(root))
     load_dataset.cache_clear()
+
+
+def test_a_missing_bundled_file_names_every_place_looked(monkeypatch, tmp_path):
+    """A FAB copy carries no CSVs: when neither the copy nor the installed checkout holds the file, the error says
+    where it looked, so a run started from another checkout than the installed one is told which."""
+    from fl_app.io import resources
+
+    copy, installed = tmp_path / "fab" / "fl_app", tmp_path / "checkout" / "fl_app"
+    (installed / "supernets").mkdir(parents=True)
+    (installed / "supernets" / "x.csv").write_text("macs\n")
+    monkeypatch.setattr(resources, "PACKAGE_DIR", copy)
+    monkeypatch.setattr(resources, "_installed_package_dir", lambda: installed)
+    assert resources.bundled_file("supernets/x.csv") == installed / "supernets" / "x.csv"
+    with pytest.raises(FileNotFoundError) as raised:
+        resources.bundled_file("supernets/y.csv")
+    assert str(copy) in str(raised.value) and str(installed) in str(raised.value)

@@ -205,6 +205,30 @@ def test_equal_compute_matches_each_seed_to_the_references_own_total(tmp_path):
     assert rows["feast"]["accuracy_at_budget_ci95"] == pytest.approx(12.706 * 0.0707107 / 2**0.5, rel=1e-4)
 
 
+def test_tier_curves_average_each_tier_and_round_over_seeds(tmp_path):
+    """tier_rounds.csv by hand: two seeds, two tiers at rounds 2 and 4; a tier one seed lacks at a round is left
+    out (means over the same seeds only)."""
+    rows_of = {
+        0: [(2, 4.9e5, 0.20), (2, 1.5e6, 0.25), (4, 4.9e5, 0.30), (4, 1.5e6, 0.40)],
+        1: [(2, 4.9e5, 0.22), (4, 4.9e5, 0.34), (4, 1.5e6, 0.44)],
+    }
+    for seed, tier_rows in rows_of.items():
+        folder = make_run(tmp_path / f"r{seed}", seed=seed, accuracy=0.3)
+        write_csv(
+            folder / "metrics.csv",
+            [
+                {"round": r, "tier_macs": m, "test_accuracy": a, "population_weighted_accuracy": 0.3}
+                for r, m, a in tier_rows
+            ],
+        )
+    table = report(find_runs([tmp_path]))["tier_rounds"]
+    got = {(r["tier_mmacs"], r["round"]): (r["accuracy"], r["n"]) for r in table}
+    assert set(got) == {(0.49, 2), (0.49, 4), (1.5, 4)}  # 1.5 MMACs at round 2: seed 1 has none
+    assert got[(0.49, 2)][0] == pytest.approx(0.21) and got[(0.49, 4)][0] == pytest.approx(0.32)
+    assert got[(1.5, 4)] == (pytest.approx(0.42), 2)
+    assert report(find_runs([tmp_path / "r0"]))["tier_rounds"][0]["n"] == 1
+
+
 # -- the committed tables ------------------------------------------------------------------------------------------
 # each committed suite folder, as its README makes it: (paths, reference, allow mixed commits)
 COMMITTED_SUITES = {
@@ -215,7 +239,7 @@ COMMITTED_SUITES = {
     "fedtopo-inprocess": (["experiments/results/fedtopo-inprocess/runs"], "fedtopo", True),
     "fedtopo-100clients": (["experiments/results/fedtopo-100clients/runs"], "fedtopo", True),
 }
-TABLE_NAMES = ("table.md", "table.csv", "paired.csv", "tiers.csv", "rounds.csv", "compute.csv")
+TABLE_NAMES = ("table.md", "table.csv", "paired.csv", "tiers.csv", "rounds.csv", "tier_rounds.csv", "compute.csv")
 
 
 @pytest.mark.parametrize("suite", sorted(COMMITTED_SUITES))

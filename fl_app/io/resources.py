@@ -29,7 +29,12 @@ def _installed_package_dir() -> Path | None:
 
 def bundled_file(relative: str) -> Path:
     """Path of a file shipped inside ``fl_app`` (e.g. ``supernets/cpu-cache.csv``)."""
-    for base in (PACKAGE_DIR, _installed_package_dir()):
-        if base is not None and (base / relative).exists():
+    bases = [base for base in (PACKAGE_DIR, _installed_package_dir()) if base is not None]
+    for base in bases:
+        if (base / relative).exists():
             return base / relative
-    raise FileNotFoundError(f"bundled file fl_app/{relative} not found; install the project first (pip install -e .)")
+    # a FAB copy of the app carries no CSV files, so a run finds them only in the installed checkout: name both places
+    raise FileNotFoundError(
+        f"bundled file fl_app/{relative} not found in {' or '.join(str(b) for b in bases)}; install this checkout "
+        "(pip install -e .) so that runs started from it find its bundled files"
+    )
