@@ -7,6 +7,7 @@ training message against what the method and the run config imply before anythin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, NoReturn
 
 import numpy as np
 import torch
@@ -123,6 +124,7 @@ ROUTING = {
     "scalefl": Routing("early-exit", assigns_subnet=True, running_stats=False),
 }
 SUBNET_KEYS = ("d", "e", "w")
+Refusal = Callable[[str], NoReturn]  # raises the client's refusal of this round's broadcast, naming the problem
 
 
 @dataclass
@@ -154,69 +156,25 @@ def read_routed(content, run, cfg: SupernetConfig, budget_range: tuple[int, int]
     config = content.config_records.get("config", {})
     model_cfg = {"width-sliced": width_sliced_config, "early-exit": scalefl_config}.get(routing.model, lambda c: c)(cfg)
 
-    def refuse(problem: str):
+    def refuse(problem: str) -> NoReturn:
         raise ValueError(f"client {pid} refuses the round-{config.get('server-round')} broadcast: {problem}")
 
     if not routing.assigns_subnet and any(f"arch-{k}" in config for k in SUBNET_KEYS):
         refuse(f"config 'arch-*': method '{run['method']}' assigns no subnet (its client plans its own step)")
-    budgets = Range(*budget_range)
-    problem = config_problem(
-        config,
-        {
-            "server-round": Expect(int, Range(1, run["num-server-rounds"])),
-            "lr": Expect(float, Range(0.0, run["lr"])),
-            "payload-dtype": Expect(str, (run["payload-dtype"],)),
-            "budget-macs": Expect(float, budgets),
-            "partition-budgets": Expect(float, budgets, length=num),
-            "model": Expect(str, (routing.model,), required=routing.model != "supernet"),
-            "mask-labels": Expect(bool, (routing.mask_labels,), required=routing.mask_labels),
-            "mask-threshold": Expect(
-                float, Range(0.0, BROADCAST_MAX_ABS) if routing.magnitude_mask else (), required=routing.magnitude_mask
-            ),
-            **_subnet_expects(model_cfg, "bounds"),
-            **(_subnet_expects(model_cfg, "arch") if routing.assigns_subnet else {}),
-        },
-    )
+    problem = config_problem(config, _config_expects(run, routing, model_cfg, Range(*budget_range), num))
     if problem:
         refuse(problem)
     budget, partition_budgets = float(config["budget-macs"]), [float(b) for b in config["partition-budgets"]]
     if budget != partition_budgets[pid]:
         refuse(f"config 'budget-macs'={budget:g} is not its entry of 'partition-budgets' ({partition_budgets[pid]:g})")
-    try:
-        bounds, arch = _subnet(config, model_cfg, "bounds"), _subnet(config, model_cfg, "arch")
-    except ValueError as error:
-        refuse(str(error))
-    if arch is not None and not arch.within(bounds):
-        refuse("config 'arch-*': the assigned subnet is not inside the routed bounds 'bounds-*'")
+    bounds, arch = _routed_subnets(config, model_cfg, refuse)
     rate = model_cfg.width_multiplier_choices[bounds.w[0]] if routing.model == "width-sliced" else 1.0
     problem = config_problem(config, {"width-rate": Expect(float, (rate,), required=routing.model != "supernet")})
     if problem:
         refuse(problem)
-
-    record = content.array_records.get("arrays")
-    if routing.model == "early-exit":  # a ScaleFL level: its parameters and exits (routed bounds not a level: refused)
-        try:
-            expected = level_shapes(model_cfg, bounds)
-        except ValueError as error:
-            refuse(str(error))
-    else:
-        expected = subnet_shapes(model_cfg, bounds)
-    if not routing.running_stats and routing.model != "early-exit":
-        # BatchNorm statistics are the model's buffers: only its parameters travel
-        with torch.device("meta"):
-            parameters = {name for name, _ in ElasticResNet(model_cfg, bounds).named_parameters()}
-        expected = {k: v for k, v in expected.items() if k in parameters}
-    problem = "no 'arrays' record" if record is None else shapes_problem(record, expected)
-    if problem:
-        refuse(problem)
+    expected = _expected_shapes(routing, model_cfg, bounds, refuse)
     dtype = str(config["payload-dtype"])
-    try:
-        received = record_to_state(record, dtype)
-    except ValueError as error:  # the data's own header disagrees with its metadata
-        refuse(str(error))
-    problem = values_problem(received)
-    if problem:
-        refuse(problem)
+    received = _received_arrays(content.array_records.get("arrays"), expected, dtype, refuse)
     return Routed(
         model_cfg,
         bounds,
@@ -231,6 +189,68 @@ def read_routed(content, run, cfg: SupernetConfig, budget_range: tuple[int, int]
         dtype,
         float(config["mask-threshold"]) if routing.magnitude_mask else None,
     )
+
+
+def _config_expects(run, routing: Routing, model_cfg: SupernetConfig, budgets: Range, num: int) -> dict[str, Expect]:
+    """The config values a client of ``routing``'s method uses, with their types and allowed values."""
+    return {
+        "server-round": Expect(int, Range(1, run["num-server-rounds"])),
+        "lr": Expect(float, Range(0.0, run["lr"])),
+        "payload-dtype": Expect(str, (run["payload-dtype"],)),
+        "budget-macs": Expect(float, budgets),
+        "partition-budgets": Expect(float, budgets, length=num),
+        "model": Expect(str, (routing.model,), required=routing.model != "supernet"),
+        "mask-labels": Expect(bool, (routing.mask_labels,), required=routing.mask_labels),
+        "mask-threshold": Expect(
+            float, Range(0.0, BROADCAST_MAX_ABS) if routing.magnitude_mask else (), required=routing.magnitude_mask
+        ),
+        **_subnet_expects(model_cfg, "bounds"),
+        **(_subnet_expects(model_cfg, "arch") if routing.assigns_subnet else {}),
+    }
+
+
+def _routed_subnets(config, model_cfg: SupernetConfig, refuse: Refusal) -> tuple[Subnet, Subnet | None]:
+    """(routed bounds, assigned subnet or None), each a subnet of ``model_cfg``, the subnet inside the bounds."""
+    try:
+        bounds, arch = _subnet(config, model_cfg, "bounds"), _subnet(config, model_cfg, "arch")
+    except ValueError as error:
+        refuse(str(error))
+    if arch is not None and not arch.within(bounds):
+        refuse("config 'arch-*': the assigned subnet is not inside the routed bounds 'bounds-*'")
+    return bounds, arch
+
+
+def _expected_shapes(routing: Routing, model_cfg: SupernetConfig, bounds: Subnet, refuse: Refusal) -> dict[str, tuple]:
+    """Key -> shape of exactly the arrays routed for ``bounds``."""
+    if routing.model == "early-exit":  # a ScaleFL level: its parameters and exits (routed bounds not a level: refused)
+        try:
+            expected = level_shapes(model_cfg, bounds)
+        except ValueError as error:
+            refuse(str(error))
+    else:
+        expected = subnet_shapes(model_cfg, bounds)
+    if not routing.running_stats and routing.model != "early-exit":
+        # BatchNorm statistics are the model's buffers: only its parameters travel
+        with torch.device("meta"):
+            parameters = {name for name, _ in ElasticResNet(model_cfg, bounds).named_parameters()}
+        expected = {k: v for k, v in expected.items() if k in parameters}
+    return expected
+
+
+def _received_arrays(record, expected: dict[str, tuple], dtype: str, refuse: Refusal) -> dict[str, np.ndarray]:
+    """The arrays of ``record`` decoded as ``dtype``: keys and shapes checked from the metadata first, then the
+    values (finite, within ``BROADCAST_MAX_ABS``)."""
+    problem = "no 'arrays' record" if record is None else shapes_problem(record, expected)
+    if problem:
+        refuse(problem)
+    try:
+        received = record_to_state(record, dtype)
+    except ValueError as error:  # the data's own header disagrees with its metadata
+        refuse(str(error))
+    problem = values_problem(received)
+    if problem:
+        refuse(problem)
+    return received
 
 
 def _subnet_expects(cfg: SupernetConfig, name: str) -> dict[str, Expect]:

@@ -21,12 +21,15 @@ import io
 import json
 import math
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pandas as pd
 
 from fl_app.run.stats import paired_difference
+
+if TYPE_CHECKING:
+    from fl_app.run.config import RunConfig
 
 BAND_ALPHA = 0.12
 MIN_SEEDS_FOR_BAND = 3  # below this the t-interval is too wide to draw (±12.7 sd at 2 seeds): each seed is a dot
@@ -253,20 +256,8 @@ def paired_curves(rows, pairs: list[tuple]) -> list[tuple]:
     return out
 
 
-def figure_paired(tables: dict):
-    """Left: final accuracy minus the reference's (paired by seed); right: the same at every round both evaluated.
-    None without a reference or pairs."""
-    if not tables.get("paired"):
-        return None
-    plt, rows = _pyplot(), tables["rows"]
-    by_name = {row.name: row for row in rows}
-    pairs = [(by_name[p["method"]], by_name[p["reference"]]) for p in tables["paired"]]
-    names, colour = display_names(rows), colours(rows)
-    if len({colour[row.name] for row, _ in pairs}) < len(pairs) or len({r.first.label for r, _ in pairs}) < len(pairs):
-        colour = distinct_colours([row.name for row, _ in pairs])  # shades of one label would be hard to tell apart
-    fig, (left, right) = plt.subplots(
-        1, 2, figsize=(12.5, 0.45 * len(pairs) + 3.6), width_ratios=[1, 1.25], layout="constrained"
-    )
+def _draw_paired_final(left, pairs: list[tuple], names: dict, colour: dict) -> list[int]:
+    """Each pair's difference in final accuracy: mean with its interval, or per-seed dots; returns the pair counts."""
     counts = []
     for y, (row, ref) in enumerate(pairs):
         paired = paired_difference(row.by_seed(), ref.by_seed())
@@ -285,7 +276,11 @@ def figure_paired(tables: dict):
     left.set(xlabel="difference in final accuracy (points)")
     left.set_title("final accuracy (each run at its last round)", fontsize=9)
     left.grid(True, axis="x", alpha=0.3)
+    return counts
 
+
+def _draw_paired_curves(right, rows, pairs: list[tuple], names: dict, colour: dict) -> None:
+    """Each pair's difference at every round both evaluated: mean line with its band, or per-seed dots."""
     for row, ref, points in paired_curves(rows, pairs):
         if not points:
             continue
@@ -310,6 +305,24 @@ def figure_paired(tables: dict):
     right.set(xlabel="round (rounds both evaluated)", ylabel="difference (points)")
     right.set_title("at every round both evaluated", fontsize=9)
     right.grid(True, alpha=0.3)
+
+
+def figure_paired(tables: dict):
+    """Left: final accuracy minus the reference's (paired by seed); right: the same at every round both evaluated.
+    None without a reference or pairs."""
+    if not tables.get("paired"):
+        return None
+    plt, rows = _pyplot(), tables["rows"]
+    by_name = {row.name: row for row in rows}
+    pairs = [(by_name[p["method"]], by_name[p["reference"]]) for p in tables["paired"]]
+    names, colour = display_names(rows), colours(rows)
+    if len({colour[row.name] for row, _ in pairs}) < len(pairs) or len({r.first.label for r, _ in pairs}) < len(pairs):
+        colour = distinct_colours([row.name for row, _ in pairs])  # shades of one label would be hard to tell apart
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(12.5, 0.45 * len(pairs) + 3.6), width_ratios=[1, 1.25], layout="constrained"
+    )
+    counts = _draw_paired_final(left, pairs, names, colour)
+    _draw_paired_curves(right, rows, pairs, names, colour)
     reference = tables.get("reference") or pairs[0][1].first.label
     cell = " of the same grid cell" if any(row.first.cell for row, _ in pairs) else ""
     _title(
@@ -323,6 +336,21 @@ def figure_paired(tables: dict):
 
 
 # -- accuracy against compute --------------------------------------------------------------------------------------
+def _draw_compute_budgets(ax, tables: dict, rows) -> None:
+    """The equal-compute budget of compute.csv as dashed vertical lines."""
+    from fl_app.report import compute_reference_label
+
+    # the budget is matched per seed; the line marks its mean, once per reference row (one per grid cell)
+    reference = compute_reference_label(tables)
+    budgets = [r["compute_budget"] for r, row in zip(tables["compute"], rows) if row.first.label == reference]
+    budgets = sorted({b for b in budgets or [tables["compute"][0]["compute_budget"]] if b == b})
+    label = (
+        f"{reference}'s total (mean over seeds; each seed is read at its own)" if reference else "equal-compute budget"
+    )
+    for i, budget in enumerate(budgets):
+        ax.axvline(budget, color="0.3", linestyle="--", linewidth=0.9, label=label if i == 0 else None)
+
+
 def figure_accuracy_vs_compute(tables: dict):
     """One mean line per row (mean compute and mean accuracy over the seeds at each round all of them evaluated),
     each seed faint; the equal-compute budget of compute.csv dashed. None when no compute was recorded."""
@@ -359,17 +387,7 @@ def figure_accuracy_vs_compute(tables: dict):
         )
         drawn += list(frame["accuracy"])
         xs += list(frame["compute"])
-    from fl_app.report import compute_reference_label
-
-    # the budget is matched per seed; the line marks its mean, once per reference row (one per grid cell)
-    reference = compute_reference_label(tables)
-    budgets = [r["compute_budget"] for r, row in zip(tables["compute"], rows) if row.first.label == reference]
-    budgets = sorted({b for b in budgets or [tables["compute"][0]["compute_budget"]] if b == b})
-    label = (
-        f"{reference}'s total (mean over seeds; each seed is read at its own)" if reference else "equal-compute budget"
-    )
-    for i, budget in enumerate(budgets):
-        ax.axvline(budget, color="0.3", linestyle="--", linewidth=0.9, label=label if i == 0 else None)
+    _draw_compute_budgets(ax, tables, rows)
     positive = [x for x in xs if x > 0]
     logarithmic = bool(positive) and max(positive) / min(positive) > 30
     if logarithmic:
@@ -469,22 +487,13 @@ def client_partitions(run) -> tuple[pd.DataFrame, list | None, list | None]:
     """(training label counts, one line per client and a column per class; budgets in MACs or None; architectures
     or None) of a run, redrawn from its recorded run config with the app's own partitioning, and checked against the
     partition sizes its clients.csv recorded."""
-    from fl_app.data.images import DATASETS, load_dataset
+    from fl_app.data.images import DATASETS
     from fl_app.report import KINDS, ReportError, read_table
-    from fl_app.run.config import KEYS, SUPERNET_METHODS, RunConfig
 
-    recorded = run.record.get("run_config") or run.summary.get("run_config")
-    source = run.folder / ("run.json" if run.record.get("run_config") else "summary.json")
-    if not recorded:
-        raise ReportError(f"{run.folder}: no run config recorded (run.json or summary.json 'run_config')")
-    values = {key: spec.default for key, spec in KEYS.items()} | {k: v for k, v in recorded.items() if k in KEYS}
-    if values["data-path"] and not Path(values["data-path"]).expanduser().is_absolute():
-        values["data-path"] = str(Path(__file__).resolve().parents[1] / values["data-path"])  # repository-relative
-    config = RunConfig(values)
+    values, config, source = _recorded_run_config(run)
     num = run.summary.get("num_clients")
     if not KINDS["count"][0](num) or not num:
         raise ReportError(f"{run.folder / 'summary.json'}: 'num_clients' is {num!r}; allowed: a whole number >= 1")
-    budgets = architectures = None
     clients = None
     if (run.folder / "clients.csv").exists():
         clients = read_table(
@@ -494,23 +503,7 @@ def client_partitions(run) -> tuple[pd.DataFrame, list | None, list | None]:
             whole="partition_id",
         ).set_index("partition_id")
     try:
-        if values["method"] in SUPERNET_METHODS:
-            from fl_app.supernet.federation import Federation, dataset_for, partition_rows
-
-            recorded = clients is not None and "budget_macs" in clients.columns
-            budgets = list(clients["budget_macs"]) if recorded else run.summary.get("budgets")
-            if not isinstance(budgets, list) or len(budgets) != num or not all(KINDS["amount"][0](b) for b in budgets):
-                raise ReportError(
-                    f"{run.folder}: no budget per client (clients.csv 'budget_macs' or summary 'budgets')"
-                )
-            train, _ = dataset_for(config, Federation.build(config, num).cfg)
-            rows = partition_rows(config, num, budgets)
-        else:
-            from fl_app.data.local_splits import client_rows
-
-            train, _ = load_dataset(values["dataset"], values["data-source"], values["data-path"])
-            rows = [train_rows for train_rows, _ in client_rows(config, num)]
-            architectures = run.summary.get("architectures")
+        train, rows, budgets, architectures = _redrawn_partitions(run, values, config, num, clients)
     except (OSError, ValueError) as error:
         raise ReportError(f"{source}: the run's partitions cannot be redrawn from its run config ({error})") from None
     labels = train.labels.numpy()
@@ -520,14 +513,63 @@ def client_partitions(run) -> tuple[pd.DataFrame, list | None, list | None]:
         columns=list(CLASS_NAMES.get(values["dataset"], [f"class {k}" for k in range(classes)]))[:classes],
     )
     if clients is not None and "num_examples" in clients.columns:
-        for pid, size in clients["num_examples"].items():
-            if pid not in counts.index or int(counts.loc[pid].sum()) != size:
-                redrawn = int(counts.loc[pid].sum()) if pid in counts.index else "no"
-                raise ReportError(
-                    f"{run.folder / 'clients.csv'}: partition {pid} held {size:g} examples in the run, the run config "
-                    f"redraws {redrawn}: the data or the partitioning changed since; no plot"
-                )
+        _check_redrawn_sizes(run, counts, clients["num_examples"])
     return counts, budgets, architectures
+
+
+def _recorded_run_config(run) -> tuple[dict, RunConfig, Path]:
+    """(run-config values, their RunConfig, the file they were read from) of ``run``: run.json's record, else
+    summary.json's; keys it did not record take their defaults, a relative data path is the repository's."""
+    from fl_app.report import ReportError
+    from fl_app.run.config import KEYS, RunConfig
+
+    recorded = run.record.get("run_config") or run.summary.get("run_config")
+    source = run.folder / ("run.json" if run.record.get("run_config") else "summary.json")
+    if not recorded:
+        raise ReportError(f"{run.folder}: no run config recorded (run.json or summary.json 'run_config')")
+    values = {key: spec.default for key, spec in KEYS.items()} | {k: v for k, v in recorded.items() if k in KEYS}
+    if values["data-path"] and not Path(values["data-path"]).expanduser().is_absolute():
+        values["data-path"] = str(Path(__file__).resolve().parents[1] / values["data-path"])  # repository-relative
+    return values, RunConfig(values), source
+
+
+def _redrawn_partitions(run, values: dict, config: RunConfig, num: int, clients: pd.DataFrame | None) -> tuple:
+    """(training data, each client's training rows, budgets or None, architectures or None), redrawn as the app
+    draws them: supernet methods by budget (clients.csv's, else the summary's), the others by their local splits."""
+    from fl_app.data.images import load_dataset
+    from fl_app.report import KINDS, ReportError
+    from fl_app.run.config import SUPERNET_METHODS
+
+    budgets = architectures = None
+    if values["method"] in SUPERNET_METHODS:
+        from fl_app.supernet.federation import Federation, dataset_for, partition_rows
+
+        recorded = clients is not None and "budget_macs" in clients.columns
+        budgets = list(clients["budget_macs"]) if recorded else run.summary.get("budgets")
+        if not isinstance(budgets, list) or len(budgets) != num or not all(KINDS["amount"][0](b) for b in budgets):
+            raise ReportError(f"{run.folder}: no budget per client (clients.csv 'budget_macs' or summary 'budgets')")
+        train, _ = dataset_for(config, Federation.build(config, num).cfg)
+        rows = partition_rows(config, num, budgets)
+    else:
+        from fl_app.data.local_splits import client_rows
+
+        train, _ = load_dataset(values["dataset"], values["data-source"], values["data-path"])
+        rows = [train_rows for train_rows, _ in client_rows(config, num)]
+        architectures = run.summary.get("architectures")
+    return train, rows, budgets, architectures
+
+
+def _check_redrawn_sizes(run, counts: pd.DataFrame, sizes: pd.Series) -> None:
+    """Each partition's redrawn size is the one clients.csv recorded (else the data or partitioning changed)."""
+    from fl_app.report import ReportError
+
+    for pid, size in sizes.items():
+        if pid not in counts.index or int(counts.loc[pid].sum()) != size:
+            redrawn = int(counts.loc[pid].sum()) if pid in counts.index else "no"
+            raise ReportError(
+                f"{run.folder / 'clients.csv'}: partition {pid} held {size:g} examples in the run, the run config "
+                f"redraws {redrawn}: the data or the partitioning changed since; no plot"
+            )
 
 
 def figure_clients(run, counts: pd.DataFrame, budgets: list | None, architectures: list | None):

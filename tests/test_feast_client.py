@@ -5,36 +5,8 @@ from __future__ import annotations
 import torch
 
 from clients.feast import plan_subnets, train_subnets
-from clients.local_training import LocalSettings
-from fl_app.data.images import ImageData
 from fl_app.models.elastic_resnet import ElasticResNet
-
-
-def _settings(**kw):
-    base = dict(
-        epochs=1,
-        max_steps=3,
-        batch_size=8,
-        lr=0.05,
-        momentum=0.9,
-        weight_decay=5e-4,
-        kd_ratio=0.5,
-        crop_flip=True,
-        randaugment=False,
-        mixup_alpha=0.2,
-        cutmix_alpha=1.0,
-        seed=0,
-    )
-    base.update(kw)
-    return LocalSettings(**base)
-
-
-def _data(n=24):
-    gen = torch.Generator().manual_seed(1)
-    return ImageData(
-        torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=gen),
-        torch.randint(0, 10, (n,), generator=gen),
-    )
+from tests.harness.training import feast_settings, random_images
 
 
 def test_plan_local_max_min_and_between(cpu_cache):
@@ -64,7 +36,7 @@ def _train(cfg, cache, budget, **kw):
     model = ElasticResNet(cfg, bounds)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     plan = plan_subnets(cache, budget, bounds, ("max", "min", "random"))
-    metrics = train_subnets(model, plan, _data(), _settings(**kw))
+    metrics = train_subnets(model, plan, random_images(24), feast_settings(**kw))
     return before, model.state_dict(), metrics
 
 

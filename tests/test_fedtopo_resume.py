@@ -18,19 +18,10 @@ from fl_app.multiarch_app import MODEL_STATE
 from fl_app.run.checkpoint import MODELS_DIR
 from fl_app.run.config import validate_run_config
 from fl_app.run.payload import record_to_state
+from tests.harness.in_process import TINY_RUN, CrashingGrid
 from tests.test_faults_resume import measured_columns_dropped
 
-TINY = {
-    "num-server-rounds": 3,
-    "clients-per-round": 2,
-    "max-local-steps": 1,
-    "batch-size": 8,
-    "eval-every": 2,
-    "proto-max-samples": 16,
-    "tgp-server-epochs": 2,
-    "test-fraction": 0.05,
-    "checkpoint-every": 2,
-}
+TINY = {**TINY_RUN, "tgp-server-epochs": 2, "checkpoint-every": 2}
 
 
 class RecordingGrid(InProcessGrid):
@@ -47,24 +38,6 @@ class RecordingGrid(InProcessGrid):
                 self.broadcasts[m.content.config_records["config"]["server-round"]] = record_to_state(
                     m.content.array_records["arrays"]
                 )
-        return super().send_and_receive(messages, timeout)
-
-
-class CrashingGrid(InProcessGrid):
-    """The server process dies when it sends round ``crash_round``'s training messages."""
-
-    def __init__(self, run, num_clients, crash_round: int):
-        super().__init__(run, num_clients)
-        self.crash_round = crash_round
-
-    def send_and_receive(self, messages, timeout=None):
-        messages = list(messages)
-        if any(
-            m.metadata.message_type == MessageType.TRAIN
-            and m.content.config_records["config"]["server-round"] == self.crash_round
-            for m in messages
-        ):
-            raise RuntimeError("the server died")
         return super().send_and_receive(messages, timeout)
 
 

@@ -12,23 +12,14 @@ import secrets
 
 import pytest
 import torch
-from flwr.app import MessageType
 
-from experiments.runner.in_process_grid import InProcessGrid, run_in_process
+from experiments.runner.in_process_grid import run_in_process
 from fl_app.run.config import validate_run_config
+from tests.harness.in_process import TINY_RUN, CrashingGrid
 
 FORCED = "f0f0f0f0f0f0"  # the first random temporary-name part handed out (token_hex(6): 12 hex digits)
 VICTIM = b"a file the writer must never touch\n"
-TINY = {
-    "num-server-rounds": 3,
-    "clients-per-round": 2,
-    "max-local-steps": 1,
-    "batch-size": 8,
-    "eval-every": 2,
-    "proto-max-samples": 16,
-    "test-fraction": 0.05,
-    "checkpoint-every": 2,
-}
+TINY = {**TINY_RUN, "checkpoint-every": 2}
 
 
 # -- the writers, each writing its file into a folder ---------------------------------------------------------------
@@ -259,25 +250,14 @@ def test_a_model_heterogeneous_run_refuses_a_folder_with_another_runs_client_mod
 # -- FedTopo-family client model files in a node's state-dir -------------------------------------------------------
 
 
-class StateDirGrid(InProcessGrid):
+class StateDirGrid(CrashingGrid):
     """Every node keeps its model files in its own ``state-dir`` (a deployment's node config), one per node and
     shared by every run on it; the server dies when it sends round ``crash_round``."""
 
     def __init__(self, run, num_clients, state_root, crash_round=None):
-        super().__init__(run, num_clients)
+        super().__init__(run, num_clients, crash_round)
         for pid, context in self.contexts.items():
             context.node_config["state-dir"] = str(state_root / f"node-{pid}")
-        self.crash_round = crash_round
-
-    def send_and_receive(self, messages, timeout=None):
-        messages = list(messages)
-        if any(
-            m.metadata.message_type == MessageType.TRAIN
-            and m.content.config_records["config"]["server-round"] == self.crash_round
-            for m in messages
-        ):
-            raise RuntimeError("the server died")
-        return super().send_and_receive(messages, timeout)
 
 
 def test_another_run_on_the_same_nodes_never_replaces_a_runs_client_model_files(flower_ids, tmp_path):

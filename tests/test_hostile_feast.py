@@ -151,33 +151,15 @@ def test_honest_training_stays_far_inside_the_magnitude_bound(cpu_cfg, cpu_cache
     a tenth of the bound (worst seen: BatchNorm running variance, 1.9x its global scale), so the bound that refuses
     1e37 refuses no honest reply."""
     from clients.feast import plan_subnets, train_subnets
-    from clients.local_training import LocalSettings
-    from fl_app.data.images import ImageData
     from strategies.screening import RELATIVE_BOUND, magnitude_bound, state_problem
+    from tests.harness.training import feast_settings, random_images
 
-    gen = torch.Generator().manual_seed(1)
-    data = ImageData(
-        torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8, generator=gen),
-        torch.randint(0, 10, (64,), generator=gen),
-    )
+    data = random_images(64)
     torch.manual_seed(0)
     bounds = cpu_cache.route_bounds(cpu_cache.max_macs)
     model = ElasticResNet(cpu_cfg, bounds)
     before = {k: v.clone().numpy() for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
-    settings = LocalSettings(
-        epochs=1,
-        max_steps=4,
-        batch_size=16,
-        lr=0.5,
-        momentum=0.9,
-        weight_decay=5e-4,
-        kd_ratio=0.5,
-        crop_flip=True,
-        randaugment=False,
-        mixup_alpha=0.2,
-        cutmix_alpha=1.0,
-        seed=0,
-    )
+    settings = feast_settings(max_steps=4, batch_size=16, lr=0.5)
     train_subnets(model, plan_subnets(cpu_cache, cpu_cache.max_macs, bounds, ("max", "min", "random")), data, settings)
     after = {k: v.numpy() for k, v in model.state_dict().items() if k in before}
     assert any(not np.array_equal(after[k], before[k]) for k in before)

@@ -27,6 +27,7 @@ from fl_app.run.config import validate_run_config
 from fl_app.run.payload import record_to_state, state_to_record
 from strategies.fedtopo import FedTopoStrategy
 from strategies.fedtopo_baselines import FdStrategy, FedProtoStrategy, FedTgpStrategy, LgFedAvgStrategy, LocalStrategy
+from tests.harness.in_process import TINY_RUN
 from tests.hostile import NEVER, Corruption, check_hostile, node_of, run_rounds, standard_corruptions
 
 C, D = 4, 3  # classes, feature dimension
@@ -272,17 +273,7 @@ def test_bad_evaluation_replies_are_rejected_and_do_not_end_the_run(flower_ids, 
 
 
 # -- clients refuse a poisoned broadcast ---------------------------------------------------------------------------
-TINY = {
-    "num-server-rounds": 2,
-    "clients-per-round": 3,
-    "max-local-steps": 1,
-    "batch-size": 8,
-    "eval-every": 2,
-    "proto-max-samples": 16,
-    "tgp-server-epochs": 2,
-    "test-fraction": 0.05,
-    "min-reply-fraction": 0.6,
-}
+TINY = {**TINY_RUN, "num-server-rounds": 2, "clients-per-round": 3, "tgp-server-epochs": 2, "min-reply-fraction": 0.6}
 
 
 def _train_message(pid: int, arrays: dict, server_round: int = 2) -> Message:

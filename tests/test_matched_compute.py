@@ -20,11 +20,11 @@ from experiments.runner import (
     load_suite,
     matched_rounds,
     plan,
-    run_suite,
     settle_match,
 )
 from fl_app.report import find_runs, report, report_text, write_tables
 from fl_app.run.outputs import write_csv, write_json
+from tests.harness.suites import run_collecting, write_suite, write_summary
 
 SUITE = """
 [suite]
@@ -52,12 +52,6 @@ FLOPS = {
 MATCHED = {0: (12, 6), 1: (14, 7)}
 
 
-def suite_file(tmp_path: Path, text: str = SUITE) -> Path:
-    path = tmp_path / "suite.toml"
-    path.write_text(text)
-    return path
-
-
 class Launcher:
     """Writes what a finished run writes; FLOPs of the method's seed (times ``scale``), accuracy 0.3 + rounds/100."""
 
@@ -79,17 +73,7 @@ class Launcher:
             raise KeyboardInterrupt
         accuracy = 0.3 + rounds / 100
         write_round_files(run.folder, flops, accuracy)
-        write_json(
-            run.folder / "summary.json",
-            {
-                "method": config["method"],
-                "dataset": "cifar10",
-                "rounds": rounds,
-                "seed": run.seed,
-                "population_weighted_accuracy": accuracy,
-                "run_config": run.launch_config(),
-            },
-        )
+        write_summary(run.folder, config["method"], rounds, run.seed, accuracy, run.launch_config())
         return COMPLETED
 
 
@@ -99,15 +83,7 @@ def write_round_files(folder: Path, flops: list[float], accuracy: float) -> None
 
 
 def run(tmp_path, launcher, text: str = SUITE, **kwargs):
-    lines = []
-    result = run_suite(
-        suite_file(tmp_path, text),
-        tmp_path / "out",
-        launch=launcher,
-        printer=lambda line, **_: lines.append(line),
-        plots=False,
-        **kwargs,
-    )
+    result, lines = run_collecting(write_suite(tmp_path, text), tmp_path / "out", launcher, **kwargs)
     return result, "\n".join(lines)
 
 
@@ -125,18 +101,18 @@ def run(tmp_path, launcher, text: str = SUITE, **kwargs):
 )
 def test_a_bad_match_compute_entry_is_refused_naming_the_section_key_and_labels(tmp_path, entry, expected):
     with pytest.raises(ValueError) as error:
-        load_suite(suite_file(tmp_path, SUITE + entry + "\n"))
+        load_suite(write_suite(tmp_path, SUITE + entry + "\n"))
     assert f"[methods] {entry.split()[0]}: match-compute=" in str(error.value) and expected in str(error.value)
 
 
 def test_a_methods_subset_must_name_the_runs_a_matched_run_reads_its_rounds_from(tmp_path):
     with pytest.raises(ValueError, match=r"read their rounds from \['feast', 'fedavg-min'\]; name those too"):
-        load_suite(suite_file(tmp_path), methods=["fedavg-min-matched"])
-    assert load_suite(suite_file(tmp_path), methods=["fedavg-min", "feast", "fedavg-min-matched"]).matched
+        load_suite(write_suite(tmp_path, SUITE), methods=["fedavg-min-matched"])
+    assert load_suite(write_suite(tmp_path, SUITE), methods=["fedavg-min", "feast", "fedavg-min-matched"]).matched
 
 
 def test_matched_entries_run_last_in_each_seed_without_the_runner_key(tmp_path):
-    suite = load_suite(suite_file(tmp_path))
+    suite = load_suite(write_suite(tmp_path, SUITE))
     assert suite.matched == {"fedavg-min-matched": ("feast", "fedavg-min")}
     runs = expand(suite)
     assert [(r.label, r.seed) for r in runs] == [
@@ -163,7 +139,7 @@ def finished_folder(folder: Path, flops: list[float], columns: str = "client_tra
 
 
 def test_rounds_are_the_reference_total_over_the_source_flops_per_round_rounded_up(tmp_path):
-    runs = expand(load_suite(suite_file(tmp_path)))
+    runs = expand(load_suite(write_suite(tmp_path, SUITE)))
     reference, source, matched = runs[:3]
     reference.folder = finished_folder(tmp_path / "feast", FLOPS["feast"][0])
     source.folder = finished_folder(tmp_path / "fedavg-min", FLOPS["fedavg-min"][0])
@@ -187,7 +163,7 @@ def test_a_quotient_within_float_rounding_of_a_whole_number_is_not_rounded_up():
 
 
 def test_a_source_that_failed_or_recorded_no_flops_leaves_the_run_not_run_with_the_reason(tmp_path):
-    runs = expand(load_suite(suite_file(tmp_path)))
+    runs = expand(load_suite(write_suite(tmp_path, SUITE)))
     reference, source, matched = runs[:3]
     reference.folder = finished_folder(tmp_path / "feast", FLOPS["feast"][0])
     source.folder = finished_folder(tmp_path / "fedavg-min", [1.0, 2.0], columns="client_seconds")
@@ -229,7 +205,7 @@ def test_a_matched_run_trains_after_its_sources_with_the_resolved_rounds_and_is_
     record["run_config"]["num-server-rounds"] = 13
     write_json(folder / RUN_RECORD, record, replace=True)
     with pytest.raises(SuiteMismatch, match="num-server-rounds: 13 -> 12"):
-        plan(load_suite(suite_file(tmp_path)), tmp_path / "out")
+        plan(load_suite(write_suite(tmp_path, SUITE)), tmp_path / "out")
 
 
 def test_a_failed_source_leaves_its_matched_run_not_run_and_the_suite_goes_on(tmp_path):
@@ -287,17 +263,7 @@ def report_run(folder: Path, label: str, seed: int, accuracy: float, flops: list
     method = "feast" if label == "feast" else "fedavg-min"
     run_config = {"method": method, "seed": seed, "num-server-rounds": len(flops), "eval-every": len(flops)}
     folder.mkdir(parents=True)
-    write_json(
-        folder / "summary.json",
-        {
-            "method": method,
-            "dataset": "cifar10",
-            "rounds": len(flops),
-            "seed": seed,
-            "population_weighted_accuracy": accuracy,
-            "run_config": run_config,
-        },
-    )
+    write_summary(folder, method, len(flops), seed, accuracy, run_config)
     write_csv(folder / "metrics.csv", [{"round": len(flops), "population_weighted_accuracy": accuracy}])
     write_csv(folder / "rounds.csv", [{"round": r, "client_train_flops": f} for r, f in enumerate(flops, 1)])
     record = {"label": label, "cell": {}, "seed": seed, "commit": "a" * 40, "dirty": False, "run_config": run_config}

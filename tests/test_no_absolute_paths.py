@@ -16,11 +16,10 @@ skipped. A record that holds such a path is fixed with ``python -m experiments.t
 from __future__ import annotations
 
 import re
-import subprocess
 import tomllib
 from pathlib import Path
 
-import pytest
+from tests.harness.repository import tracked_files
 
 ROOT = Path(__file__).resolve().parents[1]
 # a path that starts at the root of the file system: not preceded by a name, a dot, a colon or a slash (URLs, ~/x)
@@ -28,19 +27,6 @@ START = r"(?<![\w.:/~-])/"
 MACHINE = re.compile(START + r"(?:" + "|".join(["work", "root", "home", "Users"]) + r")/")
 SCRATCH = re.compile(START + "tmp/")
 RECORDS = (".json", ".jsonl", ".csv", ".txt", ".log")
-
-
-def repository_files() -> list[str]:
-    try:
-        listed = subprocess.run(
-            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-            cwd=ROOT,
-            capture_output=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("not a git checkout")
-    return [name for name in listed.decode().split("\0") if name and (ROOT / name).is_file()]
 
 
 def toml_strings(value) -> list[str]:
@@ -81,7 +67,7 @@ def test_the_rule_catches_what_it_should_and_nothing_else():
 
 def test_no_committed_file_holds_a_path_of_a_machine():
     found = []
-    for name in repository_files():
+    for name in tracked_files():
         data = (ROOT / name).read_bytes()
         if b"\0" in data[:8192]:
             continue  # binary (images, model files)

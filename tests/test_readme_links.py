@@ -10,29 +10,15 @@ from __future__ import annotations
 
 import itertools
 import re
-import subprocess
 from pathlib import Path
 
-import pytest
+from tests.harness.repository import tracked_files
 
 ROOT = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 PATH_CHARS = r"[\w.@=,{}<>*-]+"
 RESULTS_PATH = re.compile(rf"(?<![\w/.-])((?:experiments/)?results/{PATH_CHARS}(?:/{PATH_CHARS})*)")
 PLACEHOLDER = re.compile(r"<[^>]*>|^[A-Z][A-Z_]+$")
-
-
-def markdown_files() -> list[str]:
-    try:
-        listed = subprocess.run(
-            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "*.md"],
-            cwd=ROOT,
-            capture_output=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("not a git checkout")
-    return [name for name in listed.decode().split("\0") if name and (ROOT / name).is_file()]
 
 
 def expand(path: str) -> list[str]:
@@ -88,6 +74,6 @@ def test_the_check_reads_links_globs_braces_and_placeholders(tmp_path):
 
 def test_every_results_folder_a_document_points_to_exists():
     found = []
-    for name in markdown_files():
+    for name in tracked_files("*.md"):
         found += broken_references(name, (ROOT / name).read_text(errors="replace"))
     assert not found, "\n".join(found)

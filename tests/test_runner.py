@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from experiments.runner import COMPLETED, RUN_RECORD, SuiteMismatch, load_suite, plan, run_suite
-from fl_app.run.outputs import write_csv, write_json
+from fl_app.run.outputs import write_csv
+from tests.harness.suites import run_collecting, write_suite, write_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = """
@@ -58,40 +59,23 @@ class FakeLauncher:
             run.folder / "rounds.csv",
             [{"round": r, "client_seconds": 10.0 * (1 + (run.label == "feast"))} for r in range(1, rounds + 1)],
         )
-        write_json(
-            run.folder / "summary.json",
-            {
-                "method": run.run_config["method"],
-                "dataset": "cifar10",
-                "rounds": rounds,
-                "seed": run.seed,
-                "population_weighted_accuracy": acc,
-                "tiers": [{"macs": 5e5, "accuracy": acc}],
-                "bytes_down": 2e6,
-                "bytes_up": 1e6,
-                "run_config": {**run.run_config, "output-dir": str(run.folder)},
-            },
+        write_summary(
+            run.folder,
+            run.run_config["method"],
+            rounds,
+            run.seed,
+            acc,
+            {**run.run_config, "output-dir": str(run.folder)},
+            tiers=[{"macs": 5e5, "accuracy": acc}],
+            bytes_down=2e6,
+            bytes_up=1e6,
         )
         return COMPLETED
 
 
-def write_suite(tmp_path: Path, text: str = SUITE, name: str = "suite.toml") -> Path:
-    path = tmp_path / name
-    path.write_text(text)
-    return path
-
-
 def run(tmp_path, suite_text=SUITE, launcher=None, plots=False, **kwargs):
-    lines = []
     launcher = launcher or FakeLauncher()
-    result = run_suite(
-        write_suite(tmp_path, suite_text),
-        tmp_path / "out",
-        launch=launcher,
-        printer=lambda text, **_: lines.append(text),
-        plots=plots,
-        **kwargs,
-    )
+    result, lines = run_collecting(write_suite(tmp_path, suite_text), tmp_path / "out", launcher, plots=plots, **kwargs)
     return result, launcher, "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ from experiments.runner import COMPLETED, RUN_RECORD, compare_run, plan, run_sui
 from experiments.runner.flower_env import process_identity
 from fl_app.run.checkpoint import save_verified
 from fl_app.run.outputs import write_csv, write_json
+from tests.harness.suites import run_collecting, write_suite, write_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = """
@@ -43,17 +44,14 @@ def finish(run, accuracy: float = 0.4) -> str:
     """Write what a finished run writes (as the stand-in launchers of tests/test_runner.py do)."""
     rounds = run.run_config["num-server-rounds"]
     write_round(run, rounds, accuracy)
-    write_json(
-        run.folder / "summary.json",
-        {
-            "method": run.run_config["method"],
-            "dataset": "cifar10",
-            "rounds": rounds,
-            "seed": run.seed,
-            "population_weighted_accuracy": accuracy,
-            "tiers": [{"macs": 5e5, "accuracy": accuracy}],
-            "run_config": {**run.launch_config()},
-        },
+    write_summary(
+        run.folder,
+        run.run_config["method"],
+        rounds,
+        run.seed,
+        accuracy,
+        {**run.launch_config()},
+        tiers=[{"macs": 5e5, "accuracy": accuracy}],
     )
     return COMPLETED
 
@@ -68,23 +66,8 @@ def write_round(run, done: int, accuracy: float) -> None:
     write_csv(run.folder / "rounds.csv", [{"round": r, "client_seconds": 1.0} for r in range(1, done + 1)])
 
 
-def suite_file(tmp_path: Path, text: str = SUITE) -> Path:
-    path = tmp_path / "suite.toml"
-    path.write_text(text)
-    return path
-
-
 def run(tmp_path, launcher, text: str = SUITE, **kwargs):
-    lines = []
-    result = run_suite(
-        suite_file(tmp_path, text),
-        tmp_path / "out",
-        launch=launcher,
-        printer=lambda line, **_: lines.append(line),
-        plots=False,
-        **kwargs,
-    )
-    return result, lines
+    return run_collecting(write_suite(tmp_path, text), tmp_path / "out", launcher, **kwargs)
 
 
 # -- continuing from the checkpoint -------------------------------------------------------------------------------
@@ -121,7 +104,7 @@ def test_an_interrupted_run_continues_from_its_latest_checkpoint_into_a_fresh_fo
     assert not result["failed"] and (tmp_path / "out/table.md").exists()
     from experiments.runner import load_suite
 
-    assert [r.action for r in plan(load_suite(suite_file(tmp_path)), tmp_path / "out")] == ["reuse", "reuse"]
+    assert [r.action for r in plan(load_suite(write_suite(tmp_path, SUITE)), tmp_path / "out")] == ["reuse", "reuse"]
 
 
 def test_a_checkpoint_of_other_settings_or_a_damaged_one_is_not_continued(tmp_path):
@@ -224,7 +207,12 @@ def test_the_console_shows_each_round_with_the_last_accuracy_and_etas(tmp_path):
         return finish(run, 0.5)
 
     run_suite(
-        suite_file(tmp_path), tmp_path / "out", launch=launcher, printer=printer, plots=False, progress_every=0.01
+        write_suite(tmp_path, SUITE),
+        tmp_path / "out",
+        launch=launcher,
+        printer=printer,
+        plots=False,
+        progress_every=0.01,
     )
     progress = [line for line in lines if " round " in line]
     assert [line.split(" round ")[1].split(",")[0] for line in progress] == ["1/4", "2/4", "3/4", "4/4"] * 2
@@ -282,7 +270,7 @@ def stop_after_checkpoint(folder: Path, at_round: int, done: threading.Event) ->
 @pytest.mark.slow  # real `flwr run`s
 def test_a_real_run_stopped_after_round_2_and_continued_equals_one_that_never_stopped(tmp_path):
     straight = tmp_path / "straight"
-    result = run_suite(suite_file(tmp_path, REAL), straight, printer=lambda *a, **k: None, plots=False)
+    result = run_suite(write_suite(tmp_path, REAL), straight, printer=lambda *a, **k: None, plots=False)
     assert not result["failed"]
 
     out = tmp_path / "stopped"
@@ -291,14 +279,14 @@ def test_a_real_run_stopped_after_round_2_and_continued_equals_one_that_never_st
     stopper = threading.Thread(target=stop_after_checkpoint, args=(folder, 2, done), daemon=True)
     stopper.start()
     try:
-        first = run_suite(suite_file(tmp_path, REAL), out, printer=lambda *a, **k: None, plots=False)
+        first = run_suite(write_suite(tmp_path, REAL), out, printer=lambda *a, **k: None, plots=False)
     finally:
         done.set()
         stopper.join()
     assert first["failed"] and not (folder / "summary.json").exists()  # stopped before it finished
     lines = []
     again = run_suite(
-        suite_file(tmp_path, REAL), out, printer=lambda line, **_: lines.append(line), plots=False, progress_every=1
+        write_suite(tmp_path, REAL), out, printer=lambda line, **_: lines.append(line), plots=False, progress_every=1
     )
     assert not again["failed"], "\n".join(lines)
     text = "\n".join(lines)

@@ -18,18 +18,9 @@ from fl_app.run import tracker
 from fl_app.run.config import validate_run_config
 from fl_app.run.outputs import write_results, write_round_files
 from strategies.rounds import RoundLog
+from tests.harness.in_process import TINY_RUN
 
-TINY = {
-    "method": "fedtopo",
-    "num-server-rounds": 3,
-    "clients-per-round": 2,
-    "max-local-steps": 1,
-    "batch-size": 8,
-    "eval-every": 2,
-    "proto-max-samples": 16,
-    "test-fraction": 0.05,
-    "checkpoint-every": 0,
-}
+TINY = {"method": "fedtopo", **TINY_RUN, "checkpoint-every": 0}
 
 
 def _events(folder) -> dict[str, list[tuple[int, float]]]:

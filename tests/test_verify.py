@@ -13,7 +13,8 @@ import pytest
 
 from experiments.runner import SuiteMismatch, compare_run, load_suite, main, run_suite, verify
 from fl_app.run.outputs import write_csv
-from tests.test_runner import SUITE, FakeLauncher, write_suite
+from tests.harness.suites import write_suite
+from tests.test_runner import SUITE, FakeLauncher
 
 
 class ShiftedLauncher(FakeLauncher):

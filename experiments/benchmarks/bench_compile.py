@@ -25,10 +25,9 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
+from experiments.benchmarks.common import add_out_option, refuse_existing_out, write_json_lines
 from fl_app.io.cli import tool_parser
-from fl_app.io.files import existing_output, write_own_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,16 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--level", type=int, default=0, help="index of the budget level, cheapest first (default: 0)")
     parser.add_argument("--batch", type=int, default=32, help="batch size (default: 32)")
     parser.add_argument("--repeats", type=int, default=5, help="alternating timed blocks of 5 steps (default: 5)")
-    parser.add_argument("--out", type=Path, help="also write the JSON line to this file (default: none)")
+    add_out_option(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = build_parser()
     args = parser.parse_args(argv)
-    problem = args.out and existing_output(args.out)
-    if problem:
-        parser.error(problem)
+    refuse_existing_out(parser, args.out)
     # a fresh Inductor cache: the compile time of a machine's first run (later runs may reuse compiled kernels)
     cache = os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench_compile_")
 
@@ -100,8 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     shutil.rmtree(cache, ignore_errors=True)
     print(json.dumps(result))
     print("\n".join(f"{k:<22} {v}" for k, v in result.items()), file=sys.stderr)
-    if args.out:
-        write_own_file(args.out, (json.dumps(result) + "\n").encode())
+    write_json_lines(args.out, [result])
     return result
 
 

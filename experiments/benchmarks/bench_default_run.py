@@ -37,8 +37,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from experiments.benchmarks.bench_startup import MARKERS, ROUND, log_stamp
+from experiments.benchmarks.common import add_out_option, refuse_existing_out, write_json_lines
 from fl_app.io.cli import tool_parser
-from fl_app.io.files import existing_output, write_own_file
 
 ROOT = Path(__file__).resolve().parents[2]
 ONE_RUN = r"""
@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated trees in the order they run, each old or new (default: old,new)",
     )
     parser.add_argument("--timeline", action="store_true", help="split each run's wall time by phase (default: off)")
-    parser.add_argument("--out", type=Path, help="also write the JSON lines to this file (default: none)")
+    add_out_option(parser, "the JSON lines")
     return parser
 
 
@@ -157,9 +157,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     if not args.order or any(name not in ("old", "new") for name in args.order):
         parser.error(f"--order {','.join(args.order)}: each item must be old or new")
-    problem = args.out and existing_output(args.out)
-    if problem:
-        parser.error(problem)
+    refuse_existing_out(parser, args.out)
     trees = {"old": args.base.resolve(), "new": ROOT}
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -190,8 +188,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
         for key, value in row.get("timeline", {}).items():
             print(f"     {key:<30} {value}", file=sys.stderr)
-    if args.out:
-        write_own_file(args.out, "".join(json.dumps(row) + "\n" for row in results).encode())
+    write_json_lines(args.out, results)
     return results
 
 

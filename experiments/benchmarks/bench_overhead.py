@@ -33,10 +33,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from experiments.benchmarks.common import add_out_option, refuse_existing_out, write_json_lines
 from experiments.runner.flower_env import local_flower_env
 from experiments.runner.flower_runs import flwr_run, format_run_config
 from fl_app.io.cli import run_config_overrides, tool_parser
-from fl_app.io.files import existing_output, write_own_file
+from fl_app.io.files import write_own_file
 
 
 def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = None) -> dict:
@@ -119,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-parallel", action="store_true", help="skip the parallel-clients Flower run (default: off)"
     )
-    parser.add_argument("--out", type=Path, help="also write the JSON line to this file (default: none)")
+    add_out_option(parser)
     parser.add_argument("--plain-only", action="store_true", help=argparse.SUPPRESS)  # the plain side, internal
     parser.add_argument("--state-out", type=Path, help=argparse.SUPPRESS)
     return parser
@@ -128,9 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict:
     parser = build_parser()
     args = parser.parse_args(argv)
-    problem = args.out and existing_output(args.out)
-    if problem:
-        parser.error(problem)
+    refuse_existing_out(parser, args.out)
     values = {
         "num-server-rounds": args.rounds,
         "eval-every": args.rounds,
@@ -208,8 +207,7 @@ def main(argv: list[str] | None = None) -> dict:
         "\n".join(f"{k:<20} {result[k]}" for k in ("plain_s", "flower_s", "flower_parallel_s", "ratio") if k in result),
         file=sys.stderr,
     )
-    if args.out:
-        write_own_file(args.out, (json.dumps(result) + "\n").encode())
+    write_json_lines(args.out, [result])
     return result
 
 

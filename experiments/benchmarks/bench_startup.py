@@ -47,10 +47,10 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from experiments.benchmarks.common import add_out_option, refuse_existing_out, write_json_lines
 from experiments.runner.flower_env import local_flower_env
 from experiments.runner.flower_runs import APP_DIR, format_run_config
 from fl_app.io.cli import tool_parser
-from fl_app.io.files import existing_output, write_own_file
 
 # simulation DEBUG/INFO log markers, in the order they appear
 MARKERS = {
@@ -254,16 +254,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--app", type=Path, default=APP_DIR, help="the app folder whose `flwr run` is timed (default: this tree)"
     )
-    parser.add_argument("--out", type=Path, help="also write the JSON line to this file (default: none)")
+    add_out_option(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = build_parser()
     args = parser.parse_args(argv)
-    problem = args.out and existing_output(args.out)
-    if problem:
-        parser.error(problem)
+    refuse_existing_out(parser, args.out)
     cores = os.cpu_count() or 1
     result = {
         "app": str(args.app.resolve()),
@@ -295,8 +293,7 @@ def main(argv: list[str] | None = None) -> dict:
     result["load_end"] = _load()
     print(json.dumps(result))
     print(_table({"plain": {}, "extra": {}, **result, "flower": result["flower"] or {"round_s": []}}), file=sys.stderr)
-    if args.out:
-        write_own_file(args.out, (json.dumps(result) + "\n").encode())
+    write_json_lines(args.out, [result])
     return result
 
 

@@ -582,6 +582,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # experiments.benchmarks.common's convention, written out: a --worker runs this file on the checkout --base
+    # names, which may predate that module
     problem = args.out and existing_output(args.out)
     if problem:
         parser.error(problem)

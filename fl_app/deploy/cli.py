@@ -57,6 +57,7 @@ def _exec_or_print(command: list[str], print_only: bool) -> None:
 INSECURE_REMOTE_HELP = "with --insecure-local-test: allow a non-loopback address (unencrypted, unauthenticated)"
 
 
+# long: a flat listing, one subcommand after another with one argument per line
 def build_parser() -> argparse.ArgumentParser:
     parser = tool_parser("fl_app.deploy", __doc__)
     sub = parser.add_subparsers(dest="step", required=True, metavar="STEP")
@@ -192,42 +193,50 @@ def _run_step(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         for key in args.public_keys:
             print(f"{key}: node id {register_node(key, args.connection)}")
     elif args.step == "supernode":
-        if not args.insecure_local_test and not (args.ca and args.key):
-            parser.error("supernode needs --ca and --key (or --insecure-local-test)")
-        port = args.port if args.port is not None else DEFAULT_SUPERNODE_PORT + args.partition_id
-        _exec_or_print(
-            supernode_command(
-                args.superlink,
-                args.partition_id,
-                args.num_partitions,
-                port,
-                args.ca,
-                args.key,
-                args.budget_macs,
-                args.insecure_local_test,
-                allow_remote_insecure=args.insecure_allow_remote,
-            ),
-            args.print,
-        )
+        _run_supernode(parser, args)
     elif args.step == "results":
         fetched = fetch_results(args.run_id, args.connection, args.out, args.runs, args.ssh)
         print_json(fetched, [fetched], ["run_id", "status", "folder", "out"])
     elif args.step == "recipe":
-        budgets = None
-        if args.budgets:
-            try:
-                budgets = list(parse_macs_list(args.budgets))
-            except ValueError as error:
-                raise ValueError(f"--budgets {args.budgets!r}: {error}") from None
-        print(
-            recipe(
-                args.dir,
-                args.nodes,
-                args.connection,
-                args.host,
-                args.port,
-                budgets=budgets,
-                insecure_local_test=args.insecure_local_test,
-                allow_remote_insecure=args.insecure_allow_remote,
-            )
-        )
+        print(_recipe_text(args))
+
+
+def _run_supernode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Run (or print) the SuperNode command; TLS needs both --ca and --key unless it is a local test."""
+    if not args.insecure_local_test and not (args.ca and args.key):
+        parser.error("supernode needs --ca and --key (or --insecure-local-test)")
+    port = args.port if args.port is not None else DEFAULT_SUPERNODE_PORT + args.partition_id
+    _exec_or_print(
+        supernode_command(
+            args.superlink,
+            args.partition_id,
+            args.num_partitions,
+            port,
+            args.ca,
+            args.key,
+            args.budget_macs,
+            args.insecure_local_test,
+            allow_remote_insecure=args.insecure_allow_remote,
+        ),
+        args.print,
+    )
+
+
+def _recipe_text(args: argparse.Namespace) -> str:
+    """The recipe the options ask for; a bad --budgets list is an error naming the option."""
+    budgets = None
+    if args.budgets:
+        try:
+            budgets = list(parse_macs_list(args.budgets))
+        except ValueError as error:
+            raise ValueError(f"--budgets {args.budgets!r}: {error}") from None
+    return recipe(
+        args.dir,
+        args.nodes,
+        args.connection,
+        args.host,
+        args.port,
+        budgets=budgets,
+        insecure_local_test=args.insecure_local_test,
+        allow_remote_insecure=args.insecure_allow_remote,
+    )

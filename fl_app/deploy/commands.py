@@ -183,50 +183,84 @@ def recipe(
         raise ValueError(f"--budgets: {len(budgets)} values for --nodes {nodes}; give one budget per node")
     d = Path(deploy_dir)
     connection = connection or ("local-test" if insecure_local_test else "deployment")
-    address = f"{superlink_host}:{superlink_port}"
-    me = "python -m fl_app.deploy"
-    q = shlex.join
     lines = [
         "# SuperLink and SuperNodes: no `uv sync` of app dependencies at run time",
         "export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1",
     ]
     if insecure_local_test:
-        lines += [
-            "# LOCAL TEST ONLY: no TLS, no SuperNode authentication",
-            q(["mkdir", "-p", "-m", "700", str(d / "insecure-superlink")]),
-            q(
-                superlink_command(
-                    d / "insecure-superlink",
-                    None,
-                    superlink_port,
-                    superlink_host,
-                    insecure=True,
-                    allow_remote_insecure=allow_remote_insecure,
-                )
+        lines += _insecure_recipe(
+            d, nodes, connection, superlink_host, superlink_port, first_node_port, allow_remote_insecure
+        )
+    else:
+        lines += _secure_recipe(d, nodes, connection, superlink_host, superlink_port, first_node_port, budgets)
+    return "\n".join(lines)
+
+
+RECIPE_TOOL = "python -m fl_app.deploy"
+
+
+def _insecure_recipe(
+    d: Path,
+    nodes: int,
+    connection: str,
+    superlink_host: str,
+    superlink_port: int,
+    first_node_port: int,
+    allow_remote_insecure: bool,
+) -> list[str]:
+    """The local-test-only lines: no certificates, no keys, no registration."""
+    q = shlex.join
+    address = f"{superlink_host}:{superlink_port}"
+    lines = [
+        "# LOCAL TEST ONLY: no TLS, no SuperNode authentication",
+        q(["mkdir", "-p", "-m", "700", str(d / "insecure-superlink")]),
+        q(
+            superlink_command(
+                d / "insecure-superlink",
+                None,
+                superlink_port,
+                superlink_host,
+                insecure=True,
+                allow_remote_insecure=allow_remote_insecure,
             )
-            + " &",
-        ]
-        lines += [
-            q(
-                supernode_command(
-                    address, i, nodes, first_node_port + i, insecure=True, allow_remote_insecure=allow_remote_insecure
-                )
-            )
-            + " &"
-            for i in range(nodes)
-        ]
-        lines += [
-            f"{me} {q(['connection', connection, '--address', address, '--insecure'])}",
-            q(["flwr", "run", ".", connection, "--stream"]),
-        ]
-        return "\n".join(lines)
-    host_option = [] if superlink_host in LOOPBACK_NAMES else ["--host", superlink_host]
+        )
+        + " &",
+    ]
     lines += [
-        f"{me} {q(['certs', '--out', str(d / 'certs'), *host_option])}",
-        f"{me} {q(['keys', '--out', str(d / 'keys'), '--nodes', str(nodes)])}",
+        q(
+            supernode_command(
+                address, i, nodes, first_node_port + i, insecure=True, allow_remote_insecure=allow_remote_insecure
+            )
+        )
+        + " &"
+        for i in range(nodes)
+    ]
+    lines += [
+        f"{RECIPE_TOOL} {q(['connection', connection, '--address', address, '--insecure'])}",
+        q(["flwr", "run", ".", connection, "--stream"]),
+    ]
+    return lines
+
+
+def _secure_recipe(
+    d: Path,
+    nodes: int,
+    connection: str,
+    superlink_host: str,
+    superlink_port: int,
+    first_node_port: int,
+    budgets: list[float] | None,
+) -> list[str]:
+    """The lines with TLS and SuperNode authentication: certificates, keys, SuperLink, registration, SuperNodes."""
+    q = shlex.join
+    address = f"{superlink_host}:{superlink_port}"
+    host_option = [] if superlink_host in LOOPBACK_NAMES else ["--host", superlink_host]
+    lines = [
+        f"{RECIPE_TOOL} {q(['certs', '--out', str(d / 'certs'), *host_option])}",
+        f"{RECIPE_TOOL} {q(['keys', '--out', str(d / 'keys'), '--nodes', str(nodes)])}",
         q(["mkdir", "-p", "-m", "700", str(d / "superlink")]),
         q(superlink_command(d / "superlink", d / "certs", superlink_port, superlink_host)) + " &",
-        f"{me} "
+        f"{RECIPE_TOOL} "
         + q(["connection", connection, "--address", address, "--root-certificates", str(d / "certs" / CA_CERT)]),
         *[
             q(["flwr", "supernode", "register", str(d / "keys" / f"supernode-{i}.pub"), connection])
@@ -249,4 +283,4 @@ def recipe(
         for i in range(nodes)
     ]
     lines += [q(["flwr", "run", ".", connection, "--stream"]), q(["flwr", "ls", connection])]
-    return "\n".join(lines)
+    return lines

@@ -44,25 +44,10 @@ def _key_bytes(key) -> bytes:
     )
 
 
-def make_certs(
-    out_dir: str | Path, hosts: tuple[str, ...] | list[str] = (), days: int = 365, force: bool = False
-) -> dict[str, Path]:
-    """A local CA and a SuperLink server certificate signed by it, valid for localhost, 127.0.0.1, ::1 and `hosts`
-    (DNS names or IP addresses the SuperNodes and the `flwr` CLI use to reach the SuperLink) for `days` days.
-    Returns {"ca": ca.crt, "cert": server.pem, "key": server.key}; the CA's own key stays in ca.key. Private keys
-    are created with mode 0600; existing files are refused unless `force`."""
-    hosts = [check_host(host) for host in hosts]
-    if not (isinstance(days, int) and 1 <= days <= MAX_CERT_DAYS):
-        raise ValueError(f"--days {days!r}: a certificate lifetime in whole days in [1, {MAX_CERT_DAYS}]")
-    out = Path(out_dir)
-    paths = {"ca": out / CA_CERT, "cert": out / SERVER_CERT, "key": out / SERVER_KEY}
-    refuse_existing([out / CA_KEY, *paths.values()], force)  # before any key is generated
-    now = datetime.datetime.now(datetime.UTC)
-    start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
-
-    ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+def _ca_certificate(ca_key, start: datetime.datetime, end: datetime.datetime) -> x509.Certificate:
+    """The local CA's self-signed certificate (path length 0: it signs the server certificate, no other CA)."""
     ca_name = _name("fl-app deployment CA")
-    ca_cert = (
+    return (
         x509.CertificateBuilder()
         .subject_name(ca_name)
         .issuer_name(ca_name)
@@ -89,14 +74,12 @@ def make_certs(
         .sign(ca_key, hashes.SHA256())
     )
 
-    names: list[x509.GeneralName] = []
-    for host in dict.fromkeys([*LOOPBACK_NAMES, *hosts]):  # ordered, without duplicates
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            names.append(x509.DNSName(host))
-    server_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    server_cert = (
+
+def _server_certificate(
+    server_key, hosts: list[str], ca_key, ca_name: x509.Name, start: datetime.datetime, end: datetime.datetime
+) -> x509.Certificate:
+    """The SuperLink's TLS certificate, signed by the CA, for the loopback names and ``hosts``."""
+    return (
         x509.CertificateBuilder()
         .subject_name(_name("localhost"))
         .issuer_name(ca_name)
@@ -104,12 +87,44 @@ def make_certs(
         .serial_number(x509.random_serial_number())
         .not_valid_before(start)
         .not_valid_after(end)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.SubjectAlternativeName(_alternative_names(hosts)), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
+
+
+def _alternative_names(hosts: list[str]) -> list[x509.GeneralName]:
+    """The loopback names and ``hosts`` in order, without duplicates: IP addresses as such, the rest as DNS names."""
+    names: list[x509.GeneralName] = []
+    for host in dict.fromkeys([*LOOPBACK_NAMES, *hosts]):
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return names
+
+
+def make_certs(
+    out_dir: str | Path, hosts: tuple[str, ...] | list[str] = (), days: int = 365, force: bool = False
+) -> dict[str, Path]:
+    """A local CA and a SuperLink server certificate signed by it, valid for localhost, 127.0.0.1, ::1 and `hosts`
+    (DNS names or IP addresses the SuperNodes and the `flwr` CLI use to reach the SuperLink) for `days` days.
+    Returns {"ca": ca.crt, "cert": server.pem, "key": server.key}; the CA's own key stays in ca.key. Private keys
+    are created with mode 0600; existing files are refused unless `force`."""
+    hosts = [check_host(host) for host in hosts]
+    if not (isinstance(days, int) and 1 <= days <= MAX_CERT_DAYS):
+        raise ValueError(f"--days {days!r}: a certificate lifetime in whole days in [1, {MAX_CERT_DAYS}]")
+    out = Path(out_dir)
+    paths = {"ca": out / CA_CERT, "cert": out / SERVER_CERT, "key": out / SERVER_KEY}
+    refuse_existing([out / CA_KEY, *paths.values()], force)  # before any key is generated
+    now = datetime.datetime.now(datetime.UTC)
+    start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
+    ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    ca_cert = _ca_certificate(ca_key, start, end)
+    server_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    server_cert = _server_certificate(server_key, hosts, ca_key, ca_cert.subject, start, end)
 
     install_file_set(  # all four or none: a failure midway leaves the previous set as it was
         out,

@@ -1,2 +1,4 @@
-"""What tests (and the test scripts in tests/) use to drive real Flower processes: start them, wait for them, stop
-them and everything they spawned. Nothing here is part of the app."""
+"""What tests (and the test scripts in tests/) share: real Flower processes started, waited for and stopped with
+everything they spawned (``deployment``), in-process runs (``in_process``), stand-in runs of a suite (``suites``),
+a FEAST client's training inputs (``training``) and the repository's files (``repository``). Nothing here is part of
+the app."""

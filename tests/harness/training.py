@@ -1,0 +1,37 @@
+"""Stand-in inputs of a FEAST client's local step: its settings and random images."""
+
+from __future__ import annotations
+
+import torch
+
+from clients.local_training import LocalSettings
+from fl_app.data.images import ImageData
+
+
+def feast_settings(**overrides) -> LocalSettings:
+    """A short FEAST step (at most 3 batches of 8) with crop/flip, Mixup and CutMix and KD 0.5 at the default
+    learning rate; ``overrides`` replace fields."""
+    settings = dict(
+        epochs=1,
+        max_steps=3,
+        batch_size=8,
+        lr=0.05,
+        momentum=0.9,
+        weight_decay=5e-4,
+        kd_ratio=0.5,
+        crop_flip=True,
+        randaugment=False,
+        mixup_alpha=0.2,
+        cutmix_alpha=1.0,
+        seed=0,
+    )
+    return LocalSettings(**(settings | overrides))
+
+
+def random_images(n: int, seed: int = 1) -> ImageData:
+    """``n`` random 32x32 RGB images with random labels of 10 classes, the same for the same ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    return ImageData(
+        torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=gen),
+        torch.randint(0, 10, (n,), generator=gen),
+    )
