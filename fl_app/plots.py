@@ -3,6 +3,8 @@
 - ``accuracy_per_round.png``: mean accuracy per evaluated round, band = 95 % t-interval over the seeds (clipped to
   [0, 100] %); a row with fewer than 3 seeds shows each seed as a dot instead of a band. Rows with different round
   counts get one panel per round count instead of sharing an x axis.
+- ``accuracy_per_round_per_tier.png`` (supernet methods): each tier's test accuracy per evaluated round, a panel per
+  method, a line per tier (darker = larger), bands or dots as above: whether larger tiers pay and each has flattened.
 - ``paired_difference.png`` (with a reference): each row minus the reference of its grid cell, paired by seed (same
   partitions, budgets and sampling): the final accuracy and the difference at every round both evaluated.
 - ``accuracy_vs_compute.png``: accuracy against cumulative client compute, one mean line per row (each seed faint);
@@ -446,6 +448,54 @@ def figure_accuracy_vs_macs(tables: dict):
     return fig
 
 
+# -- accuracy per round, per tier ----------------------------------------------------------------------------------
+def figure_tier_curves(tables: dict):
+    """One panel per row with tiers; a line per tier (colour by MACs, darker = larger): test accuracy per evaluated
+    round, band = 95 % t-interval (>= 3 seeds) or each seed as a dot. Shows whether larger tiers pay and whether
+    each has flattened."""
+    table = pd.DataFrame(tables.get("tier_rounds") or [])
+    if table.empty:
+        return None
+    plt, rows = _pyplot(), [row for row in tables["rows"] if row.name in set(table["method"])]
+    names = display_names(rows)
+    ncols = min(4, len(rows))
+    nrows = math.ceil(len(rows) / ncols)
+    width = 7.5 if len(rows) == 1 else 3.6 * ncols + 2.6
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(width, 3.6 * nrows + 0.8), sharey=True, squeeze=False, layout="constrained"
+    )
+    cmap, drawn = plt.get_cmap("viridis"), []
+    for ax, row in zip(axes.flat, rows):
+        mine = table[table["method"] == row.name]
+        tiers = sorted(mine["tier_mmacs"].unique())
+        for k, tier in enumerate(tiers):
+            colour = cmap(0.85 * (1 - k / max(1, len(tiers) - 1)))
+            points = mine[mine["tier_mmacs"] == tier].sort_values("round")
+            x, y = points["round"].to_numpy(), 100 * points["accuracy"].to_numpy()
+            ax.plot(x, y, marker="o", markersize=3, color=colour, label=f"{tier:g} MMACs")
+            drawn += list(y)
+            if points["n"].min() >= MIN_SEEDS_FOR_BAND:
+                low, high = accuracy_band(points, y)
+                ax.fill_between(x, low, high, color=colour, alpha=BAND_ALPHA, linewidth=0)
+                drawn += list(low) + list(high)
+            else:
+                seeds = [(r, 100 * a) for run in row.runs for r, m, a in run.tier_curve if round(m / 1e6, 3) == tier]
+                _seed_dots(ax, [r for r, _ in seeds], [a for _, a in seeds], colour)
+                drawn += [a for _, a in seeds]
+        ax.set(xlabel="round", title=names[row.name])
+        ax.title.set_fontsize(9)
+        ax.legend(fontsize=7, frameon=False, title="tier", title_fontsize=7)
+        _whole_ticks(ax)
+        ax.grid(True, alpha=0.3)
+    for ax in axes.flat[len(rows) :]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("tier test accuracy (%)")
+    axes[0][0].set_ylim(*percent_limits(drawn))
+    _title(fig, f"Each tier's accuracy per evaluated round ({spread_text([row.seeds for row in rows])})", rows)
+    return fig
+
+
 # -- traffic -------------------------------------------------------------------------------------------------------
 def figure_traffic(tables: dict):
     plt, rows = _pyplot(), tables["rows"]
@@ -465,6 +515,7 @@ def figure_traffic(tables: dict):
 
 PLOTS = {
     "accuracy_per_round.png": figure_accuracy_per_round,
+    "accuracy_per_round_per_tier.png": figure_tier_curves,
     "paired_difference.png": figure_paired,
     "accuracy_vs_compute.png": figure_accuracy_vs_compute,
     "accuracy_vs_macs.png": figure_accuracy_vs_macs,

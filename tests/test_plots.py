@@ -40,9 +40,17 @@ def make_run(folder, label, seed, final, rounds=4, flops=10.0, tiers=True, metho
         summary["tiers"] = [{"macs": 4.9e5, "accuracy": final}, {"macs": 1.4e7, "accuracy": final}]
     write_json(folder / "summary.json", summary)
     evaluated = range(2, rounds + 1, 2)
+    tier_rows = [(4.9e5, 0.8), (1.4e7, 1.0)] if tiers else [(None, None)]  # the small tier at 0.8 of the large
     write_csv(
         folder / "metrics.csv",
-        [{"round": r, "population_weighted_accuracy": final * r / rounds} for r in evaluated],
+        [
+            {"round": r, "tier_macs": macs, "test_accuracy": share * final * r / rounds}
+            | {"population_weighted_accuracy": final * r / rounds}
+            if macs
+            else {"round": r, "population_weighted_accuracy": final * r / rounds}
+            for r in evaluated
+            for macs, share in tier_rows
+        ],
     )
     write_csv(
         folder / "rounds.csv",
@@ -88,6 +96,7 @@ def test_every_plot_kind_is_written_as_a_png(suite, tmp_path):
     names = {p.name for p in out.glob("*.png")}
     assert names == {
         "accuracy_per_round.png",
+        "accuracy_per_round_per_tier.png",
         "paired_difference.png",
         "accuracy_vs_compute.png",
         "accuracy_vs_macs.png",
@@ -170,6 +179,31 @@ def test_tier_and_traffic_plots_stay_within_their_ranges(suite):
     ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
     assert "fedavg-min-long (8 rounds)" in ticks  # runs of other lengths are named as such
     assert "mean over 2–3 seeds" in fig._suptitle.get_text()
+
+
+def test_tier_curves_have_a_panel_per_method_and_a_line_per_tier(suite, tmp_path):
+    fig = plots.figure_tier_curves(_tables(suite))
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert (
+        sorted(ax.get_title() for ax in axes)
+        == sorted(["feast", "fedavg-min", "fedavg-min-long (8 rounds)", "feast-kd0"])
+        or len(axes) == 4
+    )
+    feast = next(ax for ax in axes if ax.get_title().startswith("feast") and "kd0" not in ax.get_title())
+    lines = {line.get_label(): line for line in feast.get_lines()}
+    assert set(lines) == {"0.49 MMACs", "14 MMACs"}
+    # by hand: the small tier is 0.8 of the large one at every round; mean over SPREAD at the last round (4)
+    assert lines["14 MMACs"].get_ydata()[-1] == pytest.approx(100 * sum(SPREAD) / 3)
+    assert lines["0.49 MMACs"].get_ydata()[-1] == pytest.approx(80 * sum(SPREAD) / 3)
+    assert len(_bands(feast)) == 2 and all(
+        0 <= y <= 100 for b in _bands(feast) for p in b.get_paths() for _, y in p.vertices
+    )
+    kd0 = next(ax for ax in axes if "kd0" in ax.get_title())
+    assert _bands(kd0) == []  # 2 seeds: dots
+    assert sum(len(c.get_offsets()) for c in kd0.collections if c.__class__.__name__ == "PathCollection") == 8
+    for seed in (0, 1):
+        make_run(tmp_path / f"flat/s{seed}", "local", seed, 0.3, tiers=False, method="fedavg-min")
+    assert plots.figure_tier_curves(_tables(tmp_path / "flat", None)) is None
 
 
 def test_client_figure_stacks_each_clients_labels_over_its_budget(tmp_path):
