@@ -7,6 +7,8 @@ Modes (the bounds and the translated cache go through the same scoring code):
 - "native": the same prefix/replay split with the target's own cache (sanity check, equals "direct");
 - "native-keys" / "native-values": the translated cache with the target's own keys (values) put in, a probe of
   which half of the translation loses what.
+The translator modes also take `layers`: only those target layers get the translated K/V, the others the
+target's own (a probe of where in depth the translation error does its harm; None: every layer translated).
 """
 
 import statistics
@@ -21,7 +23,7 @@ from transformers import DynamicCache
 
 from .align import align_offsets, char_offsets
 from .cache import KV, extract_kv, inject_kv, prefill_kv, prefix_kv
-from .models import ModelPair, forward
+from .models import ModelPair, forward, kv_geometry
 from .pipeline import EncodedItem, collate, translate_batch
 from .scoring import binding_accuracy, f1_em, greedy_answers, option_logprobs, pad_right
 from .translators import KVTranslator
@@ -31,16 +33,30 @@ MODES = ("direct", "no-context", "translated", "native", *PROBE_MODES)
 TRANSLATOR_MODES = ("translated", *PROBE_MODES)
 
 
+def check_layers(layers: tuple[int, ...] | None, mode: str, n_layers: int) -> None:
+    """`layers` (target layers that get the translated K/V) names existing layers, in a translator mode."""
+    if layers is None:
+        return
+    if mode not in TRANSLATOR_MODES:
+        raise ValueError(f"layers applies to the modes {TRANSLATOR_MODES}, not {mode!r}")
+    bad = [j for j in layers if not 0 <= j < n_layers]
+    if bad:
+        raise ValueError(f"layers {bad} do not exist: layers must be among the target's 0..{n_layers - 1}")
+
+
 def prefix_and_tails(
     mode: str,
     examples: list[EncodedItem],
     pair: ModelPair,
     translator: KVTranslator | None = None,
     frac: float = 1.0,
+    layers: tuple[int, ...] | None = None,
 ) -> tuple[KV | None, Tensor | None, list[list[int]]]:
-    """(kv, kv_mask, tails): the cache to inject (or None) and, per example, the tokens the target reads next."""
+    """(kv, kv_mask, tails): the cache to inject (or None) and, per example, the tokens the target reads next;
+    with `layers`, the target layers outside it hold the target's own K/V."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    check_layers(layers, mode, kv_geometry(pair.target)["layers"])
     if mode == "direct":
         return None, None, [e["tgt"] + e["question"] for e in examples]
     if mode == "no-context":
@@ -59,18 +75,27 @@ def prefix_and_tails(
             native = prefill_kv(pair.target, batch["tgt_ids"], batch["tgt_mask"])
             keys = mode == "native-keys"
             kv = [(nk if keys else k, v if keys else nv) for (k, v), (nk, nv) in zip(kv, native)]
+        if layers is not None:
+            native = prefill_kv(pair.target, batch["tgt_ids"], batch["tgt_mask"])
+            kv = [kv[j] if j in layers else native[j] for j in range(len(kv))]
     lengths = [max(1, round(frac * len(e["tgt"]))) for e in examples]
     kv, kv_mask = prefix_kv(kv, batch["tgt_mask"], lengths)
     return kv, kv_mask, [e["tgt"][n:] + e["question"] for e, n in zip(examples, lengths)]
 
 
 def context_batches(
-    data: list[EncodedItem], mode: str, pair: ModelPair, translator: KVTranslator | None, frac: float, batch: int
+    data: list[EncodedItem],
+    mode: str,
+    pair: ModelPair,
+    translator: KVTranslator | None,
+    frac: float,
+    batch: int,
+    layers: tuple[int, ...] | None = None,
 ) -> Iterator[tuple[list[EncodedItem], KV | None, Tensor | None, list[list[int]]]]:
     """(examples, kv, kv_mask, tails) of `prefix_and_tails` for consecutive batches of `data`."""
     for i in range(0, len(data), batch):
         chunk = data[i : i + batch]
-        yield (chunk, *prefix_and_tails(mode, chunk, pair, translator, frac))
+        yield (chunk, *prefix_and_tails(mode, chunk, pair, translator, frac, layers))
 
 
 @torch.no_grad()
@@ -81,10 +106,11 @@ def closed_set_correct(
     translator: KVTranslator | None = None,
     frac: float = 1.0,
     batch: int = 32,
+    layers: tuple[int, ...] | None = None,
 ) -> list[bool]:
     """Per example: whether the highest-likelihood option is the answer."""
     correct = []
-    for chunk, kv, kv_mask, tails in context_batches(data, mode, pair, translator, frac, batch):
+    for chunk, kv, kv_mask, tails in context_batches(data, mode, pair, translator, frac, batch, layers):
         scores = option_logprobs(
             pair.target, kv, kv_mask, tails, [e["options"] for e in chunk], pair.target_tok.pad_token_id
         )
@@ -106,11 +132,12 @@ def extractive_f1(
     translator: KVTranslator | None = None,
     frac: float = 1.0,
     batch: int = 32,
+    layers: tuple[int, ...] | None = None,
 ) -> tuple[float, float, list[str]]:
     """Mean SQuAD F1 and exact match of the greedy answers, and the answers."""
     f1s, ems, predictions = [], [], []
     tok = pair.target_tok
-    for chunk, kv, kv_mask, tails in context_batches(data, mode, pair, translator, frac, batch):
+    for chunk, kv, kv_mask, tails in context_batches(data, mode, pair, translator, frac, batch, layers):
         answers = greedy_answers(pair.target, kv, kv_mask, tails, tok.pad_token_id, tok.eos_token_id)
         for a, e in zip(answers, chunk):
             text = tok.decode(a)
@@ -127,11 +154,12 @@ def qa_scores(
     pair: ModelPair,
     translator: KVTranslator | None = None,
     frac: float = 1.0,
+    layers: tuple[int, ...] | None = None,
 ) -> tuple[dict[str, float | None], list[str]]:
     """Closed-set accuracy, binding accuracy (items with a same-type distractor), extractive F1 and EM of one
     mode, plus the greedy answers."""
-    correct = closed_set_correct(data, mode, pair, translator, frac)
-    f1, em, predictions = extractive_f1(data, mode, pair, translator, frac)
+    correct = closed_set_correct(data, mode, pair, translator, frac, layers=layers)
+    f1, em, predictions = extractive_f1(data, mode, pair, translator, frac, layers=layers)
     scores = dict(
         acc=sum(correct) / len(correct),
         binding_acc=binding_accuracy([e["needs_binding"] for e in data], correct),
@@ -143,17 +171,22 @@ def qa_scores(
 
 @torch.no_grad()
 def injection_errors(
-    data: list[EncodedItem], pair: ModelPair, translator: KVTranslator, frac: float, batch: int = 32
+    data: list[EncodedItem],
+    pair: ModelPair,
+    translator: KVTranslator,
+    frac: float,
+    batch: int = 32,
+    layers: tuple[int, ...] | None = None,
 ) -> dict[str, float | None]:
     """The two failure modes at injection point `frac`, against the same split with the native cache:
     replay_hidden_err = relative error of the target's last hidden state over the replayed context tokens
     (error that early injection propagates), answer_kl = KL(native || translated) of the next-token
-    distribution where the answer starts (what is left at the last state)."""
+    distribution where the answer starts (what is left at the last state). `layers` as in `prefix_and_tails`."""
     hid, hid_n, kls = 0.0, 0, []
     target = pair.target
     for i in range(0, len(data), batch):
         chunk = data[i : i + batch]
-        kv_t, mask_t, tails = prefix_and_tails("translated", chunk, pair, translator, frac)
+        kv_t, mask_t, tails = prefix_and_tails("translated", chunk, pair, translator, frac, layers)
         kv_n, mask_n, _ = prefix_and_tails("native", chunk, pair, None, frac)
         ids, mask = pad_right(tails, pair.target_tok.pad_token_id, target.device)
         out_t = forward(target, ids, mask, inject_kv(target, kv_t, mask_t), mask_t, hidden_states=True)

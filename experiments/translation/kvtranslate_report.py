@@ -9,7 +9,9 @@ demo/summary.json and demo/details.json (the demo); bench_translate_real.json an
 (experiments/translation/bench_translate.py), heldout_*.json (experiments/translation/translate_heldout.py), the
 retention studies' summaries (STUDIES, experiments/translation/kvtranslate_retention.py) and longcontext_probe.jsonl
 (experiments/translation/kvtranslate_longcontext.py) where they exist; the checkpoints' own kvtranslate.json
-(checkpoints/); history/translator_trials.jsonl.
+(checkpoints/); history/translator_trials.jsonl. The confirmation, equal-capacity and injection-depth blocks
+(confirmation_summary.json, equal_capacity_summary.json: kvtranslate_retention.py; injection_depth_summary.json:
+kvtranslate_injection_depth.py) are written only once their files exist.
 
     python -m experiments.translation.kvtranslate_report          # rewrites the READMEs' generated tables
     python -m experiments.translation.kvtranslate_report --check  # exit 1 if a README is not up to date
@@ -413,6 +415,220 @@ def recipe_table(study, recipe=RECIPE):
     return text
 
 
+# the studies that check the recipe: a confirmation set never used for a choice, the kinds at equal parameter counts,
+# and the injection depth (file stems in EXPERIMENTS; their blocks are written once the summaries exist)
+CONFIRMATION, EQUAL_CAPACITY, DEPTH = "confirmation", "equal_capacity", "injection_depth"
+SIZE_KEY = ":params="  # kvtranslate_retention.py's sized variants: KIND...:params=N
+
+
+def commits_of(study):
+    """Every commit the study's runs record ('+dirty' where the code differed from it)."""
+    commits = sorted({c for v in study["variants"].values() for c in v.get("commits", [])})
+    return ", ".join(f"`{c}`" for c in commits) or "not recorded"
+
+
+def confirmation_table(study, screening, recipe=RECIPE):
+    """Each recipe kind's F1 retention on the confirmation set beside the screening set's (the 1,000-step study,
+    where the recipe was chosen), then each mixture kind minus each other kind, paired by seed, on both."""
+    kinds = recipe_kinds(study, recipe)
+    if not kinds:
+        return f"No variant trained with `{recipe}` in the confirmation runs."
+    screen = recipe_kinds(screening, recipe) if screening else {}
+
+    def both(entry_c, entry_s, key):
+        cells = [f"{mean_ci(entry_c, key)} ({interval(entry_c.get(key))})"]
+        return cells + [mean_ci(entry_s, key) if entry_s else "–"]
+
+    rows = []
+    for kind, (_, v) in kinds.items():
+        s = screen.get(kind, (None, None))[1]
+        row = [f"`{kind}`", ", ".join(map(str, v["seeds"])), str(len(s["seeds"])) if s else "–"]
+        for key in RECIPE_SETS:
+            row += both(v, s, key)
+        rows.append(row)
+    header = ["translator", "confirmation seeds", "screening seeds"]
+    for what in RECIPE_SETS.values():
+        header += [f"{what}: confirmation (95% interval)", f"{what}: screening"]
+    text = (
+        f"`{study['source']}` -> `{study['target']}`, every kind trained with `{recipe}`; confirmation set: evaluation "
+        f"seed {', '.join(map(str, study.get('eval_seeds', [])))}, commits {commits_of(study)} (F1 retention, mean ± "
+        "95% t-interval over seeds):\n\n" + table(header, rows)
+    )
+    differences = []
+    for a, va, b, nb in mixture_differences(kinds):
+        sa = screen.get(a, (None, None))[1]
+        row = [f"`{a}`", f"`{b}`", str(len(paired_seeds(va, nb)))]
+        for key in RECIPE_SETS:
+            diff = f"{key}_minus_{nb}"
+            row += [f"{mean_ci(va, diff)} ({interval(va.get(diff))})", mean_ci(sa, diff) if sa else "–"]
+        differences.append(row)
+    if differences:
+        header = ["MoT kind", "minus", "seeds paired"]
+        for what in RECIPE_SETS.values():
+            header += [f"{what}: confirmation (95% interval)", f"{what}: screening"]
+        text += "\n\nMixture of translators minus each other kind, paired by seed:\n\n" + table(header, differences)
+    return text
+
+
+def sized_variants(study):
+    """target parameter count -> kind -> (variant name, summary entry), for the variants named KIND...:params=N."""
+    groups = {}
+    for name, v in study["variants"].items():
+        if SIZE_KEY in name:
+            target = int(name.split(SIZE_KEY)[1].split(":")[0])
+            groups.setdefault(target, {})[name.split(":")[0]] = (name, v)
+    return dict(sorted(groups.items()))
+
+
+def difference(entry_a, name_b, entry_b, name_a, key):
+    """a minus b of `key`, paired by seed, from whichever of the two the summary paired with the other."""
+    m = entry_a.get(f"{key}_minus_{name_b}")
+    if m is None and entry_b.get(f"{key}_minus_{name_a}") is not None:
+        m = dict(entry_b[f"{key}_minus_{name_a}"])
+        m["mean"] = -m["mean"]
+    return m
+
+
+def equal_capacity_table(study):
+    """The kinds sized to one parameter count each (variants KIND...:params=N): actual parameters and widths, F1
+    retention per set, each pair of kinds' paired difference, and which kind is ahead at each size."""
+    groups = sized_variants(study)
+    if not groups:
+        return "No sized variant (`KIND:...:params=N`) in the equal-capacity runs."
+    rows, differences, verdicts = [], [], []
+    for target, kinds in groups.items():
+        for kind, (_, v) in kinds.items():
+            widths = " / ".join(f"{k} {', '.join(map(str, w))}" for k, w in v.get("widths", {}).items())
+            actual = ", ".join(fmt(p) for p in v.get("parameters", [])) or "–"
+            rows.append(
+                [fmt(target), f"`{kind}`", actual, widths or "–", ", ".join(map(str, v["seeds"]))]
+                + [f"{mean_ci(v, k)} ({interval(v.get(k))})" for k in RECIPE_SETS]
+            )
+        names = list(kinds)
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                (na, va), (nb, vb) = kinds[a], kinds[b]
+                ms = [difference(va, nb, vb, na, k) for k in RECIPE_SETS]
+                if any(m is not None for m in ms):
+                    seeds = next(m for m in ms if m is not None).get("seeds", [])
+                    differences.append(
+                        [fmt(target), f"`{a}`", f"`{b}`", str(len(seeds))]
+                        + ["–" if m is None else f"{mean_ci({'d': m}, 'd')} ({interval(m)})" for m in ms]
+                    )
+        for key, what in RECIPE_SETS.items():
+            best = max(kinds, key=lambda k: kinds[k][1][key]["mean"] if key in kinds[k][1] else float("-inf"))
+            nb, vb = kinds[best]
+            against = []
+            for other, (no, vo) in kinds.items():
+                if other != best:
+                    m = difference(vb, no, vo, nb, key)
+                    against.append(f"`{other}` {'(not paired)' if m is None else spread_verdict(m)}")
+            verdicts.append(
+                f"- {fmt(target)} parameters, {what}: highest mean `{best}` ({mean_ci(vb, key)}); against "
+                + "; ".join(against)
+                + "."
+            )
+    seeds = ", ".join(map(str, study.get("eval_seeds", [])))
+    text = (
+        f"`{study['source']}` -> `{study['target']}`, evaluation seed {seeds}, "
+        f"commits {commits_of(study)} (F1 retention, mean ± 95% t-interval over seeds):\n\n"
+        + table(
+            ["target parameters", "translator", "parameters", "widths", "seeds"]
+            + [f"{what} F1 retention (95% interval)" for what in RECIPE_SETS.values()],
+            rows,
+        )
+    )
+    if differences:
+        text += "\n\nEach pair of kinds at one size, paired by seed:\n\n" + table(
+            ["target parameters", "translator", "minus", "seeds paired"]
+            + [f"{what} difference (95% interval)" for what in RECIPE_SETS.values()],
+            differences,
+        )
+    return text + "\n\n" + "\n".join(verdicts)
+
+
+DEPTH_SETS = {"heldout_phrasing": "held-out phrasings", "long": "long contexts"}
+FAILURE_MODES = {"propagated_shift": "propagated shift", "last_state_shift": "last-state shift"}
+
+
+def depth_name(name):
+    """A depth-study variant without the recipe every variant shares."""
+    return name.replace(RECIPE, "") if RECIPE in name else name
+
+
+def injection_depth_table(study):
+    """experiments/translation/kvtranslate_injection_depth.py's summary: F1 retention at each injection point, the
+    two failure modes and the per-layer probe per variant and set, and the paired differences (CCL minus no CCL,
+    each variant minus each baseline) of the failure modes."""
+    variants, points = study["variants"], study["points"]
+    shared = all(RECIPE in n for n in variants)
+    parts = [
+        f"`{study['source']}` -> `{study['target']}`"
+        + (f", every variant trained with `{RECIPE}`" if shared else "")
+        + f"; evaluation seed {', '.join(map(str, study.get('eval_seeds', [])))}, commits {commits_of(study)}. "
+        "F1 retention at each injection point p (mean ± 95% t-interval over seeds):"
+    ]
+    for s, what in DEPTH_SETS.items():
+        rows = [
+            [f"`{depth_name(n)}`", ", ".join(map(str, v["seeds"]))]
+            + [mean_ci(v["measures"], f"{s}/p={p}/retention") for p in points]
+            for n, v in variants.items()
+            if f"{s}/p=1.0/retention" in v["measures"]
+        ]
+        if rows:
+            parts.append(f"{what}:\n\n" + table(["translator", "seeds"] + [f"p={p}" for p in points], rows))
+    layers = sorted(
+        {int(k.split("/layer=")[1].split("/")[0]) for v in variants.values() for k in v["measures"] if "/layer=" in k}
+    )
+    rows = []
+    for n, v in variants.items():
+        for s, what in DEPTH_SETS.items():
+            m = v["measures"]
+            if f"{s}/p=1.0/retention" not in m:
+                continue
+            rows.append(
+                [f"`{depth_name(n)}`", what]
+                + [mean_ci(m, f"{s}/{k}") for k in FAILURE_MODES]
+                + [mean_ci(m, f"{s}/layer={j}/retention") for j in layers]
+                + [mean_ci(m, f"{s}/layer={j}/answer_kl") for j in layers]
+            )
+    parts.append(
+        "The failure modes (propagated shift: the replayed tokens' relative hidden-state error, averaged over p < 1; "
+        "last-state shift: KL(native || translated) at the answer's first token at p = 1) and the layer probe (p = 1, "
+        "one target layer translated, the others the target's own):\n\n"
+        + table(
+            ["translator", "set", *FAILURE_MODES.values()]
+            + [f"retention, layer {j} translated" for j in layers]
+            + [f"answer KL, layer {j} translated" for j in layers],
+            rows,
+        )
+    )
+    rows = []
+    for n, v in variants.items():
+        for b, diffs in v["differences"].items():
+            other = n + ":w_ccl=0.0" if b == "no_ccl" else b
+            for s, what in DEPTH_SETS.items():
+                cells = [diffs.get(f"{s}/{k}") for k in FAILURE_MODES] + [diffs.get(f"{s}/p=1.0/retention")]
+                if any(c is not None for c in cells):
+                    seeds = next(c for c in cells if c is not None)["seeds"]
+                    rows.append(
+                        [f"`{depth_name(n)}`", f"`{depth_name(other)}`", what, str(len(seeds))]
+                        + ["–" if c is None else f"{mean_ci({'d': c}, 'd')} ({spread_verdict(c)})" for c in cells]
+                    )
+    if rows:
+        parts.append(
+            "Paired by seed (a lower shift is better: 'lower' beyond the spread means the first variant reduces it):"
+            "\n\n"
+            + table(
+                ["translator", "minus", "set", "seeds paired"]
+                + [f"{w} difference" for w in FAILURE_MODES.values()]
+                + ["retention at p = 1 difference"],
+                rows,
+            )
+        )
+    return "\n\n".join(parts)
+
+
 PROBES = {
     "native_keys": "target's own keys, translated values",
     "native_values": "translated keys, target's own values",
@@ -682,6 +898,16 @@ def render(demo=DEMO):
         for kind in STUDIES[name][1]:
             blocks[f"retention-{kind}{name}"] = STUDY_BLOCKS[kind](study)
     blocks["longcontext-probe"] = longcontext_table(os.path.join(EXPERIMENTS, "longcontext_probe.jsonl"))
+    # the checks of the recipe: only once their runs are committed (no table of nothing)
+    confirmation = load(os.path.join(EXPERIMENTS, f"{CONFIRMATION}_summary.json"))
+    if confirmation:
+        blocks["confirmation"] = confirmation_table(confirmation, studies["-1000-steps"])
+    equal = load(os.path.join(EXPERIMENTS, f"{EQUAL_CAPACITY}_summary.json"))
+    if equal:
+        blocks["equal-capacity"] = equal_capacity_table(equal)
+    depth = load(os.path.join(EXPERIMENTS, f"{DEPTH}_summary.json"))
+    if depth:
+        blocks["injection-depth"] = injection_depth_table(depth)
     return blocks
 
 

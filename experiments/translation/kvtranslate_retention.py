@@ -16,7 +16,17 @@ its own values, put into the translated cache (which half of the translation los
     python -m experiments.translation.kvtranslate_retention --summary --baselines mot,mot:phrase_mix=0.5
 
 A variant is a translator kind with optional training overrides, each after a colon: `mot`, `single`,
-`shared-latent`, `mot:phrase_mix=0.5:w_ccl=3`, `shared-latent:steps=2000` (its own step count instead of `--steps`).
+`shared-latent`, `mot:phrase_mix=0.5:w_ccl=3`, `shared-latent:steps=2000` (its own step count instead of `--steps`),
+`mot:params=1000000` (the kind's width knobs sized so the translator has that many parameters, within 2%:
+kvtranslate/sizing.py; for comparing kinds at equal capacity).
+
+The evaluation passages come from `--eval-seed` (default 99, the set every study before the confirmation chose its
+recipe on). The confirmation set is CONFIRMATION_EVAL_SEED with translator seeds CONFIRMATION_SEEDS, neither used
+by any earlier run (tests/kvtranslate/test_kvt_confirmation.py checks both against the code's seeds and the
+committed results). Every row records the eval seed, the git commit it ran at and whether kvtranslate's code or
+checkpoints differed from that commit (`dirty`). `--translators DIR` keeps each trained translator in
+DIR/<variant>/seed<N> and loads it from there the next time the same variant and seed are asked for (another study,
+e.g. kvtranslate_injection_depth.py, can reuse it; a folder trained with other settings is an error).
 """
 
 import argparse
@@ -24,6 +34,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 from typing import Any
@@ -34,13 +45,32 @@ from kvtranslate.cli import HelpFormatter, comma_list, int_list, print_table  # 
 from kvtranslate.corpus import make_dataset  # noqa: E402
 from kvtranslate.evaluate import PROBE_MODES, qa_scores  # noqa: E402
 from kvtranslate.models import DTYPES, ModelPair, load_pair, pick_device, set_threads  # noqa: E402
-from kvtranslate.pipeline import EncodedItem, encode_pair_items, long_items, position_limit  # noqa: E402
+from kvtranslate.pipeline import (  # noqa: E402
+    EncodedItem,
+    encode_pair_items,
+    load_translator,
+    long_items,
+    position_limit,
+    save_translator,
+)
+from kvtranslate.sizing import WIDTH_KNOBS, size_for_pair  # noqa: E402
 from kvtranslate.train import TRAIN_DEFAULTS, train_translator  # noqa: E402
+from kvtranslate.translators import CONFIG_NAME, KVTranslator  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "kvtranslate")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULTS = os.path.join(REPO, "experiments", "results", "kvtranslate")
 DEFAULT_OUT = os.path.join(RESULTS, "retention_study.jsonl")
 SETS = ("heldout_phrasing", "training_phrasing", "long", "long_training_phrasing")
 PROBE_SETS = ("heldout_phrasing", "long")
+SIZE_KEY = "params"  # a variant's target parameter count (kvtranslate/sizing.py), not a training setting
+# the evaluation passages' seed of every study before the confirmation (short sets; the long sets start at +1)
+SCREENING_EVAL_SEED = 99
+# the confirmation set: an evaluation seed and translator seeds no earlier run used, for passages (a translator of
+# seed s trains on passages of seed s + 1000 and long ones of s + 2000) or for initialisation
+CONFIRMATION_EVAL_SEED = 5000
+CONFIRMATION_SEEDS = (300, 301, 302, 303, 304, 305)
+# what decides a row's numbers besides the command: the package, the study scripts and the tiny checkpoints
+CODE_PATHS = ("kvtranslate", "experiments/translation", "experiments/results/kvtranslate/checkpoints")
 
 
 def probe_metric(set_name: str, mode: str) -> str:
@@ -49,31 +79,141 @@ def probe_metric(set_name: str, mode: str) -> str:
 
 
 def parse_variant(text: str) -> dict[str, Any]:
-    """'mot:phrase_mix=0.5:w_ccl=0' -> {"kind": "mot", "phrase_mix": 0.5, "w_ccl": 0.0}."""
+    """'mot:phrase_mix=0.5:w_ccl=0' -> {"kind": "mot", "phrase_mix": 0.5, "w_ccl": 0.0}; 'mot:params=1000000' ->
+    {"kind": "mot", "params": 1000000}."""
     kind, *rest = text.split(":")
     overrides: dict[str, Any] = dict(kind=kind)
     for part in filter(None, rest):
         key, _, value = part.partition("=")
+        if key == SIZE_KEY:
+            if not value.isdigit() or int(value) < 1:
+                raise ValueError(f"variant {text!r}: {SIZE_KEY} must be a positive whole number, got {value!r}")
+            overrides[key] = int(value)
+            continue
         if key not in TRAIN_DEFAULTS:
-            raise ValueError(f"variant {text!r}: {key!r} is not a training setting (allowed: {sorted(TRAIN_DEFAULTS)})")
+            raise ValueError(
+                f"variant {text!r}: {key!r} is not a training setting (allowed: {sorted(TRAIN_DEFAULTS)} and "
+                f"{SIZE_KEY})"
+            )
         default = TRAIN_DEFAULTS[key]
         overrides[key] = type(default)(value) if not isinstance(default, tuple) else default
     return overrides
 
 
-def eval_sets(pair: ModelPair, n: int, n_long: int, seed: int = 99) -> dict[str, list[EncodedItem]]:
-    """The three fixed evaluation sets (SETS), encoded for the pair."""
-    tokenizers = [pair.source_tok, pair.target_tok]
-    items = dict(
+def sized_overrides(pair: ModelPair, overrides: dict[str, Any]) -> dict[str, Any]:
+    """A variant's overrides with `params` turned into the width knobs that reach it (kvtranslate/sizing.py); the
+    knobs a variant sets itself stay as set. Overrides without `params` come back unchanged."""
+    if SIZE_KEY not in overrides:
+        return overrides
+    settings = {k: v for k, v in overrides.items() if k != SIZE_KEY}
+    fixed = {k for k in WIDTH_KNOBS.get(settings["kind"], ()) if k in settings}
+    sized = size_for_pair(pair, {**TRAIN_DEFAULTS, **settings}, overrides[SIZE_KEY], fixed)
+    return {**settings, **{k: sized[k] for k in WIDTH_KNOBS[settings["kind"]]}}
+
+
+def eval_items(
+    tokenizers: list[Any], limit: int, n: int, n_long: int, seed: int = SCREENING_EVAL_SEED
+) -> dict[str, list[Any]]:
+    """The four evaluation sets (SETS) of seed `seed` as passages (corpus.QAItem), the long ones fitting every
+    tokenizer within `limit` tokens."""
+    return dict(
         heldout_phrasing=make_dataset(n, seed=seed, split="eval", template_split="eval"),
         training_phrasing=make_dataset(n, seed=seed, split="eval", template_split="train"),
-        long=long_items(n_long, seed + 1, tokenizers, position_limit(pair.target), 22),
+        long=long_items(n_long, seed + 1, tokenizers, limit, 22),
         # the same long passages phrased with the training templates: what length costs without the phrasing
-        long_training_phrasing=long_items(
-            n_long, seed + 1, tokenizers, position_limit(pair.target), 22, template_split="train"
-        ),
+        long_training_phrasing=long_items(n_long, seed + 1, tokenizers, limit, 22, template_split="train"),
     )
+
+
+def eval_sets(pair: ModelPair, n: int, n_long: int, seed: int = SCREENING_EVAL_SEED) -> dict[str, list[EncodedItem]]:
+    """The four evaluation sets (SETS), encoded for the pair."""
+    items = eval_items([pair.source_tok, pair.target_tok], position_limit(pair.target), n, n_long, seed)
     return {k: encode_pair_items(pair, v) for k, v in items.items()}
+
+
+def git_state(root: str = REPO, paths: tuple[str, ...] = CODE_PATHS) -> dict[str, Any]:
+    """{"commit": HEAD's hash, "dirty": whether a file under `paths` differs from it (tracked or not)}; both None
+    outside a git checkout."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            # no index refresh: other git processes may be working in the same checkout
+            ["git", "--no-optional-locks", "status", "--porcelain", "--", *paths],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return dict(commit=None, dirty=None)
+    return dict(commit=commit, dirty=bool(status.strip()))
+
+
+def translator_folder(root: str, variant: str, seed: int) -> str:
+    """Where `--translators root` keeps the translator of `variant` and `seed`."""
+    return os.path.join(root, variant.replace(":", "__").replace("=", "-"), f"seed{seed}")
+
+
+def comparable(settings: dict[str, Any]) -> dict[str, Any]:
+    """Training settings as config.json stores them (tuples as lists), for comparing a saved translator's."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}
+
+
+def obtain_translator(
+    pair: ModelPair, variant: str, settings: dict[str, Any], root: str | None = None
+) -> tuple[KVTranslator, str]:
+    """(translator, "trained" or "loaded"): trained with `settings` (train_translator's overrides, seed included),
+    or loaded from `root`'s folder for the variant and seed when one exists (and saved there after training). A
+    saved translator trained with other settings is an error naming the folder and the settings that differ."""
+    folder = None if root is None else translator_folder(root, variant, settings["seed"])
+    wanted = comparable({**TRAIN_DEFAULTS, **settings})
+    if folder is not None and os.path.isfile(os.path.join(folder, CONFIG_NAME)):
+        translator, saved = load_translator(pair, folder)
+        saved = comparable(saved)
+        differ = sorted(k for k in wanted if saved.get(k) != wanted[k])
+        if differ:
+            raise ValueError(
+                f"{folder} holds a translator trained with other settings: "
+                + ", ".join(f"{k}={saved.get(k)!r} there, {wanted[k]!r} asked" for k in differ)
+            )
+        return translator, "loaded"
+    translator, _, cfg = train_translator(pair, log=lambda line: None, **settings)
+    if folder is not None:
+        save_translator(translator, cfg, folder)
+    return translator, "trained"
+
+
+def run_record(args: argparse.Namespace, pair: ModelPair, name: str, overrides: dict, settings: dict) -> dict:
+    """The fields every study row starts with: pair, variant, seed, steps, sizes, evaluation seed, commit."""
+    return dict(
+        source=args.source,
+        target=args.target,
+        variant=name,
+        seed=settings["seed"],
+        steps=settings["steps"],
+        overrides=overrides,
+        device=str(pair.device),
+        eval_seed=args.eval_seed,
+        **git_state(),
+    )
+
+
+def finished_runs(path: str, args: argparse.Namespace) -> set[tuple[str, int, int]]:
+    """(variant, seed, steps) of the rows OUT already holds for this pair and evaluation seed: a study restarted
+    after an interruption trains only what is missing instead of appending a second row for the same run."""
+    if not os.path.exists(path):
+        return set()
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return {
+        (row["variant"], int(row["seed"]), int(row["steps"]))
+        for row in rows
+        if row.get("source") == args.source
+        and row.get("target") == args.target
+        and row.get("eval_seed", SCREENING_EVAL_SEED) == args.eval_seed
+    }
 
 
 def t_interval(values: list[float]) -> tuple[float, float | None]:
@@ -91,17 +231,40 @@ def summarise(path: str, baselines: list[str] | None = None) -> dict[str, Any]:
     ..._summary.json beside `path`."""
     runs = [json.loads(line) for line in open(path)]
     variants = list(dict.fromkeys(r["variant"] for r in runs))
+    # rows before the eval seed was recorded were scored on the screening set
+    eval_seeds = {
+        v: sorted({r.get("eval_seed", SCREENING_EVAL_SEED) for r in runs if r["variant"] == v}) for v in variants
+    }
+    mixed = {v: s for v, s in eval_seeds.items() if len(s) > 1}
+    if mixed:
+        raise ValueError(
+            f"{path}: a variant's runs were scored on different evaluation sets (eval seeds {mixed}); keep each "
+            "evaluation set in its own file"
+        )
     baselines = baselines or variants[:1]
     unknown = [b for b in baselines if b not in variants]
     if unknown:
         raise ValueError(f"--baselines {unknown} have no runs in {path} (variants there: {variants})")
     metrics = [f"{s}_{m}" for s in SETS for m in ("f1", "retention", "acc", "binding_acc")]
     metrics += [probe_metric(s, m) for s in PROBE_SETS for m in PROBE_MODES]
-    summary: dict[str, Any] = dict(source=runs[0]["source"], target=runs[0]["target"], baselines=baselines, variants={})
+    summary: dict[str, Any] = dict(
+        source=runs[0]["source"],
+        target=runs[0]["target"],
+        baselines=baselines,
+        eval_seeds=sorted({s[0] for s in eval_seeds.values()}),
+        variants={},
+    )
     for v in variants:
         rows = [r for r in runs if r["variant"] == v]
         by_seed = {r["seed"]: r for r in rows}
         entry: dict[str, Any] = dict(seeds=sorted(r["seed"] for r in rows), steps=sorted({r["steps"] for r in rows}))
+        if any("parameters" in r for r in rows):
+            entry["parameters"] = sorted({r["parameters"] for r in rows if "parameters" in r})
+            entry["widths"] = {k: sorted({r[k] for r in rows if k in r}) for k in ("hidden", "latent") if k in rows[0]}
+        if any(r.get("commit") for r in rows):  # each commit the rows ran at, "+dirty" where the code differed
+            entry["commits"] = sorted(
+                {r["commit"][:12] + ("+dirty" if r.get("dirty") else "") for r in rows if r.get("commit")}
+            )
         for m in metrics:
             values = [r[m] for r in rows if r.get(m) is not None]
             if values:
@@ -169,14 +332,39 @@ def study_parser(prog: str, doc: str, variants: str, variants_help: str) -> argp
 
 
 def study_setup(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[dict[str, dict], ModelPair]:
-    """The parsed variants and the loaded pair; a bad variant, device or thread count is a usage error first."""
+    """The parsed variants and the loaded pair; a bad variant, device or thread count is a usage error first, and a
+    parameter count out of reach for the pair right after loading it (before any training)."""
     try:
         variants = {v: parse_variant(v) for v in args.variants}
         set_threads(args.threads)
         device = pick_device(args.device)
     except ValueError as e:
         parser.error(str(e))
-    return variants, load_pair(args.source, args.target, device, args.dtype)
+    pair = load_pair(args.source, args.target, device, args.dtype)
+    try:
+        for name in variants:
+            sized_overrides(pair, variants[name])
+    except ValueError as e:
+        parser.error(str(e))
+    return variants, pair
+
+
+def add_run_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of studies that train translators per seed and score them on an evaluation set."""
+    parser.add_argument("--seeds", type=int_list, default="0,1,2", help="comma-separated translator seeds")
+    parser.add_argument("--steps", type=int, default=TRAIN_DEFAULTS["steps"], help="translator training steps")
+    parser.add_argument(
+        "--eval-seed",
+        type=int,
+        default=SCREENING_EVAL_SEED,
+        help=f"seed of the evaluation passages ({SCREENING_EVAL_SEED}: the set the recipe was chosen on; "
+        f"{CONFIRMATION_EVAL_SEED}: the confirmation set, with --seeds {','.join(map(str, CONFIRMATION_SEEDS))})",
+    )
+    parser.add_argument(
+        "--translators",
+        help="folder that keeps each trained translator (DIR/<variant>/seed<N>) and serves it again to any study "
+        "asking for the same variant and seed (default: none kept)",
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -186,8 +374,7 @@ def main(argv: list[str] | None = None) -> None:
         "mot,single,shared-latent",
         "comma-separated variants: a kind with overrides after colons (mot:phrase_mix=0.5:w_ccl=3)",
     )
-    parser.add_argument("--seeds", type=int_list, default="0,1,2", help="comma-separated translator seeds")
-    parser.add_argument("--steps", type=int, default=TRAIN_DEFAULTS["steps"], help="translator training steps")
+    add_run_args(parser)
     parser.add_argument("--n", type=int, default=300, help="passages per short set")
     parser.add_argument("--n-long", type=int, default=100, help="long passages")
     parser.add_argument("--out", default=DEFAULT_OUT, help="JSON-lines file the runs are appended to")
@@ -209,22 +396,27 @@ def main(argv: list[str] | None = None) -> None:
         summarise(args.out, args.baselines)
         return
     variants, pair = study_setup(parser, args)
-    data = eval_sets(pair, args.n, args.n_long)
+    data = eval_sets(pair, args.n, args.n_long, args.eval_seed)
     direct = {k: qa_scores(d, "direct", pair)[0] for k, d in data.items()}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    done = finished_runs(args.out, args)
     for seed in args.seeds:
         for name, overrides in variants.items():
-            t0 = time.time()
-            settings = {"steps": args.steps, **overrides, "seed": seed}  # a variant may set its own steps
-            translator = train_translator(pair, log=lambda line: None, **settings)[0]
-            row = dict(
-                source=args.source,
-                target=args.target,
-                variant=name,
-                seed=seed,
-                steps=settings["steps"],
-                overrides=overrides,
-                device=str(pair.device),
+            if (name, seed, overrides.get("steps", args.steps)) in done:
+                print(f"kept {name} seed {seed}: already in {args.out}", file=sys.stderr)
+                continue
+            t0, cpu0 = time.time(), time.process_time()
+            # a variant may set its own steps
+            settings = {"steps": args.steps, **sized_overrides(pair, overrides), "seed": seed}
+            translator, origin = obtain_translator(pair, name, settings, args.translators)
+            row = run_record(args, pair, name, overrides, settings)
+            row.update(
+                translator=origin,
+                train_minutes=round((time.time() - t0) / 60, 2),
+                # this process's CPU time: the cost on one core whatever else the machine runs
+                train_cpu_minutes=round((time.process_time() - cpu0) / 60, 2),
+                parameters=sum(p.numel() for p in translator.parameters()),
+                **{k: translator.config[k] for k in WIDTH_KNOBS[translator.kind]},
             )
             for k, d in data.items():
                 scores = qa_scores(d, "translated", pair, translator)[0]
@@ -235,6 +427,7 @@ def main(argv: list[str] | None = None) -> None:
                     probe = qa_scores(d, mode, pair, translator)[0]
                     row[probe_metric(k, mode)] = probe["f1"] / max(direct[k]["f1"], 1e-9)
             row["minutes"] = round((time.time() - t0) / 60, 2)
+            row["cpu_minutes"] = round((time.process_time() - cpu0) / 60, 2)
             print(json.dumps(row), flush=True)
             with open(args.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
