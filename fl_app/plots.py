@@ -189,6 +189,29 @@ def _seed_dots(ax, xs, ys, colour) -> None:
     ax.scatter(xs, ys, s=14, color=colour, alpha=0.75, edgecolors="none", zorder=3)
 
 
+def _panel_grid(plt, count: int, panel_height: float):
+    """Up to four panels a line, sharing the accuracy axis."""
+    ncols = min(4, count)
+    nrows = math.ceil(count / ncols)
+    width = 7.5 if count == 1 else 3.6 * ncols + 2.6
+    return plt.subplots(
+        nrows, ncols, figsize=(width, panel_height * nrows + 0.8), sharey=True, squeeze=False, layout="constrained"
+    )
+
+
+def _curve_with_spread(ax, points: pd.DataFrame, seeds: list[tuple], colour, label: str) -> list[float]:
+    """The mean curve of ``points`` (round, accuracy, accuracy_ci95, n) with its clipped band (>= 3 seeds) or each
+    seed's (round, accuracy %) as a dot; returns the y values drawn."""
+    x, y = points["round"].to_numpy(), 100 * points["accuracy"].to_numpy()
+    ax.plot(x, y, marker="o", markersize=3, color=colour, label=label)
+    if points["n"].min() >= MIN_SEEDS_FOR_BAND:
+        low, high = accuracy_band(points, y)
+        ax.fill_between(x, low, high, color=colour, alpha=BAND_ALPHA, linewidth=0)
+        return list(y) + list(low) + list(high)
+    _seed_dots(ax, [r for r, _ in seeds], [a for _, a in seeds], colour)
+    return list(y) + [a for _, a in seeds]
+
+
 # -- accuracy per round --------------------------------------------------------------------------------------------
 def figure_accuracy_per_round(tables: dict):
     """One panel per round count (and grid cell); mean line per row, clipped band (>= 3 seeds) or per-seed dots."""
@@ -196,27 +219,13 @@ def figure_accuracy_per_round(tables: dict):
     names, colour = display_names(rows), colours(rows)
     points = pd.DataFrame(tables["rounds"], columns=["method", "round", "accuracy", "accuracy_ci95", "n"])
     groups = panels(rows)
-    ncols = min(4, len(groups))
-    nrows = math.ceil(len(groups) / ncols)
-    width = 7.5 if len(groups) == 1 else 3.6 * ncols + 2.6
-    fig, axes = plt.subplots(
-        nrows, ncols, figsize=(width, 3.9 * nrows + 0.8), sharey=True, squeeze=False, layout="constrained"
-    )
+    fig, axes = _panel_grid(plt, len(groups), 3.9)
     drawn = []
     for ax, (title, members) in zip(axes.flat, groups.items()):
         for row in members:
             mine = points[points["method"] == row.name]
-            x, y = mine["round"].to_numpy(), 100 * mine["accuracy"].to_numpy()
-            ax.plot(x, y, marker="o", markersize=3, color=colour[row.name], label=names[row.name])
-            drawn += list(y)
-            if mine["n"].min() >= MIN_SEEDS_FOR_BAND:
-                low, high = accuracy_band(mine, y)
-                ax.fill_between(x, low, high, color=colour[row.name], alpha=BAND_ALPHA, linewidth=0)
-                drawn += list(low) + list(high)
-            else:
-                seeds = [(r, 100 * a) for run in row.runs for r, a in run.curve]
-                _seed_dots(ax, [r for r, _ in seeds], [a for _, a in seeds], colour[row.name])
-                drawn += [a for _, a in seeds]
+            seeds = [(r, 100 * a) for run in row.runs for r, a in run.curve]
+            drawn += _curve_with_spread(ax, mine, seeds, colour[row.name], names[row.name])
         ax.set(xlabel="round")
         _whole_ticks(ax)
         if title:
@@ -458,12 +467,7 @@ def figure_tier_curves(tables: dict):
         return None
     plt, rows = _pyplot(), [row for row in tables["rows"] if row.name in set(table["method"])]
     names = display_names(rows)
-    ncols = min(4, len(rows))
-    nrows = math.ceil(len(rows) / ncols)
-    width = 7.5 if len(rows) == 1 else 3.6 * ncols + 2.6
-    fig, axes = plt.subplots(
-        nrows, ncols, figsize=(width, 3.6 * nrows + 0.8), sharey=True, squeeze=False, layout="constrained"
-    )
+    fig, axes = _panel_grid(plt, len(rows), 3.6)
     cmap, drawn = plt.get_cmap("viridis"), []
     for ax, row in zip(axes.flat, rows):
         mine = table[table["method"] == row.name]
@@ -471,17 +475,8 @@ def figure_tier_curves(tables: dict):
         for k, tier in enumerate(tiers):
             colour = cmap(0.85 * (1 - k / max(1, len(tiers) - 1)))
             points = mine[mine["tier_mmacs"] == tier].sort_values("round")
-            x, y = points["round"].to_numpy(), 100 * points["accuracy"].to_numpy()
-            ax.plot(x, y, marker="o", markersize=3, color=colour, label=f"{tier:g} MMACs")
-            drawn += list(y)
-            if points["n"].min() >= MIN_SEEDS_FOR_BAND:
-                low, high = accuracy_band(points, y)
-                ax.fill_between(x, low, high, color=colour, alpha=BAND_ALPHA, linewidth=0)
-                drawn += list(low) + list(high)
-            else:
-                seeds = [(r, 100 * a) for run in row.runs for r, m, a in run.tier_curve if round(m / 1e6, 3) == tier]
-                _seed_dots(ax, [r for r, _ in seeds], [a for _, a in seeds], colour)
-                drawn += [a for _, a in seeds]
+            seeds = [(r, 100 * a) for run in row.runs for r, m, a in run.tier_curve if round(m / 1e6, 3) == tier]
+            drawn += _curve_with_spread(ax, points, seeds, colour, f"{tier:g} MMACs")
         ax.set(xlabel="round", title=names[row.name])
         ax.title.set_fontsize(9)
         ax.legend(fontsize=7, frameon=False, title="tier", title_fontsize=7)

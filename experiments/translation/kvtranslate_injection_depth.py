@@ -31,21 +31,16 @@ import json
 import os
 import statistics
 import sys
-import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from experiments.translation.kvtranslate_retention import (  # noqa: E402
     RESULTS,
-    WIDTH_KNOBS,
     add_run_args,
     eval_sets,
-    finished_runs,
-    obtain_translator,
-    run_record,
-    sized_overrides,
     study_parser,
+    study_runs,
     study_setup,
     t_interval,
 )
@@ -290,36 +285,14 @@ def main(argv: list[str] | None = None) -> None:
     variants, pair = study_setup(parser, args)
     data = {k: d for k, d in eval_sets(pair, args.n, args.n_long, args.eval_seed).items() if k in args.sets}
     direct = {k: qa_scores(d, "direct", pair)[0]["f1"] for k, d in data.items()}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    done = finished_runs(args.out, args)
-    for seed in args.seeds:
-        for name, overrides in variants.items():
-            if (name, seed, overrides.get("steps", args.steps)) in done:
-                print(f"kept {name} seed {seed}: already in {args.out}", file=sys.stderr)
-                continue
-            t0, cpu0 = time.time(), time.process_time()
-            settings = {"steps": args.steps, **sized_overrides(pair, overrides), "seed": seed}
-            translator, origin = obtain_translator(pair, name, settings, args.translators)
-            row = run_record(args, pair, name, overrides, settings)
-            row.update(
-                translator=origin,
-                train_minutes=round((time.time() - t0) / 60, 2),
-                # this process's CPU time: the cost on one core whatever else the machine runs
-                train_cpu_minutes=round((time.process_time() - cpu0) / 60, 2),
-                parameters=sum(p.numel() for p in translator.parameters()),
-                w_ccl=settings.get("w_ccl", TRAIN_DEFAULTS["w_ccl"]),
-                **{k: translator.config[k] for k in WIDTH_KNOBS[translator.kind]},
-                direct_f1=direct,
-                sets={
-                    k: score_set(d, direct[k], pair, translator, points, not args.no_layer_probe)
-                    for k, d in data.items()
-                },
-            )
-            row["minutes"] = round((time.time() - t0) / 60, 2)
-            row["cpu_minutes"] = round((time.process_time() - cpu0) / 60, 2)
-            print(json.dumps(row), flush=True)
-            with open(args.out, "a") as f:
-                f.write(json.dumps(row) + "\n")
+    for translator, settings, row in study_runs(args, pair, variants):
+        row.update(
+            w_ccl=settings.get("w_ccl", TRAIN_DEFAULTS["w_ccl"]),
+            direct_f1=direct,
+            sets={
+                k: score_set(d, direct[k], pair, translator, points, not args.no_layer_probe) for k, d in data.items()
+            },
+        )
     plot(summarise(args.out, args.baselines), plot_path)
 
 

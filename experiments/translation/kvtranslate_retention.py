@@ -216,6 +216,38 @@ def finished_runs(path: str, args: argparse.Namespace) -> set[tuple[str, int, in
     }
 
 
+def study_runs(args: argparse.Namespace, pair: ModelPair, variants: dict[str, dict]):
+    """Each (variant, seed) run OUT does not hold yet, as (translator, its settings, its row): the row starts with
+    the run's record and training cost; once the caller has added its scores the row gets the run's total time and
+    is printed and appended to OUT."""
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    done = finished_runs(args.out, args)
+    for seed in args.seeds:
+        for name, overrides in variants.items():
+            if (name, seed, overrides.get("steps", args.steps)) in done:
+                print(f"kept {name} seed {seed}: already in {args.out}", file=sys.stderr)
+                continue
+            t0, cpu0 = time.time(), time.process_time()
+            # a variant may set its own steps
+            settings = {"steps": args.steps, **sized_overrides(pair, overrides), "seed": seed}
+            translator, origin = obtain_translator(pair, name, settings, args.translators)
+            row = run_record(args, pair, name, overrides, settings)
+            row.update(
+                translator=origin,
+                train_minutes=round((time.time() - t0) / 60, 2),
+                # this process's CPU time: the cost on one core whatever else the machine runs
+                train_cpu_minutes=round((time.process_time() - cpu0) / 60, 2),
+                parameters=sum(p.numel() for p in translator.parameters()),
+                **{k: translator.config[k] for k in WIDTH_KNOBS[translator.kind]},
+            )
+            yield translator, settings, row
+            row["minutes"] = round((time.time() - t0) / 60, 2)
+            row["cpu_minutes"] = round((time.process_time() - cpu0) / 60, 2)
+            print(json.dumps(row), flush=True)
+            with open(args.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
 def t_interval(values: list[float]) -> tuple[float, float | None]:
     """Mean and half-width of the 95% t-interval (None for a single value)."""
     mean = statistics.fmean(values)
@@ -398,39 +430,15 @@ def main(argv: list[str] | None = None) -> None:
     variants, pair = study_setup(parser, args)
     data = eval_sets(pair, args.n, args.n_long, args.eval_seed)
     direct = {k: qa_scores(d, "direct", pair)[0] for k, d in data.items()}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    done = finished_runs(args.out, args)
-    for seed in args.seeds:
-        for name, overrides in variants.items():
-            if (name, seed, overrides.get("steps", args.steps)) in done:
-                print(f"kept {name} seed {seed}: already in {args.out}", file=sys.stderr)
-                continue
-            t0, cpu0 = time.time(), time.process_time()
-            # a variant may set its own steps
-            settings = {"steps": args.steps, **sized_overrides(pair, overrides), "seed": seed}
-            translator, origin = obtain_translator(pair, name, settings, args.translators)
-            row = run_record(args, pair, name, overrides, settings)
-            row.update(
-                translator=origin,
-                train_minutes=round((time.time() - t0) / 60, 2),
-                # this process's CPU time: the cost on one core whatever else the machine runs
-                train_cpu_minutes=round((time.process_time() - cpu0) / 60, 2),
-                parameters=sum(p.numel() for p in translator.parameters()),
-                **{k: translator.config[k] for k in WIDTH_KNOBS[translator.kind]},
-            )
-            for k, d in data.items():
-                scores = qa_scores(d, "translated", pair, translator)[0]
-                row.update({f"{k}_{m}": scores[m] for m in ("acc", "binding_acc", "f1")})
-                row.update({f"{k}_direct_{m}": direct[k][m] for m in ("acc", "f1")})
-                row[f"{k}_retention"] = scores["f1"] / max(direct[k]["f1"], 1e-9)
-                for mode in PROBE_MODES if args.probe and k in PROBE_SETS else ():
-                    probe = qa_scores(d, mode, pair, translator)[0]
-                    row[probe_metric(k, mode)] = probe["f1"] / max(direct[k]["f1"], 1e-9)
-            row["minutes"] = round((time.time() - t0) / 60, 2)
-            row["cpu_minutes"] = round((time.process_time() - cpu0) / 60, 2)
-            print(json.dumps(row), flush=True)
-            with open(args.out, "a") as f:
-                f.write(json.dumps(row) + "\n")
+    for translator, _, row in study_runs(args, pair, variants):
+        for k, d in data.items():
+            scores = qa_scores(d, "translated", pair, translator)[0]
+            row.update({f"{k}_{m}": scores[m] for m in ("acc", "binding_acc", "f1")})
+            row.update({f"{k}_direct_{m}": direct[k][m] for m in ("acc", "f1")})
+            row[f"{k}_retention"] = scores["f1"] / max(direct[k]["f1"], 1e-9)
+            for mode in PROBE_MODES if args.probe and k in PROBE_SETS else ():
+                probe = qa_scores(d, mode, pair, translator)[0]
+                row[probe_metric(k, mode)] = probe["f1"] / max(direct[k]["f1"], 1e-9)
     summarise(args.out, args.baselines)
 
 
