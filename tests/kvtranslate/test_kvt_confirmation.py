@@ -63,7 +63,9 @@ def used_seeds():
     """(translator seeds of every committed run, every seed the corpus code and those runs drew passages from)."""
     translators = set()
     for path in glob.glob(os.path.join(RESULTS, "**", "*.jsonl"), recursive=True):
-        translators |= {json.loads(line).get("seed") for line in open(path)} - {None}
+        rows = [json.loads(line) for line in open(path)]
+        # the confirmation runs themselves (scored on the confirmation set) are the seeds' intended use
+        translators |= {r.get("seed") for r in rows if r.get("eval_seed") != retention.CONFIRMATION_EVAL_SEED} - {None}
     demo = json.load(open(os.path.join(RESULTS, "demo", "summary.json")))
     demo_seeds = {r["seed"] for r in demo.get("runs", [demo["run"]])}
     translators |= demo_seeds
