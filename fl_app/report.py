@@ -221,6 +221,7 @@ class Run:
     accuracy_keys: tuple = ACCURACY_KEYS  # summary keys of its accuracy, in order of preference
     client_subnet_curve: list[tuple[int, float]] = field(default_factory=list)  # the curve of client_subnet_accuracy
     tier_curve: list[tuple[int, float, float]] = field(default_factory=list)  # (round, tier MACs, test accuracy)
+    budgets: list[float] = field(default_factory=list)  # the clients' MAC budgets (clients.csv; [] when absent)
 
     @property
     def label(self) -> str:
@@ -324,8 +325,19 @@ def load_run(folder: Path) -> Run:
                 f"{folder / 'rounds.csv'}: round {rounds['round'][repeated].iloc[0]} appears twice (one row per round)"
             )
     client_subnet_curve = accuracy_curve(metrics, (CLIENT_SUBNET_ACCURACY,))
+    budgets = []
+    if os.path.lexists(folder / "clients.csv"):
+        clients = read_table(folder / "clients.csv", (), ("budget_macs",), whole="partition_id")
+        budgets = clients["budget_macs"].dropna().tolist() if "budget_macs" in clients.columns else []
     return Run(
-        folder, summary, record, curve, rounds, client_subnet_curve=client_subnet_curve, tier_curve=tier_curve(metrics)
+        folder,
+        summary,
+        record,
+        curve,
+        rounds,
+        client_subnet_curve=client_subnet_curve,
+        tier_curve=tier_curve(metrics),
+        budgets=budgets,
     )
 
 
@@ -577,16 +589,29 @@ def config_distance(a: dict, b: dict) -> int:
     return sum(a.get(k) != b.get(k) for k in set(a) | set(b) if k not in NOT_GROUPED)
 
 
+def affording(run: Run, macs: float) -> float:
+    """How many of the run's clients have a budget that affords ``macs`` (nan when the run recorded no budgets)."""
+    return float(sum(budget >= macs for budget in run.budgets)) if run.budgets else math.nan
+
+
 def tier_rows(rows: list[Row]) -> list[dict]:
-    """Per row and tier (the tiers every run of the row reported): the tier's MMACs and its accuracy."""
+    """Per row and tier (the tiers every run of the row reported): the tier's MMACs, its accuracy and how many
+    clients afford it (mean over seeds). A tier no client affords is trained by none of a fixed-level method's
+    clients (HeteroFL's, ScaleFL's largest level), only through the weights it shares with smaller ones."""
     frame = pd.DataFrame(
         [
-            {"row": i, "tier": t, "macs": tier["macs"], "accuracy": tier["accuracy"]}
+            {
+                "row": i,
+                "tier": t,
+                "macs": tier["macs"],
+                "accuracy": tier["accuracy"],
+                "affording": affording(run, tier["macs"]),
+            }
             for i, row in enumerate(rows)
             for run in row.runs
             for t, tier in enumerate(run.summary.get("tiers") or [])
         ],
-        columns=["row", "tier", "macs", "accuracy"],
+        columns=["row", "tier", "macs", "accuracy", "affording"],
     )
     if frame.empty:
         return []
@@ -601,6 +626,7 @@ def tier_rows(rows: list[Row]) -> list[dict]:
             "accuracy": acc["accuracy"].to_numpy(),
             "accuracy_ci95": acc["accuracy_ci95"].to_numpy(),
             "n": acc["n"].to_numpy(),
+            "clients_affording": frame.groupby(["row", "tier"], sort=True)["affording"].mean().to_numpy(),
         }
     )
     return records(table)
@@ -1017,8 +1043,17 @@ README_TABLES = {
 
 def tiers_markdown(table: list[dict]) -> str:
     return markdown(
-        ["method", "tier (MMACs)", "accuracy (%)", "seeds"],
-        [[r["method"], f"{r['tier_mmacs']:.2f}", percent(r["accuracy"], r["accuracy_ci95"]), r["n"]] for r in table],
+        ["method", "tier (MMACs)", "accuracy (%)", "seeds", "clients affording it"],
+        [
+            [
+                r["method"],
+                f"{r['tier_mmacs']:.2f}",
+                percent(r["accuracy"], r["accuracy_ci95"]),
+                r["n"],
+                "" if math.isnan(r["clients_affording"]) else f"{r['clients_affording']:g}",
+            ]
+            for r in table
+        ],
     )
 
 

@@ -4,11 +4,21 @@ regenerated from the committed results."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
-from fl_app.report import MixedCommits, find_runs, main, regenerate_readme, report, report_text, write_tables
+from fl_app.report import (
+    MixedCommits,
+    find_runs,
+    main,
+    regenerate_readme,
+    report,
+    report_text,
+    tiers_markdown,
+    write_tables,
+)
 from fl_app.run.outputs import write_csv, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,6 +237,22 @@ def test_tier_curves_average_each_tier_and_round_over_seeds(tmp_path):
     assert got[(0.49, 2)][0] == pytest.approx(0.21) and got[(0.49, 4)][0] == pytest.approx(0.32)
     assert got[(1.5, 4)] == (pytest.approx(0.42), 2)
     assert report(find_runs([tmp_path / "r0"]))["tier_rounds"][0]["n"] == 1
+
+
+def test_tier_table_counts_the_clients_whose_budget_affords_each_tier(tmp_path):
+    """By hand: budgets (1, 5) MMACs at seed 0 and (3, 5) at seed 1; tiers 0.49, 2 and 13.55 MMACs are afforded by
+    2, 1.5 (2 then 1) and 0 clients on average; a run without clients.csv leaves the count empty."""
+    for seed, budgets in ((0, (1e6, 5e6)), (1, (3e6, 5e6))):
+        folder = make_run(tmp_path / f"r{seed}", seed=seed, accuracy=0.3)
+        summary = json.loads((folder / "summary.json").read_text())
+        summary["tiers"] = [{"macs": m, "accuracy": 0.3} for m in (4.9e5, 2e6, 1.355e7)]
+        (folder / "summary.json").write_text(json.dumps(summary))
+        write_csv(folder / "clients.csv", [{"partition_id": i, "budget_macs": b} for i, b in enumerate(budgets)])
+    table = report(find_runs([tmp_path]))["tiers"]
+    assert [r["clients_affording"] for r in table] == [2.0, 1.5, 0.0]
+    assert "| feast | 2.00 | 30.0 ± 0.0 | 2 | 1.5 |" in tiers_markdown(table)
+    (tmp_path / "r0" / "clients.csv").unlink()
+    assert math.isnan(report(find_runs([tmp_path / "r0"]))["tiers"][0]["clients_affording"])
 
 
 # -- the committed tables ------------------------------------------------------------------------------------------
