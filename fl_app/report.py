@@ -632,6 +632,29 @@ def tier_rows(rows: list[Row]) -> list[dict]:
     return records(table)
 
 
+def tier_gain_rows(rows: list[Row]) -> list[dict]:
+    """Per row with tiers, each tier against the next smaller one, paired by seed: does the larger subnet pay? Only
+    the seeds whose runs report both tiers (at the same MACs) are paired."""
+    table = []
+    for row in rows:
+        by_seed = {run.seed: [(t["macs"], t["accuracy"]) for t in run.summary.get("tiers") or []] for run in row.runs}
+        macs = sorted({m for tiers in by_seed.values() for m, _ in tiers})
+        for smaller, larger in zip(macs, macs[1:]):
+            paired = paired_difference(
+                {s: dict(tiers).get(larger) for s, tiers in by_seed.items()},
+                {s: dict(tiers).get(smaller) for s, tiers in by_seed.items()},
+            )
+            table.append(
+                {
+                    "method": row.name,
+                    "tier_mmacs": round(larger / 1e6, 3),
+                    "vs_tier_mmacs": round(smaller / 1e6, 3),
+                    **paired_columns(paired),
+                }
+            )
+    return table
+
+
 def curve_frame(rows: list[Row]) -> pd.DataFrame:
     """One line per run and evaluated round: row index, seed, round, accuracy."""
     return pd.DataFrame(
@@ -921,7 +944,8 @@ def compute_note(reference: str | None) -> str:
 
 
 def report(runs: list[Run], reference: str | None = None, allow_mixed_commits: bool = False) -> dict:
-    """Every table of a set of runs: {'accuracy', 'paired', 'tiers', 'rounds', 'compute', 'compute_text', 'matched'}
+    """Every table of a set of runs: {'accuracy', 'paired', 'tiers', 'tier_gains', 'rounds', 'compute', 'compute_text',
+    'matched'}
     (and the rows and reference they were made of)."""
     if not runs:
         raise ValueError("no finished runs found (a run folder holds summary.json)")
@@ -932,6 +956,7 @@ def report(runs: list[Run], reference: str | None = None, allow_mixed_commits: b
         "accuracy": accuracy_rows(rows),
         "paired": paired_rows(rows, reference) if reference else [],
         "tiers": tier_rows(rows),
+        "tier_gains": tier_gain_rows(rows),
         "rounds": round_rows(rows),
         "tier_rounds": tier_round_rows(rows),
         "compute": compute,
@@ -1037,6 +1062,7 @@ README_TABLES = {
     "accuracy": lambda t: accuracy_markdown(t["accuracy"]),
     "paired": lambda t: paired_markdown(t["paired"]),
     "tiers": lambda t: tiers_markdown(t["tiers"]),
+    "tier-gains": lambda t: tier_gains_markdown(t["tier_gains"]),
     "matched": lambda t: matched_markdown(t["matched"]),
 }
 
@@ -1051,6 +1077,23 @@ def tiers_markdown(table: list[dict]) -> str:
                 percent(r["accuracy"], r["accuracy_ci95"]),
                 r["n"],
                 "" if math.isnan(r["clients_affording"]) else f"{r['clients_affording']:g}",
+            ]
+            for r in table
+        ],
+    )
+
+
+def tier_gains_markdown(table: list[dict]) -> str:
+    return markdown(
+        ["method", "tier (MMACs)", "vs tier (MMACs)", "difference (points)", "seeds won", "verdict"],
+        [
+            [
+                r["method"],
+                f"{r['tier_mmacs']:.2f}",
+                f"{r['vs_tier_mmacs']:.2f}",
+                _signed(r["difference"], r["difference_ci95"]),
+                f"{r['wins']}/{r['n']}",
+                r["verdict"],
             ]
             for r in table
         ],

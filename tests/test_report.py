@@ -255,6 +255,21 @@ def test_tier_table_counts_the_clients_whose_budget_affords_each_tier(tmp_path):
     assert math.isnan(report(find_runs([tmp_path / "r0"]))["tiers"][0]["clients_affording"])
 
 
+def test_tier_gains_pair_each_tier_with_the_next_smaller_one_by_seed(tmp_path):
+    """By hand: seed 0 tiers (0.50, 0.60), seed 1 (0.60, 0.65): the larger tier gains 0.10 and 0.05, mean 0.075,
+    half-width t(0.975, 1) * sd / sqrt(2); seed 2 lacks the larger tier and is left out of the pair."""
+    for seed, tiers in ((0, (0.50, 0.60)), (1, (0.60, 0.65)), (2, (0.55,))):
+        folder = make_run(tmp_path / f"r{seed}", seed=seed, accuracy=0.3)
+        summary = json.loads((folder / "summary.json").read_text())
+        summary["tiers"] = [{"macs": m, "accuracy": a} for m, a in zip((4.9e5, 2e6), tiers)]
+        (folder / "summary.json").write_text(json.dumps(summary))
+    (gain,) = report(find_runs([tmp_path]))["tier_gains"]
+    assert (gain["tier_mmacs"], gain["vs_tier_mmacs"], gain["n"], gain["wins"]) == (2.0, 0.49, 2, 2)
+    assert gain["difference"] == pytest.approx(0.075)
+    assert gain["difference_ci95"] == pytest.approx(12.706 * 0.0353553 / 2**0.5, rel=1e-4)
+    assert gain["verdict"] == "not distinguishable at 2 seeds"
+
+
 # -- the committed tables ------------------------------------------------------------------------------------------
 # each committed suite folder, as its README makes it: (paths, reference, allow mixed commits)
 COMMITTED_SUITES = {
