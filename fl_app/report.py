@@ -1076,7 +1076,7 @@ def tiers_markdown(table: list[dict]) -> str:
                 f"{r['tier_mmacs']:.2f}",
                 percent(r["accuracy"], r["accuracy_ci95"]),
                 r["n"],
-                "" if math.isnan(r["clients_affording"]) else f"{r['clients_affording']:g}",
+                "" if math.isnan(r["clients_affording"]) else f"{round(r['clients_affording'], 1):g}",
             ]
             for r in table
         ],
