@@ -279,6 +279,8 @@ COMMITTED_SUITES = {
     "fedtopo-16rounds": (["experiments/results/fedtopo-16rounds/runs"], "fedtopo", False),
     "fedtopo-inprocess": (["experiments/results/fedtopo-inprocess/runs"], "fedtopo", True),
     "fedtopo-100clients": (["experiments/results/fedtopo-100clients/runs"], "fedtopo", True),
+    "converged": (["experiments/results/converged/runs"], "feast", False),
+    "fedtopo-regime": (["experiments/results/fedtopo-regime/runs"], "fedtopo", False),
 }
 TABLE_NAMES = ("table.md", "table.csv", "paired.csv", "tiers.csv", "rounds.csv", "tier_rounds.csv", "compute.csv")
 
