@@ -17,6 +17,7 @@ from strategies.fedtopo import merge_relations, uniform_topology
 from strategies.fedtopo_baselines import (
     FdStrategy,
     FedProtoStrategy,
+    FedTgpStrategy,
     PrototypeGenerator,
     adaptive_margin,
     margin_contrastive_loss,
@@ -284,6 +285,26 @@ def test_fedtgp_generator_is_trained_by_sgd_on_mini_batches(monkeypatch):
     assert margin_contrastive_loss(gen(), client, labels, 1.0).item() < before
     with torch.no_grad():
         assert torch.cdist(client, gen()).argmin(1).tolist() == labels.tolist()
+
+
+def test_fedtgp_broadcast_does_not_depend_on_the_servers_thread_count():
+    # sizes at which two threads and one add in another order: the server's core count changed the prototypes
+    rng = np.random.default_rng(0)
+    uploads = [
+        (p, {"means": rng.normal(size=(10, 64)).astype(np.float32), "counts": rng.integers(0, 3, 10) * 10}, None)
+        for p in range(20)
+    ]
+    broadcast = []
+    before = torch.get_num_threads()
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        strategy = FedTgpStrategy({p: p for p in range(20)}, 10, clients_per_round=20, seed=0, num_rounds=2)
+        strategy.server_epochs = 20
+        strategy.aggregate_uploads(1, uploads)
+        assert torch.get_num_threads() == threads  # the server's setting is restored
+        broadcast.append(strategy.global_arrays["prototypes"])
+    torch.set_num_threads(before)
+    assert np.array_equal(broadcast[0], broadcast[1])
 
 
 # -- backbones -----------------------------------------------------------------------------------------------------

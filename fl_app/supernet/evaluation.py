@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Mapping
 
 import numpy as np
@@ -14,6 +13,7 @@ from fl_app.data.augment import normalize
 from fl_app.data.images import ImageData
 from fl_app.models.elastic_resnet import DynamicBatchNorm2d, ElasticResNet
 from fl_app.models.supernet_space import Subnet, SupernetConfig
+from fl_app.models.threads import one_thread_per_op
 from fl_app.run.config import POPULATION_TIERS
 from fl_app.run.device import preferred_device
 from fl_app.supernet.slicing import slice_subnet
@@ -46,18 +46,6 @@ def recalibrate_bn(
     model.eval()
 
 
-@contextmanager
-def _one_thread_per_op():
-    """torch's intra-op threads set to one for the block (worker threads read the setting when they first run an
-    op), the previous number restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def correct_predictions(
     model: ElasticResNet, data: ImageData, arch: Subnet | None = None, batch_size: int = 500
 ) -> np.ndarray:
@@ -81,7 +69,7 @@ def correct_predictions(
     if workers <= 1:
         parts = list(map(correct, starts))
     else:
-        with _one_thread_per_op(), ThreadPoolExecutor(workers) as pool:
+        with one_thread_per_op(), ThreadPoolExecutor(workers) as pool:
             parts = list(pool.map(correct, starts))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
 
