@@ -280,9 +280,18 @@ COMMITTED_SUITES = {
     "fedtopo-inprocess": (["experiments/results/fedtopo-inprocess/runs"], "fedtopo", True),
     "fedtopo-100clients": (["experiments/results/fedtopo-100clients/runs"], "fedtopo", True),
     "converged": (["experiments/results/converged/runs"], "feast", False),
-    "fedtopo-regime": (["experiments/results/fedtopo-regime/runs"], "fedtopo", False),
+    "fedtopo-regime": (["experiments/results/fedtopo-regime/runs"], "fedtopo", True),
 }
-TABLE_NAMES = ("table.md", "table.csv", "paired.csv", "tiers.csv", "rounds.csv", "tier_rounds.csv", "compute.csv")
+TABLE_NAMES = (
+    "table.md",
+    "table.csv",
+    "paired.csv",
+    "tiers.csv",
+    "rounds.csv",
+    "tier_rounds.csv",
+    "compute.csv",
+    "matched.csv",
+)
 
 
 @pytest.mark.parametrize("suite", sorted(COMMITTED_SUITES))
