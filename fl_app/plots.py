@@ -45,7 +45,7 @@ def accuracy_band(points, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(y - half, 0, 100), np.clip(y + half, 0, 100)
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -57,7 +57,7 @@ def _pyplot():
 def png_bytes(fig) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return buffer.getvalue()
 
 
@@ -115,7 +115,7 @@ SHADES = ("Blues", "Oranges", "Greens", "Reds", "Purples", "Greys")
 def colours(rows) -> dict:
     """Row name -> colour: one colour per row; where a label has several rows (grid cells, settings), that label's
     rows are shades of one colour, light to dark in row order."""
-    plt = _pyplot()
+    plt = pyplot()
     by_label: dict[str, list] = {}
     for row in rows:
         by_label.setdefault(row.first.label, []).append(row)
@@ -131,7 +131,7 @@ def colours(rows) -> dict:
 
 
 def distinct_colours(names) -> dict:
-    cmap = _pyplot().get_cmap("tab10" if len(names) <= 10 else "tab20")
+    cmap = pyplot().get_cmap("tab10" if len(names) <= 10 else "tab20")
     return {name: cmap(i % cmap.N) for i, name in enumerate(names)}
 
 
@@ -215,7 +215,7 @@ def _curve_with_spread(ax, points: pd.DataFrame, seeds: list[tuple], colour, lab
 # -- accuracy per round --------------------------------------------------------------------------------------------
 def figure_accuracy_per_round(tables: dict):
     """One panel per round count (and grid cell); mean line per row, clipped band (>= 3 seeds) or per-seed dots."""
-    plt, rows = _pyplot(), tables["rows"]
+    plt, rows = pyplot(), tables["rows"]
     names, colour = display_names(rows), colours(rows)
     points = pd.DataFrame(tables["rounds"], columns=["method", "round", "accuracy", "accuracy_ci95", "n"])
     groups = panels(rows)
@@ -323,7 +323,7 @@ def figure_paired(tables: dict):
     None without a reference or pairs."""
     if not tables.get("paired"):
         return None
-    plt, rows = _pyplot(), tables["rows"]
+    plt, rows = pyplot(), tables["rows"]
     by_name = {row.name: row for row in rows}
     pairs = [(by_name[p["method"]], by_name[p["reference"]]) for p in tables["paired"]]
     names, colour = display_names(rows), colours(rows)
@@ -369,7 +369,7 @@ def figure_accuracy_vs_compute(tables: dict):
         return None
     from fl_app.report import compute_column
 
-    plt, rows = _pyplot(), tables["rows"]
+    plt, rows = pyplot(), tables["rows"]
     column, text = compute_column([run for row in rows for run in row.runs])
     names, colour = display_names(rows), colours(rows)
     fig, ax = plt.subplots(figsize=(9.5, 4.8), layout="constrained")
@@ -421,7 +421,7 @@ def figure_accuracy_vs_macs(tables: dict):
     """Each tier's test accuracy after the last round: mean with its clipped interval, or per-seed dots."""
     if not tables.get("tiers"):
         return None
-    plt, rows = _pyplot(), tables["rows"]
+    plt, rows = pyplot(), tables["rows"]
     names, colour = display_names(rows), colours(rows)
     points = pd.DataFrame(tables["tiers"])
     fig, ax = plt.subplots(figsize=(9.5, 4.8), layout="constrained")
@@ -465,7 +465,7 @@ def figure_tier_curves(tables: dict):
     table = pd.DataFrame(tables.get("tier_rounds") or [])
     if table.empty:
         return None
-    plt, rows = _pyplot(), [row for row in tables["rows"] if row.name in set(table["method"])]
+    plt, rows = pyplot(), [row for row in tables["rows"] if row.name in set(table["method"])]
     names = display_names(rows)
     fig, axes = _panel_grid(plt, len(rows), 3.6)
     cmap, drawn = plt.get_cmap("viridis"), []
@@ -493,7 +493,7 @@ def figure_tier_curves(tables: dict):
 
 # -- traffic -------------------------------------------------------------------------------------------------------
 def figure_traffic(tables: dict):
-    plt, rows = _pyplot(), tables["rows"]
+    plt, rows = pyplot(), tables["rows"]
     names = display_names(rows)
     table = tables["accuracy"]
     fig, ax = plt.subplots(figsize=(max(7.5, 0.8 * len(table) + 4), 4.6), layout="constrained")
@@ -620,7 +620,7 @@ def _check_redrawn_sizes(run, counts: pd.DataFrame, sizes: pd.Series) -> None:
 
 def figure_clients(run, counts: pd.DataFrame, budgets: list | None, architectures: list | None):
     """Top: each client's training examples per class (stacked); bottom: its budget (MMACs) or model."""
-    plt = _pyplot()
+    plt = pyplot()
     config = {**(run.summary.get("run_config") or {}), **(run.record.get("run_config") or {})}
     fig, (top, bottom) = plt.subplots(
         2, 1, figsize=(max(8.5, 0.09 * len(counts) + 6), 6.4), sharex=True, height_ratios=[3, 1.3], layout="constrained"

@@ -20,6 +20,9 @@ Runs the suite runner trained to another label's client training compute (``matc
 ``experiments.runner``; their run.json has ``match_compute``) also get the matched-compute table (``matched.csv``):
 their compute relative to that label's runs and their final accuracy against its own, paired by seed.
 
+Whether a run has converged (``convergence.csv``): per row, and per tier of a supernet row, the last two evaluations
+over seeds, the change between them paired by seed, and "flat" when each mean lies inside the other's seed interval.
+
 Every file read is checked: a malformed field (``completed`` not a boolean, a summary that is not an object, a
 metrics.csv without its columns, text where a number belongs) is an error that names the file, not a count. Files
 are written through ``fl_app.io.files.replace_file``: a symlink at an output name is refused, never written through.
@@ -57,6 +60,7 @@ TABLE_FILES = {"accuracy": "table.csv", "paired": "paired.csv", "tiers": "tiers.
 TABLE_FILES["compute"] = "compute.csv"
 TABLE_FILES["matched"] = "matched.csv"
 TABLE_FILES["tier_rounds"] = "tier_rounds.csv"
+TABLE_FILES["convergence"] = "convergence.csv"
 TIER_COLUMNS = ("tier_macs", "test_accuracy")  # metrics.csv: one row per evaluated round and tier
 # run-config keys the suite runner sets per seed for a match-compute run (from its sources' compute): not grouped on
 MATCH_SET = ("num-server-rounds", "eval-every")
@@ -717,6 +721,59 @@ def tier_round_rows(rows: list[Row]) -> list[dict]:
     return records(table)
 
 
+def last_two(curve) -> tuple | None:
+    """The last two evaluations ((round, accuracy), (round, accuracy)) of a curve sorted by round; None if fewer."""
+    points = sorted(curve)
+    return (points[-2], points[-1]) if len(points) >= 2 else None
+
+
+def convergence_verdict(previous, last, change) -> str:
+    """'flat' when each of the last two evaluations' means lies inside the other's seed interval (the test of a
+    converged curve the studies use), else the direction the mean moved; no verdict without an interval."""
+    if last.n < 2 or previous.n < 2:
+        return f"no interval at {min(last.n, previous.n)} seed"
+    if abs(last.mean - previous.mean) <= min(last.half_width, previous.half_width):
+        return "flat"
+    return "still rising" if change.mean > 0 else "still falling"
+
+
+def convergence_rows(rows: list[Row]) -> list[dict]:
+    """Per row (and per tier of a tiered row): each seed's last two evaluations, their means over seeds with 95%
+    intervals, the change between them paired by seed, and whether the curve has flattened (``convergence_verdict``).
+    A seed with fewer than two evaluations is left out; each seed uses its own last two rounds (a match-compute row's
+    seeds stop at different rounds)."""
+    table = []
+    for row in rows:
+        curves = {"all": {run.seed: run.curve for run in row.runs}}
+        for run in row.runs:
+            for rnd, macs, acc in run.tier_curve:
+                curves.setdefault(macs, {}).setdefault(run.seed, []).append((rnd, acc))
+        for tier, by_seed in curves.items():
+            pairs = {seed: found for seed, curve in by_seed.items() if (found := last_two(curve))}
+            if not pairs:
+                continue
+            previous = mean_ci([p[0][1] for p in pairs.values()])
+            last = mean_ci([p[1][1] for p in pairs.values()])
+            change = paired_difference({s: p[1][1] for s, p in pairs.items()}, {s: p[0][1] for s, p in pairs.items()})
+            rounds = sorted({(p[0][0], p[1][0]) for p in pairs.values()})
+            table.append(
+                {
+                    "method": row.name,
+                    "tier_mmacs": math.nan if tier == "all" else round(tier / 1e6, 3),
+                    "rounds": ", ".join(f"{a}-{b}" for a, b in rounds),
+                    "previous": previous.mean,
+                    "previous_ci95": previous.half_width,
+                    "last": last.mean,
+                    "last_ci95": last.half_width,
+                    "change": change.difference.mean,
+                    "change_ci95": change.difference.half_width,
+                    "n": last.n,
+                    "verdict": convergence_verdict(previous, last, change.difference),
+                }
+            )
+    return table
+
+
 COMPUTE_COLUMNS = (("client_train_flops", "client training FLOPs"), ("client_seconds", "client seconds"))
 
 
@@ -872,7 +929,7 @@ def paired_markdown(table: list[dict]) -> str:
             [
                 r["method"],
                 r["reference"],
-                _signed(r["difference"], r["difference_ci95"]),
+                signed(r["difference"], r["difference_ci95"]),
                 f"{r['wins']}/{r['n']}",
                 r["verdict"],
             ]
@@ -881,9 +938,27 @@ def paired_markdown(table: list[dict]) -> str:
     )
 
 
-def _signed(mean: float, half: float) -> str:
+def convergence_markdown(table: list[dict]) -> str:
+    return markdown(
+        ["method", "tier (MMACs)", "rounds", "accuracy (%) then", "accuracy (%) last", "change (points)", "verdict"],
+        [
+            [
+                r["method"],
+                "all" if math.isnan(r["tier_mmacs"]) else f"{r['tier_mmacs']:.2f}",
+                r["rounds"],
+                percent(r["previous"], r["previous_ci95"]),
+                percent(r["last"], r["last_ci95"]),
+                signed(r["change"], r["change_ci95"]),
+                r["verdict"],
+            ]
+            for r in table
+        ],
+    )
+
+
+def signed(mean: float, half: float) -> str:
     text = percent(mean, half)
-    return text if text.startswith("-") else "+" + text
+    return text if text.startswith(("-", "–")) else "+" + text
 
 
 def compute_markdown(table: list[dict], text: str) -> str:
@@ -912,7 +987,7 @@ def matched_markdown(table: list[dict]) -> str:
                 r["rounds"],
                 f"{r['compute_ratio']:.3f}",
                 percent(r["accuracy"], r["accuracy_ci95"]),
-                _signed(r["difference"], r["difference_ci95"]),
+                signed(r["difference"], r["difference_ci95"]),
                 f"{r['wins']}/{r['n']}",
                 r["verdict"],
             ]
@@ -925,6 +1000,12 @@ MATCHED_NOTE = (
     "Matched compute: each seed trained ceil(T / f) rounds, T the client training FLOPs of vs's run of that seed, f "
     "the FLOPs per round of the method's own equal-rounds run, with its learning-rate schedule over those rounds; "
     "compute is its total over vs's (mean over seeds), and the difference is to vs's final accuracy."
+)
+
+
+CONVERGENCE_NOTE = (
+    "Converged: each seed's last two evaluations; 'flat' when each mean lies inside the other's 95% interval over "
+    "seeds (the change is paired by seed)."
 )
 
 
@@ -944,8 +1025,8 @@ def compute_note(reference: str | None) -> str:
 
 
 def report(runs: list[Run], reference: str | None = None, allow_mixed_commits: bool = False) -> dict:
-    """Every table of a set of runs: {'accuracy', 'paired', 'tiers', 'tier_gains', 'rounds', 'compute', 'compute_text',
-    'matched'}
+    """Every table of a set of runs: {'accuracy', 'paired', 'tiers', 'tier_gains', 'rounds', 'tier_rounds',
+    'convergence', 'compute', 'compute_text', 'matched'}
     (and the rows and reference they were made of)."""
     if not runs:
         raise ValueError("no finished runs found (a run folder holds summary.json)")
@@ -959,6 +1040,7 @@ def report(runs: list[Run], reference: str | None = None, allow_mixed_commits: b
         "tier_gains": tier_gain_rows(rows),
         "rounds": round_rows(rows),
         "tier_rounds": tier_round_rows(rows),
+        "convergence": convergence_rows(rows),
         "compute": compute,
         "compute_text": compute_text,
         "matched": matched_rows(rows),
@@ -977,6 +1059,9 @@ def report_text(tables: dict) -> str:
     if tables.get("matched"):
         parts.append(matched_markdown(tables["matched"]))
         parts.append(MATCHED_NOTE)
+    if tables.get("convergence"):
+        parts.append(convergence_markdown(tables["convergence"]))
+        parts.append(CONVERGENCE_NOTE)
     parts.append("Means over seeds with 95% t-intervals (±); differences are paired by seed.")
     return "\n\n".join(parts)
 
@@ -998,7 +1083,7 @@ def write_file(path: Path, content) -> Path:
 
 
 def write_tables(out: Path, tables: dict) -> str:
-    """table.md (what is printed) and table.csv, paired.csv, tiers.csv, rounds.csv, compute.csv, matched.csv."""
+    """table.md (what is printed) and the CSV tables of ``TABLE_FILES`` that have rows."""
     out.mkdir(parents=True, exist_ok=True)
     text = report_text(tables)
     write_file(out / "table.md", (text + "\n").encode())
@@ -1064,6 +1149,7 @@ README_TABLES = {
     "tiers": lambda t: tiers_markdown(t["tiers"]),
     "tier-gains": lambda t: tier_gains_markdown(t["tier_gains"]),
     "matched": lambda t: matched_markdown(t["matched"]),
+    "convergence": lambda t: convergence_markdown(t["convergence"]),
 }
 
 
@@ -1091,7 +1177,7 @@ def tier_gains_markdown(table: list[dict]) -> str:
                 r["method"],
                 f"{r['tier_mmacs']:.2f}",
                 f"{r['vs_tier_mmacs']:.2f}",
-                _signed(r["difference"], r["difference_ci95"]),
+                signed(r["difference"], r["difference_ci95"]),
                 f"{r['wins']}/{r['n']}",
                 r["verdict"],
             ]

@@ -270,17 +270,50 @@ def test_tier_gains_pair_each_tier_with_the_next_smaller_one_by_seed(tmp_path):
     assert gain["verdict"] == "not distinguishable at 2 seeds"
 
 
+def test_convergence_compares_each_seeds_last_two_evaluations(tmp_path):
+    """By hand, three seeds each: feast goes 0.50/0.52/0.54 -> 0.51/0.53/0.55 (each mean, 52 and 53, inside the
+    other's interval of ±4.97 points: flat; change +1 point, the same in every seed), fedavg-min goes 0.30/0.31/0.32
+    -> 0.40/0.42/0.41 (still rising). A seed with one evaluation is left out; a tier curve gets its own line."""
+    curves = {
+        "feast": {0: [(2, 0.50), (4, 0.51)], 1: [(2, 0.52), (4, 0.53)], 2: [(2, 0.54), (4, 0.55)], 3: [(4, 0.9)]},
+        "fedavg-min": {0: [(2, 0.30), (4, 0.40)], 1: [(2, 0.31), (4, 0.42)], 2: [(2, 0.32), (4, 0.41)]},
+    }
+    for method, by_seed in curves.items():
+        for seed, curve in by_seed.items():
+            folder = make_run(tmp_path / f"{method}{seed}", method=method, seed=seed)
+            empty = {"tier_macs": "", "test_accuracy": ""}
+            rows = [{"round": r, "population_weighted_accuracy": a, **empty} for r, a in curve]
+            if method == "feast":  # a tier line per evaluation, as a supernet run writes them
+                rows += [
+                    {"round": r, "population_weighted_accuracy": "", "tier_macs": 4.9e5, "test_accuracy": a + 0.05}
+                    for r, a in curve
+                ]
+            write_csv(folder / "metrics.csv", rows)
+    table = {(r["method"], r["tier_mmacs"] == r["tier_mmacs"]): r for r in report(find_runs([tmp_path]))["convergence"]}
+    flat, tier, rising = table[("feast", False)], table[("feast", True)], table[("fedavg-min", False)]
+    assert (flat["previous"], flat["last"], flat["n"]) == (pytest.approx(0.52), pytest.approx(0.53), 3)
+    assert flat["last_ci95"] == pytest.approx(4.303 * 0.02 / 3**0.5, rel=1e-3)
+    assert flat["change"] == pytest.approx(0.01) and flat["change_ci95"] == pytest.approx(0.0, abs=1e-12)
+    assert flat["verdict"] == "flat" and flat["rounds"] == "2-4"
+    assert (tier["tier_mmacs"], tier["last"], tier["verdict"]) == (0.49, pytest.approx(0.58), "flat")
+    assert rising["change"] == pytest.approx(0.1) and rising["verdict"] == "still rising"
+    one = report(find_runs([tmp_path / "fedavg-min0"]))["convergence"]
+    assert one[0]["verdict"] == "no interval at 1 seed"
+
+
 # -- the committed tables ------------------------------------------------------------------------------------------
 # each committed suite folder, as its README makes it: (paths, reference, allow mixed commits)
 COMMITTED_SUITES = {
     "compare-seeds": (["experiments/results/compare-seeds"], "feast", False),
     "ablations-seeds": (["experiments/results/ablations-seeds"], "feast", False),
     "gamma-seeds": (["experiments/results/gamma-seeds"], "deepfednas", False),
+    "gamma-class-size": (["experiments/results/gamma-class-size/runs"], "deepfednas", False),
     "fedtopo-16rounds": (["experiments/results/fedtopo-16rounds/runs"], "fedtopo", False),
     "fedtopo-inprocess": (["experiments/results/fedtopo-inprocess/runs"], "fedtopo", True),
     "fedtopo-100clients": (["experiments/results/fedtopo-100clients/runs"], "fedtopo", True),
     "converged": (["experiments/results/converged/runs"], "feast", False),
     "fedtopo-regime": (["experiments/results/fedtopo-regime/runs"], "fedtopo", True),
+    "fedtopo-regime-data": (["experiments/results/fedtopo-regime-data/runs"], "fedtopo", True),
 }
 TABLE_NAMES = (
     "table.md",
@@ -291,6 +324,7 @@ TABLE_NAMES = (
     "tier_rounds.csv",
     "compute.csv",
     "matched.csv",
+    "convergence.csv",
 )
 
 
