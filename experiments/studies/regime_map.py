@@ -26,6 +26,7 @@ from fl_app.report import (
     csv_bytes,
     find_runs,
     markdown,
+    paired_columns,
     percent,
     report,
     signed,
@@ -44,14 +45,7 @@ def versus(row, other) -> dict:
     """``row`` minus ``other`` paired by seed, as columns (empty when there is no ``other``)."""
     if other is None:
         return {"difference": math.nan, "difference_ci95": math.nan, "n": 0, "wins": 0, "verdict": "no runs"}
-    paired = paired_difference(row.by_seed(), other.by_seed())
-    return {
-        "difference": paired.difference.mean,
-        "difference_ci95": paired.difference.half_width,
-        "n": paired.difference.n,
-        "wins": paired.wins,
-        "verdict": paired.verdict,
-    }
+    return paired_columns(paired_difference(row.by_seed(), other.by_seed()))
 
 
 def mean_over(row, seeds) -> float:
