@@ -314,6 +314,7 @@ COMMITTED_SUITES = {
     "converged": (["experiments/results/converged/runs"], "feast", False),
     "fedtopo-regime": (["experiments/results/fedtopo-regime/runs"], "fedtopo", True),
     "fedtopo-regime-data": (["experiments/results/fedtopo-regime-data/runs"], "fedtopo", True),
+    "fedtopo-regime-lambda": (["experiments/results/fedtopo-regime-lambda/runs"], "fedtgp-lambda10", False),
 }
 TABLE_NAMES = (
     "table.md",
