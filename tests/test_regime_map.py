@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.studies.regime_map import csv_bytes, main, regime_map
+from experiments.studies.regime_map import csv_bytes, headline, main, regime_map
 from fl_app.run.outputs import write_csv, write_json
 
 
@@ -82,6 +82,45 @@ def test_cli_writes_table_csv_and_plot_and_names_a_missing_method(folders, tmp_p
     assert "no such folder" in capsys.readouterr().err and not (tmp_path / "nowhere").exists()
 
 
+def test_headline_says_where_the_method_gains_and_how_sure(folders, tmp_path):
+    lines = regime_map(list(folders), "fedtopo", "local")
+    text = headline(lines, "fedtopo", "local")
+    # both cells level with local (+2.7 ± 2.9 at 3 seeds, +1.5 ± 6.4 at 2), neither flat (fd rising; fedtopo rising)
+    assert "the 2 cells of the regime map finished so far (0 of them converged; 2-3 seeds paired per cell" in text
+    assert "fedtopo against local is ahead beyond the interval in no cell, behind in no cell, level in 2 cells" in text
+    assert "(from backbones=1 +1.5 ± 6.4 to dirichlet-alpha=0.1 +2.7 ± 2.9 points)" in text
+    assert "No cell shows fedtopo ahead of local and of the best other baseline beyond the interval." in text
+    # the interval's upper end: +1.5 + 6.35 (12.706 · 0.00707 / √2) in the one-backbone cell, above +2.7 + 2.9
+    assert text.endswith("The intervals leave room for a gain over local of at most +7.9 points (backbones=1).")
+    # a cell where fedtopo leads local by 2 points and fd by 1 in every seed: ahead of both, named
+    for label, offset in (("fedtopo", 0.02), ("local", 0.0), ("fd", 0.01)):
+        for seed in range(3):
+            make_run(
+                tmp_path / "regime-data", label, {"client-data-fraction": 0.25}, seed, 0.7, 0.7 + offset + seed / 100
+            )
+    lines = regime_map([*folders, tmp_path / "regime-data" / "runs"], "fedtopo", "local")
+    text = headline(lines, "fedtopo", "local")
+    assert "ahead beyond the interval in 1 cell (client-data-fraction=0.25 +2.0 ± 0.0)" in text
+    assert (
+        "best other baseline it is ahead beyond the interval in 1 cell (client-data-fraction=0.25 +1.0 ± 0.0)" in text
+    )
+    assert "It gains over both in: client-data-fraction=0.25. The intervals" in text
+
+
+def test_cli_rewrites_the_readme_block_and_refuses_a_file_without_one(folders, tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text("# Map\n\n<!-- generated:regime-headline -->\nold\n<!-- /generated:regime-headline -->\nend\n")
+    args = [*map(str, folders), "--method", "fedtopo", "--against", "local", "--readme", str(readme)]
+    assert main(args) == 0
+    expected = headline(regime_map(list(folders), "fedtopo", "local"), "fedtopo", "local")
+    assert readme.read_text() == (
+        f"# Map\n\n<!-- generated:regime-headline -->\n{expected}\n<!-- /generated:regime-headline -->\nend\n"
+    )
+    readme.write_text("no block\n")
+    assert main(args) == 2 and "no <!-- generated:regime-headline --> block" in capsys.readouterr().err
+    assert readme.read_text() == "no block\n"
+
+
 ROOT = Path(__file__).resolve().parents[1]
 # the FedTopo regime map's folders, in the order its README's command names them (those committed so far)
 COMMITTED = [ROOT / f"experiments/results/fedtopo-regime{s}/runs" for s in ("", "-pat", "-data", "-arch")]
@@ -93,3 +132,7 @@ def test_the_committed_fedtopo_regime_map_is_what_the_study_writes():
         pytest.skip("no regime map committed yet")
     lines = regime_map([f for f in COMMITTED if f.exists()], "fedtopo", "local", allow_mixed_commits=True)
     assert csv_bytes(lines) == committed.read_bytes()
+    text = headline(lines, "fedtopo", "local")
+    block = f"<!-- generated:regime-headline -->\n{text}\n<!-- /generated:regime-headline -->"
+    for readme in ("README.md", "docs/fedtopo.md", "experiments/results/fedtopo-regime/README.md"):
+        assert block in (ROOT / readme).read_text(), readme

@@ -6,16 +6,18 @@ curves have flattened.
         --method fedtopo --against local --allow-mixed-commits --out experiments/results/fedtopo-regime
 
 Writes ``regime_map.csv`` (one line per cell), ``regime_map.md`` (the same as a table) and ``regime_map.png`` (both
-differences per cell with their 95% intervals) into ``--out``. The best baseline of a cell is the label other than
-``--method`` and ``--against`` with the highest mean accuracy there over the seeds the method ran (chosen on the
-same runs it is compared on, so its difference leans in its favour). A cell is "converged" when every row of it is
-"flat" in ``fl_app.report``'s convergence table (each seed's last two evaluations inside each other's seed
-interval).
+differences per cell with their 95% intervals) into ``--out``; ``--readme FILE`` rewrites the one-paragraph reading
+of the map between ``<!-- generated:regime-headline -->`` and ``<!-- /generated:regime-headline -->`` in FILE. The
+best baseline of a cell is the label other than ``--method`` and ``--against`` with the highest mean accuracy there
+over the seeds the method ran (chosen on the same runs it is compared on, so its difference leans in its favour). A
+cell is "converged" when every row of it is "flat" in ``fl_app.report``'s convergence table (each seed's last two
+evaluations inside each other's seed interval).
 """
 
 from __future__ import annotations
 
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -35,6 +37,7 @@ from fl_app.report import (
 from fl_app.run.stats import paired_difference
 
 FILES = ("regime_map.csv", "regime_map.md", "regime_map.png")
+HEADLINE = re.compile(r"(<!-- generated:regime-headline -->\n).*?(<!-- /generated:regime-headline -->)", re.S)
 
 
 def cell_text(cell: dict) -> str:
@@ -127,6 +130,69 @@ def map_markdown(lines: list[dict], method: str, against: str) -> str:
     )
 
 
+def cells(count: int) -> str:
+    return "no cell" if count == 0 else f"{count} cell" + "s" * (count > 1)
+
+
+def verdict_groups(lines: list[dict], key: str) -> str:
+    """Where the method is ahead, behind and level on ``key`` ("vs_local", "vs_best"), in words."""
+
+    def named(group):
+        return "; ".join(
+            f"{line['cell']} {signed(line[f'{key}_difference'], line[f'{key}_difference_ci95'])}" for line in group
+        )
+
+    paired = [line for line in lines if line[f"{key}_n"]]
+    ahead = [line for line in paired if line[f"{key}_verdict"] == "better"]
+    behind = [line for line in paired if line[f"{key}_verdict"] == "worse"]
+    level = [line for line in paired if line not in ahead and line not in behind]
+    differences = sorted(paired, key=lambda line: line[f"{key}_difference"])
+    parts = [f"ahead beyond the interval in {cells(len(ahead))}" + (f" ({named(ahead)})" if ahead else "")]
+    parts.append(f"behind in {cells(len(behind))}" + (f" ({named(behind)})" if behind else ""))
+    text = f"level in {cells(len(level))}"
+    if level:
+        lo, hi = differences[0], differences[-1]
+        text += f" (from {named([lo])} to {named([hi])} points)" if lo is not hi else f" ({named(level)})"
+    return ", ".join(parts) + ", " + text
+
+
+def headline(lines: list[dict], method: str, against: str) -> str:
+    """The map in one paragraph: where ``method`` gains, where it does not, and how sure (seeds, convergence)."""
+    seeds = [line[f"vs_{against}_n"] for line in lines]
+    converged = sum(line["converged"] for line in lines)
+    gains = [line["cell"] for line in lines if line[f"vs_{against}_verdict"] == line["vs_best_verdict"] == "better"]
+    verdict = (
+        f"It gains over both in: {'; '.join(gains)}."
+        if gains
+        else f"No cell shows {method} ahead of {against} and of the best other baseline beyond the interval."
+    )
+    paired = [line for line in lines if line[f"vs_{against}_n"] > 1]
+    if paired:  # how sure: the largest gain over ``against`` the intervals leave room for
+        upper = max(paired, key=lambda line: line[f"vs_{against}_difference"] + line[f"vs_{against}_difference_ci95"])
+        bound = 100 * (upper[f"vs_{against}_difference"] + upper[f"vs_{against}_difference_ci95"])
+        verdict += (
+            f" The intervals leave room for a gain over {against} of at most {bound:+.1f} points ({upper['cell']})."
+        )
+    return (
+        f"Across the {len(lines)} cells of the regime map finished so far ({converged} of them converged; "
+        f"{min(seeds)}{f'-{max(seeds)}' * (max(seeds) > min(seeds))} seeds paired per cell, 95% paired intervals), "
+        f"{method} against {against} is "
+        f"{verdict_groups(lines, f'vs_{against}')}; against each cell's best other baseline it is "
+        f"{verdict_groups(lines, 'vs_best')}. {verdict}"
+    )
+
+
+def update_readme(path: Path, text: str) -> bool:
+    """Rewrite the regime-headline block of ``path``; False if the file has none."""
+    old = path.read_text()
+    if not HEADLINE.search(old):
+        return False
+    new = HEADLINE.sub(lambda m: m.group(1) + text + "\n" + m.group(2), old)
+    if new != old:
+        write_file(path, new.encode())
+    return True
+
+
 def figure_map(lines: list[dict], method: str, against: str):
     """Both paired differences per cell, points with 95% intervals, one row per cell."""
     from fl_app.plots import pyplot
@@ -158,6 +224,9 @@ def build_parser():
     parser.add_argument("--against", required=True, help="the baseline every cell is paired with (e.g. local)")
     parser.add_argument("--allow-mixed-commits", action="store_true", help="as in fl_app.report")
     parser.add_argument("--out", type=Path, help="write regime_map.csv, .md and .png here (unset: print only)")
+    parser.add_argument(
+        "--readme", type=Path, action="append", default=[], help="markdown file whose regime-headline block to rewrite"
+    )
     return parser
 
 
@@ -174,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
             write_file(args.out / FILES[0], csv_bytes(lines))
             write_file(args.out / FILES[1], (text + "\n").encode())
             write_file(args.out / FILES[2], png_bytes(figure_map(lines, args.method, args.against)))
+        for path in args.readme:
+            if not update_readme(path, headline(lines, args.method, args.against)):
+                raise ValueError(f"{path}: no <!-- generated:regime-headline --> block to rewrite")
     except (MixedCommits, ReportError, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
