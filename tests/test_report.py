@@ -315,6 +315,7 @@ COMMITTED_SUITES = {
     "fedtopo-regime": (["experiments/results/fedtopo-regime/runs"], "fedtopo", True),
     "fedtopo-regime-data": (["experiments/results/fedtopo-regime-data/runs"], "fedtopo", True),
     "fedtopo-regime-lambda": (["experiments/results/fedtopo-regime-lambda/runs"], "fedtgp-lambda10", False),
+    "fedtopo-regime-ablations": (["experiments/results/fedtopo-regime-ablations/runs"], "fedtopo", True),
 }
 TABLE_NAMES = (
     "table.md",
