@@ -9,17 +9,17 @@ import csv
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from experiments.runner.flower_runs import flwr_run as run_app
-from experiments.runner.flower_runs import run_status, start_run
+from experiments.runner.flower_runs import start_run
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.run.checkpoint import load_verified, supernet_fingerprint
 from fl_app.run.config import validate_run_config
+from tests.harness.stopping import checkpoint_round, stop_after_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # real Flower processes: minutes; skipped by -m "not slow"
@@ -123,40 +123,16 @@ def test_extraction_cli_matches_the_tier_and_loads_standalone(feast_run, tmp_pat
     assert sum(p.numel() for p in model.parameters()) == tier["params"]
 
 
-def stop_after_first_checkpoint(out: Path, env) -> None:
-    """Start a TINY run into ``out`` and stop it as soon as its round-1 checkpoint is written."""
-    run_id = start_run(f"{TINY} output-dir='{out}'", FEDERATION, env, [])  # the id from --format json
-    try:
-        deadline, next_status = time.time() + 600, time.time() + 10
-        # poll the file alone: asking `flwr ls` takes seconds on loaded cores, long enough for round 2 to end
-        while not (out / "checkpoint.pt").exists() and time.time() < deadline:
-            if time.time() > next_status:
-                assert not run_status(run_id, env, [], attempts=1).startswith("finished"), "ended before round 1"
-                next_status = time.time() + 10
-            time.sleep(0.1)
-        assert (out / "checkpoint.pt").exists()
-    finally:
-        subprocess.run(["flwr", "stop", run_id], env=env, capture_output=True, timeout=120)
-        # the log stream ends with the run: nothing writes into its folder after this
-        subprocess.run(["flwr", "log", run_id, "--stream"], env=env, capture_output=True, timeout=300)
-
-
 def test_a_killed_run_resumed_from_its_checkpoint_ends_like_an_uninterrupted_one(flwr_env, feast_run, tmp_path):
     """Stop a run once it has written its round-1 checkpoint, resume it in a new folder: same final metrics and
     weights as the uninterrupted run (`feast_run`, same seed and config)."""
     straight, _ = feast_run
-    resumed = tmp_path / "resumed"
-    # `flwr stop` needs seconds to land on loaded cores, and round 2 may end first: then the run finished or wrote its
-    # round-2 checkpoint (a race of the set-up, not of resuming) and the stop is tried again on a fresh run, at most
-    # three times
-    for attempt in range(3):
-        killed = tmp_path / f"killed{attempt}"
-        stop_after_first_checkpoint(killed, flwr_env)
-        stopped_in_round_2 = torch.load(killed / "checkpoint.pt", weights_only=True)["round"] == 1
-        if stopped_in_round_2 and not (killed / "summary.json").exists():
-            break
-    assert not (killed / "summary.json").exists(), "every run ended before the stop landed"
-    assert torch.load(killed / "checkpoint.pt", weights_only=True)["round"] == 1
+    resumed, killed = tmp_path / "resumed", tmp_path / "killed"
+    run_id = start_run(f"{TINY} output-dir='{killed}'", FEDERATION, flwr_env, [])  # the id from --format json
+    assert stop_after_checkpoint(killed, 1, flwr_env, run_id) == 1
+    # the log stream ends with the run: nothing writes into its folder after this
+    subprocess.run(["flwr", "log", run_id, "--stream"], env=flwr_env, capture_output=True, timeout=300)
+    assert checkpoint_round(killed) == 1 and not (killed / "summary.json").exists()
 
     _, status = flwr_run(flwr_env, f"{TINY} output-dir='{resumed}' resume-from='{killed}'")
     assert status == "finished:completed"

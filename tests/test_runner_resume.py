@@ -21,6 +21,7 @@ from experiments.runner import COMPLETED, RUN_RECORD, compare_run, plan, run_sui
 from experiments.runner.flower_env import process_identity
 from fl_app.run.checkpoint import save_verified
 from fl_app.run.outputs import write_csv, write_json
+from tests.harness.stopping import stop_after_checkpoint
 from tests.harness.suites import run_collecting, write_suite, write_summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -245,26 +246,24 @@ feast = {}
 """
 
 
-def stop_after_checkpoint(folder: Path, at_round: int, done: threading.Event) -> None:
-    """Wait for the run in ``folder`` to checkpoint round ``at_round``, then `flwr stop` it through what its
-    run.json records of its Flower run (run id, FLWR_HOME, ports)."""
+def stop_after_round(folder: Path, at_round: int, done: threading.Event, stopped_at: list) -> None:
+    """Once the runner's run.json in ``folder`` names its Flower run (run id, FLWR_HOME, ports), stop that run
+    right after its round-``at_round`` checkpoint (tests/harness/stopping.py); appends the round it stopped at."""
     from experiments.runner.flower_env import isolated_env
 
     while not done.is_set():
         try:
             flower = json.loads((folder / RUN_RECORD).read_text())["flower"]
-            reached = torch.load(folder / "checkpoint.pt", weights_only=True)["round"] >= at_round
-        except (OSError, ValueError, KeyError, RuntimeError, EOFError):
-            reached = False
-        if reached:
-            env = {
-                **isolated_env(Path(flower["flwr_home"])),
-                "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": flower["http_port"],
-                "FLWR_LOCAL_CONTROL_API_PORT": flower["control_port"],
-            }
-            subprocess.run(["flwr", "stop", flower["run_id"]], env=env, capture_output=True, timeout=120)
-            return
-        time.sleep(0.2)
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.2)
+            continue
+        env = {
+            **isolated_env(Path(flower["flwr_home"])),
+            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": flower["http_port"],
+            "FLWR_LOCAL_CONTROL_API_PORT": flower["control_port"],
+        }
+        stopped_at.append(stop_after_checkpoint(folder, at_round, env, flower["run_id"], cancelled=done.is_set))
+        return
 
 
 @pytest.mark.slow  # real `flwr run`s
@@ -275,15 +274,15 @@ def test_a_real_run_stopped_after_round_2_and_continued_equals_one_that_never_st
 
     out = tmp_path / "stopped"
     folder = out / "runs/feast/seed0"
-    done = threading.Event()
-    stopper = threading.Thread(target=stop_after_checkpoint, args=(folder, 2, done), daemon=True)
+    done, stopped_at = threading.Event(), []
+    stopper = threading.Thread(target=stop_after_round, args=(folder, 2, done, stopped_at), daemon=True)
     stopper.start()
     try:
         first = run_suite(write_suite(tmp_path, REAL), out, printer=lambda *a, **k: None, plots=False)
     finally:
         done.set()
         stopper.join()
-    assert first["failed"] and not (folder / "summary.json").exists()  # stopped before it finished
+    assert stopped_at == [2] and first["failed"] and not (folder / "summary.json").exists()
     lines = []
     again = run_suite(
         write_suite(tmp_path, REAL), out, printer=lambda line, **_: lines.append(line), plots=False, progress_every=1
@@ -292,7 +291,7 @@ def test_a_real_run_stopped_after_round_2_and_continued_equals_one_that_never_st
     text = "\n".join(lines)
     assert "continuing seed0.interrupted-1 after round" in text and " round 6/6" in text
     record = json.loads((folder / RUN_RECORD).read_text())
-    assert 2 <= record["resumed_after_round"] < 6
+    assert record["resumed_after_round"] == 2
     reference = straight / "runs/feast/seed0"
     assert (folder / "metrics.csv").read_text() == (reference / "metrics.csv").read_text()
     weights = torch.load(reference / "supernet.pt", weights_only=True)["state_dict"]

@@ -17,11 +17,11 @@ evaluations inside each other's seed interval).
 from __future__ import annotations
 
 import math
-import re
 import sys
 from pathlib import Path
 
 from fl_app.io.cli import tool_parser
+from fl_app.io.markdown import markers, replace_block
 from fl_app.report import (
     MixedCommits,
     ReportError,
@@ -37,7 +37,7 @@ from fl_app.report import (
 from fl_app.run.stats import paired_difference
 
 FILES = ("regime_map.csv", "regime_map.md", "regime_map.png")
-HEADLINE = re.compile(r"(<!-- generated:regime-headline -->\n).*?(<!-- /generated:regime-headline -->)", re.S)
+HEADLINE = "regime-headline"  # the generated block ``--readme`` rewrites
 
 
 def cell_text(cell: dict) -> str:
@@ -168,8 +168,9 @@ def headline(lines: list[dict], method: str, against: str) -> str:
     )
     paired = [line for line in lines if line[f"vs_{against}_n"] > 1]
     if paired:  # how sure: the largest gain over ``against`` the intervals leave room for
-        upper = max(paired, key=lambda line: line[f"vs_{against}_difference"] + line[f"vs_{against}_difference_ci95"])
-        bound = 100 * (upper[f"vs_{against}_difference"] + upper[f"vs_{against}_difference_ci95"])
+        reach = [line[f"vs_{against}_difference"] + line[f"vs_{against}_difference_ci95"] for line in paired]
+        at = max(range(len(paired)), key=reach.__getitem__)
+        upper, bound = paired[at], 100 * reach[at]
         verdict += (
             f" The intervals leave room for a gain over {against} of at most {bound:+.1f} points ({upper['cell']})."
         )
@@ -185,9 +186,9 @@ def headline(lines: list[dict], method: str, against: str) -> str:
 def update_readme(path: Path, text: str) -> bool:
     """Rewrite the regime-headline block of ``path``; False if the file has none."""
     old = path.read_text()
-    if not HEADLINE.search(old):
+    new = replace_block(old, HEADLINE, text)
+    if new is None:
         return False
-    new = HEADLINE.sub(lambda m: m.group(1) + text + "\n" + m.group(2), old)
     if new != old:
         write_file(path, new.encode())
     return True
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             write_file(args.out / FILES[2], png_bytes(figure_map(lines, args.method, args.against)))
         for path in args.readme:
             if not update_readme(path, headline(lines, args.method, args.against)):
-                raise ValueError(f"{path}: no <!-- generated:regime-headline --> block to rewrite")
+                raise ValueError(f"{path}: no {markers(HEADLINE)[0]} block to rewrite")
     except (MixedCommits, ReportError, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -20,12 +20,12 @@ kvtranslate_injection_depth.py) are written only once their files exist.
 import argparse
 import json
 import os
-import re
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
+from fl_app.io.markdown import replace_block  # noqa: E402
 from kvtranslate.cli import HelpFormatter, comma_list  # noqa: E402
 
 README = os.path.join(REPO, "kvtranslate", "README.md")  # the package reference: only its summary sentence
@@ -913,8 +913,7 @@ def render(demo=DEMO):
 
 def apply(text, blocks):
     for name, body in blocks.items():
-        pattern = re.compile(rf"(<!-- generated:{re.escape(name)} -->).*?(<!-- /generated:{re.escape(name)} -->)", re.S)
-        text = pattern.sub(lambda m, body=body: m.group(1) + "\n" + body + "\n" + m.group(2), text)
+        text = replace_block(text, name, body) or text  # a README holds only some of the blocks
     return text
 
 

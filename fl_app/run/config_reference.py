@@ -10,18 +10,18 @@ around it is kept (a file without the markers gets a title and the table). Nothi
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
 from fl_app.io.cli import tool_parser
 from fl_app.io.files import replace_file
+from fl_app.io.markdown import markers, replace_block
 from fl_app.run.config import KEYS, Key
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = Path("docs/run-config.md")  # relative to the repository root, where the tools are run
-START, END = "<!-- generated:run-config -->", "<!-- /generated:run-config -->"
-BLOCK = re.compile(re.escape(START) + r"\n.*?" + re.escape(END), re.S)
+BLOCK = "run-config"
+START, END = markers(BLOCK)
 
 
 def _code(value) -> str:
@@ -51,10 +51,11 @@ def table(keys: dict[str, Key] = KEYS) -> str:
 
 def render(text: str | None, keys: dict[str, Key] = KEYS) -> str:
     """``text`` (the reference file's content, or None for a new file) with its generated table up to date."""
-    block = f"{START}\n{table(keys)}\n{END}"
-    if text is None or START not in text:
-        return f"# Run config\n\n{block}\n" if text is None else f"{text.rstrip()}\n\n{block}\n"
-    return BLOCK.sub(lambda _: block, text, count=1)
+    body = table(keys)
+    if text is not None and (updated := replace_block(text, BLOCK, body)) is not None:
+        return updated
+    block = f"{START}\n{body}\n{END}"
+    return f"# Run config\n\n{block}\n" if text is None else f"{text.rstrip()}\n\n{block}\n"
 
 
 def build_parser():

@@ -26,7 +26,7 @@ def process_table() -> dict[int, tuple[int, str]]:
     return table
 
 
-def _marker_patterns(markers: Iterable[str]) -> list[re.Pattern]:
+def marker_patterns(markers: Iterable[str]) -> list[re.Pattern]:
     # a marker ends where a host, port or path name ends: 127.0.0.1:80 does not match 127.0.0.1:8080
     return [re.compile(re.escape(m) + r"(?![\w.-])") for m in markers]
 
@@ -39,7 +39,7 @@ def related_pids(
     descendants; never this process."""
     table = process_table()
     found = {pid for pid in roots if pid in table}
-    patterns = _marker_patterns(markers)
+    patterns = marker_patterns(markers)
     found |= {
         pid
         for pid, (_, cmd) in table.items()
