@@ -19,7 +19,7 @@ from experiments.runner.flower_runs import start_run
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.run.checkpoint import load_verified, supernet_fingerprint
 from fl_app.run.config import validate_run_config
-from tests.harness.stopping import checkpoint_round, stop_after_checkpoint
+from tests.harness.stopping import saved_round, stop_after_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # real Flower processes: minutes; skipped by -m "not slow"
@@ -132,7 +132,7 @@ def test_a_killed_run_resumed_from_its_checkpoint_ends_like_an_uninterrupted_one
     assert stop_after_checkpoint(killed, 1, flwr_env, run_id) == 1
     # the log stream ends with the run: nothing writes into its folder after this
     subprocess.run(["flwr", "log", run_id, "--stream"], env=flwr_env, capture_output=True, timeout=300)
-    assert checkpoint_round(killed) == 1 and not (killed / "summary.json").exists()
+    assert saved_round(killed) == 1 and not (killed / "summary.json").exists()
 
     _, status = flwr_run(flwr_env, f"{TINY} output-dir='{resumed}' resume-from='{killed}'")
     assert status == "finished:completed"

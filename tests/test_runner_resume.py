@@ -257,11 +257,11 @@ def stop_after_round(folder: Path, at_round: int, done: threading.Event, stopped
         except (OSError, ValueError, KeyError):
             time.sleep(0.2)
             continue
-        env = {
-            **isolated_env(Path(flower["flwr_home"])),
-            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": flower["http_port"],
-            "FLWR_LOCAL_CONTROL_API_PORT": flower["control_port"],
-        }
+        env = isolated_env(
+            Path(flower["flwr_home"]),
+            FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=flower["http_port"],
+            FLWR_LOCAL_CONTROL_API_PORT=flower["control_port"],
+        )
         stopped_at.append(stop_after_checkpoint(folder, at_round, env, flower["run_id"], cancelled=done.is_set))
         return
 

@@ -14,6 +14,5 @@ def replace_block(text: str, name: str, body: str) -> str | None:
     """``text`` with its block ``name`` holding ``body`` (the first such block); None when it has none."""
     start, end = markers(name)
     pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
-    if not pattern.search(text):
-        return None
-    return pattern.sub(lambda _: f"{start}\n{body}\n{end}", text, count=1)
+    new, found = pattern.subn(lambda _: f"{start}\n{body}\n{end}", text, count=1)
+    return new if found else None

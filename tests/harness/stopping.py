@@ -16,18 +16,14 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import torch
-
+from experiments.runner import checkpoint_round
 from experiments.runner.flower_env import superlink_markers
 from fl_app.run.processes import is_gone, marker_patterns, process_table
 
 
-def checkpoint_round(folder: Path) -> int:
-    """The round ``folder``'s checkpoint holds (0 while there is none, or it is being replaced)."""
-    try:
-        return int(torch.load(folder / "checkpoint.pt", weights_only=True)["round"])
-    except (OSError, ValueError, KeyError, RuntimeError, EOFError):
-        return 0
+def saved_round(folder: Path) -> int:
+    """The round of ``folder``'s verified checkpoint (0 while there is none)."""
+    return checkpoint_round(folder)[0] or 0
 
 
 def simulation_pids(env: dict) -> list[int]:
@@ -52,13 +48,13 @@ def stop_after_checkpoint(
     returns the round of the checkpoint it was stopped at (0 when none came within ``timeout`` seconds, or before
     ``cancelled()``, or the simulation had already ended; the run is stopped all the same)."""
     deadline = time.monotonic() + timeout
-    while checkpoint_round(folder) < at_round and time.monotonic() < deadline and not cancelled():
+    while saved_round(folder) < at_round and time.monotonic() < deadline and not cancelled():
         time.sleep(0.05)
     frozen = simulation_pids(env)
     for pid in frozen:
         os.kill(pid, signal.SIGSTOP)
     try:
-        reached = checkpoint_round(folder) if frozen else 0
+        reached = saved_round(folder) if frozen else 0
         subprocess.run(["flwr", "stop", str(run_id)], env=env, capture_output=True, timeout=120)
     finally:
         for pid in frozen:
