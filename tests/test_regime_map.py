@@ -86,9 +86,12 @@ def test_headline_says_where_the_method_gains_and_how_sure(folders, tmp_path):
     lines = regime_map(list(folders), "fedtopo", "local")
     text = headline(lines, "fedtopo", "local")
     # both cells level with local (+2.7 ± 2.9 at 3 seeds, +1.5 ± 6.4 at 2), neither flat (fd rising; fedtopo rising)
-    assert "the 2 cells of the regime map finished so far (0 of them converged; 2-3 seeds paired per cell" in text
+    assert "the 2 cells of the regime map so far (0 of them converged; 2-3 seeds paired per cell" in text
     assert "fedtopo against local is ahead beyond the interval in no cell, behind in no cell, level in 2 cells" in text
-    assert "(from backbones=1 +1.5 ± 6.4 to dirichlet-alpha=0.1 +2.7 ± 2.9 points)" in text
+    assert "(from backbones=1 +1.5 ± 6.4 to dirichlet-alpha=0.1 +2.7 ± 2.9 points); against" in text
+    # the one-backbone cell has no other baseline: counted as such, not dropped from the sentence
+    assert "best other baseline it is ahead beyond the interval in no cell, behind in no cell, level in 1 cell" in text
+    assert "(dirichlet-alpha=0.1 +1.3 ± 6.3); no other baseline has run yet in 1 cell. No cell shows" in text
     assert "No cell shows fedtopo ahead of local and of the best other baseline beyond the interval." in text
     # the interval's upper end: +1.5 + 6.35 (12.706 · 0.00707 / √2) in the one-backbone cell, above +2.7 + 2.9
     assert text.endswith("The intervals leave room for a gain over local of at most +7.9 points (backbones=1).")

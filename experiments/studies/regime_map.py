@@ -153,7 +153,9 @@ def verdict_groups(lines: list[dict], key: str) -> str:
     if level:
         lo, hi = differences[0], differences[-1]
         text += f" (from {named([lo])} to {named([hi])} points)" if lo is not hi else f" ({named(level)})"
-    return ", ".join(parts) + ", " + text
+    unpaired = len(lines) - len(paired)  # cells whose other baselines have not run yet: counted, not hidden
+    missing = f"; no other baseline has run yet in {cells(unpaired)}" if unpaired else ""
+    return ", ".join(parts) + ", " + text + missing
 
 
 def headline(lines: list[dict], method: str, against: str) -> str:
@@ -175,7 +177,7 @@ def headline(lines: list[dict], method: str, against: str) -> str:
             f" The intervals leave room for a gain over {against} of at most {bound:+.1f} points ({upper['cell']})."
         )
     return (
-        f"Across the {len(lines)} cells of the regime map finished so far ({converged} of them converged; "
+        f"Across the {len(lines)} cells of the regime map so far ({converged} of them converged; "
         f"{min(seeds)}{f'-{max(seeds)}' * (max(seeds) > min(seeds))} seeds paired per cell, 95% paired intervals), "
         f"{method} against {against} is "
         f"{verdict_groups(lines, f'vs_{against}')}; against each cell's best other baseline it is "
