@@ -314,6 +314,8 @@ COMMITTED_SUITES = {
     "converged": (["experiments/results/converged/runs"], "feast", False),
     "fedtopo-regime": (["experiments/results/fedtopo-regime/runs"], "fedtopo", True),
     "fedtopo-regime-data": (["experiments/results/fedtopo-regime-data/runs"], "fedtopo", True),
+    "fedtopo-regime-pat": (["experiments/results/fedtopo-regime-pat/runs"], "fedtopo", True),
+    "fedtopo-regime-arch": (["experiments/results/fedtopo-regime-arch/runs"], "fedtopo", True),
     "fedtopo-regime-lambda": (["experiments/results/fedtopo-regime-lambda/runs"], "fedtgp-lambda10", False),
     "fedtopo-regime-ablations": (["experiments/results/fedtopo-regime-ablations/runs"], "fedtopo", True),
 }
