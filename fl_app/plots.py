@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import pandas as pd
 
+from fl_app.report import rounds_text
 from fl_app.run.stats import paired_difference
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ def row_rounds(row) -> int:
 def display_names(rows) -> dict:
     """Row name -> legend text, which names the round count when the rows differ in it."""
     mixed = len({row_rounds(row) for row in rows}) > 1
-    return {row.name: row.name + (f" ({row_rounds(row)} rounds)" if mixed else "") for row in rows}
+    return {row.name: row.name + (f" ({rounds_text(row)} rounds)" if mixed else "") for row in rows}
 
 
 SHADES = ("Blues", "Oranges", "Greens", "Reds", "Purples", "Greys")
@@ -143,7 +144,7 @@ def panels(rows) -> dict:
     out: dict[str, list] = {}
     for row in sorted(rows, key=row_rounds):
         parts = [", ".join(f"{k} = {v}" for k, v in row.first.cell.items())] if len(cells) > 1 else []
-        parts += [f"runs of {row_rounds(row)} rounds"] if len(lengths) > 1 else []
+        parts += [f"runs of {rounds_text(row)} rounds"] if len(lengths) > 1 else []
         out.setdefault(" · ".join(parts), []).append(row)
     return out
 
@@ -182,7 +183,8 @@ def _legend(fig, axes, handles=None, labels=None) -> None:
 def _whole_ticks(ax) -> None:
     from matplotlib.ticker import MaxNLocator
 
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    # few enough that four-digit rounds do not run into each other in a narrow panel
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
 
 
 def _seed_dots(ax, xs, ys, colour) -> None:

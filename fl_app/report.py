@@ -672,8 +672,25 @@ def curve_frame(rows: list[Row]) -> pd.DataFrame:
     )
 
 
+def on_shared_rounds(frame: pd.DataFrame) -> pd.DataFrame:
+    """Where a row's runs evaluated at different rounds but equally often, put each run's k-th evaluation at the mean
+    of the runs' k-th rounds. A match-compute row's seeds have their own horizons and the runner evaluates each at the
+    same fractions of its horizon, so this averages seeds at the same point of their runs instead of dropping them."""
+    frame = frame.copy()
+    for row, mine in frame.groupby("row"):
+        by_run = {run: sorted(r["round"].unique()) for run, r in mine.groupby("seed")}
+        schedules = list(by_run.values())
+        if all(s == schedules[0] for s in schedules) or len({len(s) for s in schedules}) > 1:
+            continue
+        shared = [int(round(sum(rounds) / len(rounds))) for rounds in zip(*schedules)]
+        for run, rounds in by_run.items():
+            at = (frame["row"] == row) & (frame["seed"] == run)
+            frame.loc[at, "round"] = frame.loc[at, "round"].map(dict(zip(rounds, shared)))
+    return frame
+
+
 def round_rows(rows: list[Row]) -> list[dict]:
-    frame = curve_frame(rows)
+    frame = on_shared_rounds(curve_frame(rows))
     if frame.empty:
         return []
     acc = estimates(frame, ["row", "round"], "accuracy")
@@ -690,21 +707,30 @@ def round_rows(rows: list[Row]) -> list[dict]:
 
 
 def tier_round_rows(rows: list[Row]) -> list[dict]:
-    """Per row, tier and evaluated round: the tier's test accuracy over seeds (tiers and rounds every run of the row
-    has; a tier is named by its MACs, as the runs' tier tables are)."""
+    """Per row, tier and evaluated round: the tier's test accuracy over seeds (a tier is named by its MACs, as the
+    runs' tier tables are). Seeds evaluated equally often at different rounds are aligned (``on_shared_rounds``);
+    otherwise a point needs every run of the row that reached its round to have evaluated that tier there, so means
+    at one round are over the same seeds, a run whose horizon ended earlier is not counted as missing, and ``n``
+    says how many seeds a point has."""
     frame = pd.DataFrame(
         [
-            {"row": i, "macs": macs, "round": rnd, "accuracy": acc}
+            {"row": i, "seed": run.seed, "macs": macs, "round": rnd, "accuracy": acc}
             for i, row in enumerate(rows)
             for run in row.runs
             for rnd, macs, acc in run.tier_curve
         ],
-        columns=["row", "macs", "round", "accuracy"],
+        columns=["row", "seed", "macs", "round", "accuracy"],
     )
     if frame.empty:
         return []
+    frame = on_shared_rounds(frame)
+    last_round = frame.groupby(["row", "seed"])["round"].max()
+    reached = {
+        (i, rnd): int((last_round.loc[i] >= rnd).sum())
+        for i, rnd in frame[["row", "round"]].drop_duplicates().itertuples(index=False)
+    }
     runs_there = frame.groupby(["row", "macs", "round"])["round"].transform("size")
-    frame = frame[runs_there == frame["row"].map(lambda i: rows[i].seeds)]
+    frame = frame[runs_there == [reached[key] for key in zip(frame["row"], frame["round"])]]
     if frame.empty:
         return []
     acc = estimates(frame, ["row", "macs", "round"], "accuracy")

@@ -239,6 +239,46 @@ def test_tier_curves_average_each_tier_and_round_over_seeds(tmp_path):
     assert report(find_runs([tmp_path / "r0"]))["tier_rounds"][0]["n"] == 1
 
 
+def test_curves_align_seeds_evaluated_at_the_same_fractions_of_their_own_horizons(tmp_path):
+    """A match-compute row: seed 0 runs 547 rounds and evaluates at 55, 110, 547; seed 1 runs 597 and evaluates at
+    60, 120, 597. Each seed's k-th evaluation is averaged with the other's, at the mean of their rounds."""
+    rows_of = {0: [(55, 0.40), (110, 0.50), (547, 0.60)], 1: [(60, 0.44), (120, 0.56), (597, 0.70)]}
+    for seed, points in rows_of.items():
+        folder = make_run(tmp_path / f"r{seed}", seed=seed, accuracy=0.3)
+        write_csv(
+            folder / "metrics.csv",
+            [
+                {"round": r, "tier_macs": 4.9e5, "test_accuracy": a, "population_weighted_accuracy": a}
+                for r, a in points
+            ],
+        )
+    tables = report(find_runs([tmp_path]))
+    for name in ("rounds", "tier_rounds"):
+        got = {r["round"]: (r["accuracy"], r["n"]) for r in tables[name]}
+        assert got == {58: (pytest.approx(0.42), 2), 115: (pytest.approx(0.53), 2), 572: (pytest.approx(0.65), 2)}
+
+
+def test_tier_curves_keep_a_seed_whose_horizon_is_longer(tmp_path):
+    """A match-compute row's seeds stop at different rounds: seed 0 at 25, seed 1 at 33. Rounds both evaluated are
+    means over both; rounds only seed 1 reached stay, at n = 1; round 25, which seed 1 reached without evaluating, is
+    left out."""
+    rows_of = {0: [(10, 0.20), (20, 0.30), (25, 0.32)], 1: [(10, 0.24), (20, 0.36), (30, 0.40), (33, 0.41)]}
+    for seed, points in rows_of.items():
+        folder = make_run(tmp_path / f"r{seed}", seed=seed, accuracy=0.3)
+        write_csv(
+            folder / "metrics.csv",
+            [
+                {"round": r, "tier_macs": 4.9e5, "test_accuracy": a, "population_weighted_accuracy": 0.3}
+                for r, a in points
+            ],
+        )
+    table = report(find_runs([tmp_path]))["tier_rounds"]
+    got = {r["round"]: (r["accuracy"], r["n"]) for r in table}
+    assert set(got) == {10, 20, 30, 33}
+    assert got[10] == (pytest.approx(0.22), 2) and got[20] == (pytest.approx(0.33), 2)
+    assert got[30] == (pytest.approx(0.40), 1) and got[33] == (pytest.approx(0.41), 1)
+
+
 def test_tier_table_counts_the_clients_whose_budget_affords_each_tier(tmp_path):
     """By hand: budgets (1, 5) MMACs at seed 0 and (3, 5) at seed 1; tiers 0.49, 2 and 13.55 MMACs are afforded by
     2, 1.5 (2 then 1) and 0 clients on average; a run without clients.csv leaves the count empty."""
