@@ -678,13 +678,13 @@ def on_shared_rounds(frame: pd.DataFrame) -> pd.DataFrame:
     same fractions of its horizon, so this averages seeds at the same point of their runs instead of dropping them."""
     frame = frame.copy()
     for row, mine in frame.groupby("row"):
-        by_run = {run: sorted(r["round"].unique()) for run, r in mine.groupby("seed")}
-        schedules = list(by_run.values())
+        by_seed = {seed: sorted(r["round"].unique()) for seed, r in mine.groupby("seed")}
+        schedules = list(by_seed.values())
         if all(s == schedules[0] for s in schedules) or len({len(s) for s in schedules}) > 1:
             continue
         shared = [int(round(sum(rounds) / len(rounds))) for rounds in zip(*schedules)]
-        for run, rounds in by_run.items():
-            at = (frame["row"] == row) & (frame["seed"] == run)
+        for seed, rounds in by_seed.items():
+            at = (frame["row"] == row) & (frame["seed"] == seed)
             frame.loc[at, "round"] = frame.loc[at, "round"].map(dict(zip(rounds, shared)))
     return frame
 
