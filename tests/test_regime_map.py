@@ -87,6 +87,9 @@ def test_headline_says_where_the_method_gains_and_how_sure(folders, tmp_path):
     text = headline(lines, "fedtopo", "local")
     # both cells level with local (+2.7 ± 2.9 at 3 seeds, +1.5 ± 6.4 at 2), neither flat (fd rising; fedtopo rising)
     assert "the 2 cells of the regime map so far (0 of them converged; 2-3 seeds paired per cell" in text
+    # once every cell has converged the map is no longer provisional
+    done = headline([{**line, "converged": True} for line in lines], "fedtopo", "local")
+    assert done.startswith("Across the 2 cells of the regime map (all converged; 2-3 seeds paired per cell")
     assert "fedtopo against local is ahead beyond the interval in no cell, behind in no cell, level in 2 cells" in text
     assert "(from backbones=1 +1.5 ± 6.4 to dirichlet-alpha=0.1 +2.7 ± 2.9 points); against" in text
     # the one-backbone cell has no other baseline: counted as such, not dropped from the sentence

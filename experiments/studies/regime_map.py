@@ -176,8 +176,10 @@ def headline(lines: list[dict], method: str, against: str) -> str:
         verdict += (
             f" The intervals leave room for a gain over {against} of at most {bound:+.1f} points ({upper['cell']})."
         )
+    # "so far" only while some cell is still short of convergence: a complete map speaks in the present
+    where = "(all converged; " if converged == len(lines) else f"so far ({converged} of them converged; "
     return (
-        f"Across the {len(lines)} cells of the regime map so far ({converged} of them converged; "
+        f"Across the {len(lines)} cells of the regime map {where}"
         f"{min(seeds)}{f'-{max(seeds)}' * (max(seeds) > min(seeds))} seeds paired per cell, 95% paired intervals), "
         f"{method} against {against} is "
         f"{verdict_groups(lines, f'vs_{against}')}; against each cell's best other baseline it is "
