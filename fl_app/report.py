@@ -23,6 +23,9 @@ their compute relative to that label's runs and their final accuracy against its
 Whether a run has converged (``convergence.csv``): per row, and per tier of a supernet row, the last two evaluations
 over seeds, the change between them paired by seed, and "flat" when each mean lies inside the other's seed interval.
 
+How long a run trained (the README table ``passes``): its passes over the images its clients hold, from each client's
+answered rounds and partition size in clients.csv and the run's local-training keys.
+
 Every file read is checked: a malformed field (``completed`` not a boolean, a summary that is not an object, a
 metrics.csv without its columns, text where a number belongs) is an error that names the file, not a count. Files
 are written through ``fl_app.io.files.replace_file``: a symlink at an output name is refused, never written through.
@@ -226,6 +229,8 @@ class Run:
     client_subnet_curve: list[tuple[int, float]] = field(default_factory=list)  # the curve of client_subnet_accuracy
     tier_curve: list[tuple[int, float, float]] = field(default_factory=list)  # (round, tier MACs, test accuracy)
     budgets: list[float] = field(default_factory=list)  # the clients' MAC budgets (clients.csv; [] when absent)
+    # (images held, rounds answered) per client (clients.csv; [] when it lacks either column)
+    client_rounds: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -258,6 +263,18 @@ class Run:
     @property
     def accuracy_kind(self) -> str:
         return next((k for k in self.accuracy_keys if self.summary.get(k) is not None), self.accuracy_keys[0])
+
+    @property
+    def passes(self) -> float:
+        """Passes over the clients' training images: every client's answered rounds times the images it trains in
+        a round (``images_per_round`` under the run's local-training keys), summed, over the images all clients
+        hold; nan when clients.csv did not record them."""
+        held = sum(n for n, _ in self.client_rounds)
+        if not held:
+            return math.nan
+        config = self.record.get("run_config") or self.summary.get("run_config") or {}
+        epochs, max_steps, batch = (config.get(k, KEYS[k].default) for k in LOCAL_TRAINING_KEYS)
+        return sum(r * images_per_round(n, epochs, max_steps, batch) for n, r in self.client_rounds) / held
 
     @property
     def matched_to(self) -> str | None:
@@ -329,10 +346,13 @@ def load_run(folder: Path) -> Run:
                 f"{folder / 'rounds.csv'}: round {rounds['round'][repeated].iloc[0]} appears twice (one row per round)"
             )
     client_subnet_curve = accuracy_curve(metrics, (CLIENT_SUBNET_ACCURACY,))
-    budgets = []
+    budgets, client_rounds = [], []
     if os.path.lexists(folder / "clients.csv"):
-        clients = read_table(folder / "clients.csv", (), ("budget_macs",), whole="partition_id")
+        counts = ("num_examples", "rounds_answered")
+        clients = read_table(folder / "clients.csv", (), ("budget_macs", *counts), whole="partition_id")
         budgets = clients["budget_macs"].dropna().tolist() if "budget_macs" in clients.columns else []
+        if all(c in clients.columns for c in counts) and clients[list(counts)].notna().all().all():
+            client_rounds = [(int(n), int(r)) for n, r in zip(clients["num_examples"], clients["rounds_answered"])]
     return Run(
         folder,
         summary,
@@ -342,7 +362,22 @@ def load_run(folder: Path) -> Run:
         client_subnet_curve=client_subnet_curve,
         tier_curve=tier_curve(metrics),
         budgets=budgets,
+        client_rounds=client_rounds,
     )
+
+
+# the run-config keys that fix how many images a client trains on in a round
+LOCAL_TRAINING_KEYS = ("local-epochs", "max-local-steps", "batch-size")
+
+
+def images_per_round(num_samples: int, epochs: int, max_steps: int, batch_size: int) -> int:
+    """The images a client holding ``num_samples`` trains on in one round: what ``clients.local_training``'s
+    ``local_batches`` yields, every epoch cut into batches of ``batch_size`` (an epoch's last batch of one sample
+    skipped), no batch after ``max_steps`` (0 = no cap)."""
+    full, rest = divmod(num_samples, batch_size)
+    epoch = [batch_size] * full + ([rest] if rest >= 2 else [])
+    batches = epoch * epochs
+    return sum(batches[:max_steps] if max_steps else batches)
 
 
 def tier_curve(metrics: pd.DataFrame) -> list[tuple[int, float, float]]:
@@ -906,6 +941,31 @@ def matched_rows(rows: list[Row]) -> list[dict]:
     return table
 
 
+def passes_rows(rows: list[Row]) -> list[dict]:
+    """Per row whose every run recorded its clients' rounds (clients.csv): the passes over the clients' training
+    images (``Run.passes``) of each seed, their mean with its 95% interval, and the images the clients hold."""
+    table = []
+    for row in rows:
+        passes = [run.passes for run in row.runs]
+        if any(math.isnan(p) for p in passes):
+            continue
+        estimate = mean_ci(passes)
+        held = sorted({sum(n for n, _ in run.client_rounds) for run in row.runs})
+        rounds = [str(run.summary.get("rounds", "?")) for run in row.runs]
+        table.append(
+            {
+                "method": row.name,
+                "rounds": ",".join(rounds) if len(set(rounds)) > 1 else rounds[0],
+                "seeds": seeds_text(row),
+                "passes": ",".join(f"{p:.1f}" for p in passes),
+                "passes_mean": estimate.mean,
+                "passes_ci95": estimate.half_width,
+                "images_held": "/".join(f"{h:,}" for h in held),
+            }
+        )
+    return table
+
+
 # -- markdown ------------------------------------------------------------------------------------------------------
 def percent(mean: float, half: float) -> str:
     if math.isnan(mean):
@@ -1052,7 +1112,7 @@ def compute_note(reference: str | None) -> str:
 
 def report(runs: list[Run], reference: str | None = None, allow_mixed_commits: bool = False) -> dict:
     """Every table of a set of runs: {'accuracy', 'paired', 'tiers', 'tier_gains', 'rounds', 'tier_rounds',
-    'convergence', 'compute', 'compute_text', 'matched'}
+    'convergence', 'compute', 'compute_text', 'matched', 'passes'}
     (and the rows and reference they were made of)."""
     if not runs:
         raise ValueError("no finished runs found (a run folder holds summary.json)")
@@ -1070,6 +1130,7 @@ def report(runs: list[Run], reference: str | None = None, allow_mixed_commits: b
         "compute": compute,
         "compute_text": compute_text,
         "matched": matched_rows(rows),
+        "passes": passes_rows(rows),
         "rows": rows,
         "reference": reference,
     }
@@ -1176,6 +1237,7 @@ README_TABLES = {
     "tier-gains": lambda t: tier_gains_markdown(t["tier_gains"]),
     "matched": lambda t: matched_markdown(t["matched"]),
     "convergence": lambda t: convergence_markdown(t["convergence"]),
+    "passes": lambda t: passes_markdown(t["passes"]),
 }
 
 
@@ -1189,6 +1251,25 @@ def tiers_markdown(table: list[dict]) -> str:
                 percent(r["accuracy"], r["accuracy_ci95"]),
                 r["n"],
                 "" if math.isnan(r["clients_affording"]) else f"{round(r['clients_affording'], 1):g}",
+            ]
+            for r in table
+        ],
+    )
+
+
+def passes_markdown(table: list[dict]) -> str:
+    return markdown(
+        ["method", "rounds", "seeds", "passes (per seed)", "passes", "images the clients hold"],
+        [
+            [
+                r["method"],
+                r["rounds"],
+                r["seeds"],
+                r["passes"],
+                "–"
+                if math.isnan(r["passes_mean"])
+                else f"{r['passes_mean']:.1f}" + ("" if math.isnan(r["passes_ci95"]) else f" ± {r['passes_ci95']:.1f}"),
+                r["images_held"],
             ]
             for r in table
         ],

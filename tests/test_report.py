@@ -8,11 +8,15 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
+from clients.local_training import LocalSettings, local_batches
 from fl_app.report import (
     MixedCommits,
     find_runs,
+    images_per_round,
     main,
+    passes_markdown,
     regenerate_readme,
     report,
     report_text,
@@ -293,6 +297,39 @@ def test_tier_table_counts_the_clients_whose_budget_affords_each_tier(tmp_path):
     assert "| feast | 2.00 | 30.0 ± 0.0 | 2 | 1.5 |" in tiers_markdown(table)
     (tmp_path / "r0" / "clients.csv").unlink()
     assert math.isnan(report(find_runs([tmp_path / "r0"]))["tiers"][0]["clients_affording"])
+
+
+@pytest.mark.parametrize(
+    "num_samples, epochs, max_steps, batch_size",
+    [(10, 1, 2, 4), (10, 1, 0, 4), (9, 1, 0, 4), (9, 3, 5, 4), (3, 2, 40, 32), (1280, 1, 40, 32), (20403, 1, 40, 32)],
+)
+def test_images_per_round_counts_what_local_training_yields(num_samples, epochs, max_steps, batch_size):
+    """The report's count equals the images ``local_batches`` hands a client in a round (a last batch of one sample
+    is skipped: 9 = 4 + 4 + 1 trains 8 per epoch)."""
+    settings = LocalSettings(epochs, max_steps, batch_size, 0.1, 0.0, 0.0, 0.0, False, False, 0.0, 0.0, 0)
+    generator = torch.Generator().manual_seed(0)
+    yielded = sum(len(idx) for idx in local_batches(num_samples, settings, generator))
+    assert images_per_round(num_samples, epochs, max_steps, batch_size) == yielded
+
+
+def test_passes_count_each_clients_answered_rounds_over_the_images_the_clients_hold(tmp_path):
+    """By hand, at 2 steps of batch 4: a client holding 10 images trains 8 a round, one holding 5 trains 4 (its last
+    batch of one is skipped). Seed 0: rounds answered (3, 2), (3·8 + 2·4) / 15 = 2.133 passes; seed 1: (1, 4),
+    (8 + 16) / 15 = 1.6; a run whose clients.csv lacks rounds_answered gets no row."""
+    for seed, answered in ((0, (3, 2)), (1, (1, 4))):
+        folder = make_run(tmp_path / f"r{seed}", seed=seed, **{"max-local-steps": 2, "batch-size": 4})
+        clients = [
+            {"partition_id": i, "num_examples": n, "rounds_answered": r}
+            for i, (n, r) in enumerate(zip((10, 5), answered))
+        ]
+        write_csv(folder / "clients.csv", clients)
+    table = report(find_runs([tmp_path]))["passes"]
+    assert [r["passes"] for r in table] == ["2.1,1.6"]
+    assert table[0]["passes_mean"] == pytest.approx((32 / 15 + 24 / 15) / 2)
+    assert "| feast | 4 | 0,1 | 2.1,1.6 | 1.9 ± 3.4 | 15 |" in passes_markdown(table)
+    other = make_run(tmp_path / "other", method="heterofl")
+    write_csv(other / "clients.csv", [{"partition_id": 0, "num_examples": 10}])
+    assert [r["method"] for r in report(find_runs([tmp_path]))["passes"]] == ["feast"]
 
 
 def test_tier_gains_pair_each_tier_with_the_next_smaller_one_by_seed(tmp_path):
