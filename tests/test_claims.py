@@ -84,3 +84,12 @@ def test_the_committed_feast_claims_are_what_the_study_writes():
     ):
         block = f"<!-- generated:{name} -->\n{text}\n<!-- /generated:{name} -->"
         assert block in (ROOT / readme).read_text(), f"{readme}: rerun python -m experiments.studies.claims"
+
+
+def test_readme_blocks_are_never_written_through_a_symlink(tmp_path, capsys):
+    runs = make_suite(tmp_path)
+    target = tmp_path / "elsewhere.md"
+    target.write_text("<!-- generated:claims -->\nold\n<!-- /generated:claims -->\n")
+    (tmp_path / "README.md").symlink_to(target)
+    assert main([str(runs), "--method", "feast", "--readme", str(tmp_path / "README.md")]) == 2
+    assert "is a symlink" in capsys.readouterr().err and "old" in target.read_text()

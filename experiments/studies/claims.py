@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fl_app.io.cli import tool_parser
-from fl_app.io.markdown import markers, replace_block
-from fl_app.report import MixedCommits, ReportError, Row, find_runs, report, signed, write_file
+from fl_app.io.markdown import markers, rewrite_blocks
+from fl_app.report import MixedCommits, ReportError, Row, find_runs, report, signed
 from fl_app.run.stats import paired_difference
 
 BLOCKS = ("claims-headline", "claims")  # the generated blocks ``--readme`` rewrites
@@ -179,19 +179,6 @@ def detail(claims: Claims) -> str:
     return "\n".join(lines)
 
 
-def update_readme(path: Path, texts: dict[str, str]) -> bool:
-    """Rewrite the blocks of ``texts`` that ``path`` has; False if it has none of them."""
-    old = text = path.read_text()
-    found = False
-    for name, body in texts.items():
-        new = replace_block(text, name, body)
-        if new is not None:
-            text, found = new, True
-    if text != old:
-        write_file(path, text.encode())
-    return found
-
-
 def build_parser():
     parser = tool_parser("experiments.studies.claims", __doc__)
     parser.add_argument("folder", type=Path, help="a suite folder or a folder of its runs")
@@ -210,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         texts = dict(zip(BLOCKS, (headline(claims), detail(claims))))
         print("\n\n".join(texts.values()))
         for path in args.readme:
-            if not update_readme(path, texts):
+            if not rewrite_blocks(path, texts):
                 raise ValueError(f"{path}: no {' or '.join(markers(b)[0] for b in BLOCKS)} block to rewrite")
     except (MixedCommits, ReportError, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)

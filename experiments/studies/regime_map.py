@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from fl_app.io.cli import tool_parser
-from fl_app.io.markdown import markers, replace_block
+from fl_app.io.markdown import markers, rewrite_blocks
 from fl_app.report import (
     MixedCommits,
     ReportError,
@@ -187,17 +187,6 @@ def headline(lines: list[dict], method: str, against: str) -> str:
     )
 
 
-def update_readme(path: Path, text: str) -> bool:
-    """Rewrite the regime-headline block of ``path``; False if the file has none."""
-    old = path.read_text()
-    new = replace_block(old, HEADLINE, text)
-    if new is None:
-        return False
-    if new != old:
-        write_file(path, new.encode())
-    return True
-
-
 def figure_map(lines: list[dict], method: str, against: str):
     """Both paired differences per cell, points with 95% intervals, one row per cell."""
     from fl_app.plots import pyplot
@@ -249,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             write_file(args.out / FILES[1], (text + "\n").encode())
             write_file(args.out / FILES[2], png_bytes(figure_map(lines, args.method, args.against)))
         for path in args.readme:
-            if not update_readme(path, headline(lines, args.method, args.against)):
+            if not rewrite_blocks(path, {HEADLINE: headline(lines, args.method, args.against)}):
                 raise ValueError(f"{path}: no {markers(HEADLINE)[0]} block to rewrite")
     except (MixedCommits, ReportError, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)

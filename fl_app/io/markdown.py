@@ -4,6 +4,9 @@ is written by a tool and replaced whole; the rest of the file stays as its autho
 from __future__ import annotations
 
 import re
+from pathlib import Path
+
+from fl_app.io.files import replace_file
 
 
 def markers(name: str) -> tuple[str, str]:
@@ -16,3 +19,17 @@ def replace_block(text: str, name: str, body: str) -> str | None:
     pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
     new, found = pattern.subn(lambda _: f"{start}\n{body}\n{end}", text, count=1)
     return new if found else None
+
+
+def rewrite_blocks(path: Path, bodies: dict[str, str]) -> bool:
+    """Rewrite, in the file ``path``, each block of ``bodies`` (name -> body) it has; False when it has none of them.
+    The file is written only when it changes, and never through a symlink (``replace_file``)."""
+    old = text = path.read_text()
+    found = False
+    for name, body in bodies.items():
+        new = replace_block(text, name, body)
+        if new is not None:
+            text, found = new, True
+    if text != old:
+        replace_file(path, text.encode())
+    return found
