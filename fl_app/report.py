@@ -274,6 +274,9 @@ class Run:
             return math.nan
         config = self.record.get("run_config") or self.summary.get("run_config") or {}
         epochs, max_steps, batch = (config.get(k, KEYS[k].default) for k in LOCAL_TRAINING_KEYS)
+        for key, value in zip(LOCAL_TRAINING_KEYS, (epochs, max_steps, batch)):
+            if not KINDS["whole"][0](value) or value < 0:
+                raise ReportError(f"{self.folder}: run config '{key}' is {value!r}; allowed: a whole number >= 0")
         return sum(r * images_per_round(n, epochs, max_steps, batch) for n, r in self.client_rounds) / held
 
     @property
@@ -374,10 +377,14 @@ def images_per_round(num_samples: int, epochs: int, max_steps: int, batch_size: 
     """The images a client holding ``num_samples`` trains on in one round: what ``clients.local_training``'s
     ``local_batches`` yields, every epoch cut into batches of ``batch_size`` (an epoch's last batch of one sample
     skipped), no batch after ``max_steps`` (0 = no cap)."""
+    if batch_size < 2:  # every batch is a single sample: all skipped
+        return 0
     full, rest = divmod(num_samples, batch_size)
-    epoch = [batch_size] * full + ([rest] if rest >= 2 else [])
-    batches = epoch * epochs
-    return sum(batches[:max_steps] if max_steps else batches)
+    per_epoch = full + (rest >= 2)  # batches in an epoch; only its last can be short
+    if max_steps == 0 or max_steps >= epochs * per_epoch:
+        return epochs * (full * batch_size + (rest if rest >= 2 else 0))
+    epochs_done, batches = divmod(max_steps, per_epoch)  # batches < per_epoch: all of them full
+    return epochs_done * (full * batch_size + (rest if rest >= 2 else 0)) + batches * batch_size
 
 
 def tier_curve(metrics: pd.DataFrame) -> list[tuple[int, float, float]]:

@@ -301,7 +301,19 @@ def test_tier_table_counts_the_clients_whose_budget_affords_each_tier(tmp_path):
 
 @pytest.mark.parametrize(
     "num_samples, epochs, max_steps, batch_size",
-    [(10, 1, 2, 4), (10, 1, 0, 4), (9, 1, 0, 4), (9, 3, 5, 4), (3, 2, 40, 32), (1280, 1, 40, 32), (20403, 1, 40, 32)],
+    [
+        (10, 1, 2, 4),
+        (10, 1, 0, 4),
+        (9, 1, 0, 4),
+        (9, 3, 5, 4),
+        (9, 3, 2, 4),
+        (3, 2, 40, 32),
+        (1, 3, 0, 4),
+        (9, 2, 0, 1),
+        (1280, 1, 40, 32),
+        (20403, 1, 40, 32),
+        (2000, 3, 150, 32),
+    ],
 )
 def test_images_per_round_counts_what_local_training_yields(num_samples, epochs, max_steps, batch_size):
     """The report's count equals the images ``local_batches`` hands a client in a round (a last batch of one sample
@@ -330,6 +342,10 @@ def test_passes_count_each_clients_answered_rounds_over_the_images_the_clients_h
     other = make_run(tmp_path / "other", method="heterofl")
     write_csv(other / "clients.csv", [{"partition_id": 0, "num_examples": 10}])
     assert [r["method"] for r in report(find_runs([tmp_path]))["passes"]] == ["feast"]
+    garbled = make_run(tmp_path / "garbled", method="fiarse", **{"batch-size": "32"})
+    write_csv(garbled / "clients.csv", [{"partition_id": 0, "num_examples": 10, "rounds_answered": 1}])
+    with pytest.raises(ValueError, match="run config 'batch-size' is '32'; allowed: a whole number >= 0"):
+        report(find_runs([tmp_path]))
 
 
 def test_tier_gains_pair_each_tier_with_the_next_smaller_one_by_seed(tmp_path):
