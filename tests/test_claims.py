@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from experiments.studies.claims import detail, headline, main, read_claims
+from fl_app.io.markdown import rewrite_blocks
 from fl_app.run.outputs import write_csv, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,6 +81,7 @@ def test_the_committed_feast_claims_are_what_the_study_writes():
     claims = read_claims(ROOT / "experiments/results/converged/runs", "feast")
     for name, text, readme in (
         ("claims-headline", headline(claims), "README.md"),
+        ("claims-headline", headline(claims), "docs/results.md"),
         ("claims", detail(claims), "experiments/results/converged/README.md"),
     ):
         block = f"<!-- generated:{name} -->\n{text}\n<!-- /generated:{name} -->"
@@ -93,3 +95,12 @@ def test_readme_blocks_are_never_written_through_a_symlink(tmp_path, capsys):
     (tmp_path / "README.md").symlink_to(target)
     assert main([str(runs), "--method", "feast", "--readme", str(tmp_path / "README.md")]) == 2
     assert "is a symlink" in capsys.readouterr().err and "old" in target.read_text()
+
+
+def test_a_marker_named_in_prose_is_not_a_block(tmp_path):
+    """Only markers on lines of their own delimit a block: the prose mentioning one stays as it was."""
+    readme = tmp_path / "README.md"
+    prose = "The study writes the `<!-- generated:claims -->` block.\n"
+    readme.write_text(f"{prose}\n<!-- generated:claims -->\nold\n<!-- /generated:claims -->\nend\n")
+    assert rewrite_blocks(readme, {"claims": "new"})
+    assert readme.read_text() == f"{prose}\n<!-- generated:claims -->\nnew\n<!-- /generated:claims -->\nend\n"

@@ -14,9 +14,10 @@ def markers(name: str) -> tuple[str, str]:
 
 
 def replace_block(text: str, name: str, body: str) -> str | None:
-    """``text`` with its block ``name`` holding ``body`` (the first such block); None when it has none."""
+    """``text`` with its block ``name`` holding ``body`` (the first such block); None when it has none. A marker
+    counts only on a line of its own: one named in prose (say, in backticks) is text, not a block."""
     start, end = markers(name)
-    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
+    pattern = re.compile(f"^{re.escape(start)}$.*?^{re.escape(end)}$", re.S | re.M)
     new, found = pattern.subn(lambda _: f"{start}\n{body}\n{end}", text, count=1)
     return new if found else None
 
