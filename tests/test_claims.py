@@ -104,3 +104,12 @@ def test_a_marker_named_in_prose_is_not_a_block(tmp_path):
     readme.write_text(f"{prose}\n<!-- generated:claims -->\nold\n<!-- /generated:claims -->\nend\n")
     assert rewrite_blocks(readme, {"claims": "new"})
     assert readme.read_text() == f"{prose}\n<!-- generated:claims -->\nnew\n<!-- /generated:claims -->\nend\n"
+
+
+def test_a_method_without_tiers_is_read_from_its_baselines_alone(tmp_path):
+    """heterofl has no tiers and no matched runs of its own: only the equal-rounds sentence, against feast and fiarse
+    (heterofl-matched was matched to feast, so it is neither)."""
+    claims = read_claims(make_suite(tmp_path), "heterofl")
+    assert [v.name for v in claims.equal] == ["feast", "fiarse"] and claims.matched == []
+    assert headline(claims).startswith("At equal rounds heterofl is ahead of 0 of the 2 baselines at every seed;")
+    assert detail(claims).startswith("- At equal rounds heterofl")

@@ -3,7 +3,7 @@ larger tiers beat its smaller ones, whether it leads each baseline at equal roun
 baseline trained to its compute (the suite's match-compute runs, ``<label>-matched``).
 
     python -m experiments.studies.claims experiments/results/converged/runs --method feast \\
-        --readme README.md --readme experiments/results/converged/README.md
+        --readme README.md --readme docs/results.md --readme experiments/results/converged/README.md
 
 Prints the reading; ``--readme FILE`` rewrites the blocks FILE has of ``claims-headline`` (one paragraph) and
 ``claims`` (one line per comparison, with each seed's difference). A difference is the baseline's accuracy minus the
@@ -36,10 +36,6 @@ class Versus:
     verdict: str  # "better", "worse" or "not distinguishable ...", for the baseline
     compute_ratio: float = float("nan")  # a matched row's client training FLOPs over the method's (mean over seeds)
 
-    @property
-    def wins(self) -> int:
-        return sum(d > 0 for d in self.seeds.values())
-
     def text(self, shown: str) -> str:
         """``shown``: "name", "difference" (with its interval) or "seeds" (and each seed's difference)."""
         if shown == "name":
@@ -50,8 +46,8 @@ class Versus:
 
 
 def versus(row: Row, ref: Row, compute_ratio: float = float("nan")) -> Versus:
-    paired = paired_difference(row.by_seed(), ref.by_seed())
     mine, theirs = row.by_seed(), ref.by_seed()
+    paired = paired_difference(mine, theirs)
     return Versus(
         row.first.label,
         paired.difference.mean,
@@ -106,7 +102,10 @@ def tier_text(gain: dict) -> str:
 
 
 def tiers_sentence(claims: Claims) -> str:
+    """Each tier against the next smaller one, grouped by verdict ("" for a method without tiers)."""
     gains = claims.tier_gains
+    if not gains:
+        return ""
     parts = [
         f"{what} " + listed([f"from {tier_text(g)}" for g in group])
         for what, group in (
@@ -131,7 +130,7 @@ def baseline_groups(versus: list[Versus], method: str, shown: str) -> str:
 
 def every_seed(versus: list[Versus], method: str) -> str:
     """How many baselines the method leads at every seed (each seed's difference below zero)."""
-    led = [v for v in versus if v.seeds and v.wins == 0 and all(d < 0 for d in v.seeds.values())]
+    led = [v for v in versus if v.seeds and all(d < 0 for d in v.seeds.values())]
     count = f"all {len(versus)}" if len(led) == len(versus) else f"{len(led)} of the {len(versus)}"
     return f"{method} is ahead of {count} baselines at every seed"
 
@@ -149,7 +148,7 @@ def headline(claims: Claims) -> str:
     text = tiers_sentence(claims)
     if claims.equal:
         text += (
-            f" At equal rounds {every_seed(claims.equal, claims.method)}; the baselines are "
+            f"{' ' * bool(text)}At equal rounds {every_seed(claims.equal, claims.method)}; the baselines are "
             f"{baseline_groups(claims.equal, claims.method, 'name')}."
         )
     if claims.matched:
@@ -165,7 +164,7 @@ def headline(claims: Claims) -> str:
 
 def detail(claims: Claims) -> str:
     """One line per comparison, with each seed's difference."""
-    lines = [f"- {tiers_sentence(claims)}"]
+    lines = [f"- {tiers_sentence(claims)}"] if claims.tier_gains else []
     if claims.equal:
         lines.append(
             f"- At equal rounds {every_seed(claims.equal, claims.method)}. The baselines are "
