@@ -25,7 +25,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from fl_app.io.markdown import replace_block  # noqa: E402
+from fl_app.io.markdown import replace_blocks  # noqa: E402
 from kvtranslate.cli import HelpFormatter, comma_list  # noqa: E402
 
 README = os.path.join(REPO, "kvtranslate", "README.md")  # the package reference: only its summary sentence
@@ -912,9 +912,7 @@ def render(demo=DEMO):
 
 
 def apply(text, blocks):
-    for name, body in blocks.items():
-        text = replace_block(text, name, body) or text  # a README holds only some of the blocks
-    return text
+    return replace_blocks(text, blocks) or text  # a README holds only some of the blocks, or none
 
 
 def main(argv=None):

@@ -22,15 +22,22 @@ def replace_block(text: str, name: str, body: str) -> str | None:
     return new if found else None
 
 
-def rewrite_blocks(path: Path, bodies: dict[str, str]) -> bool:
-    """Rewrite, in the file ``path``, each block of ``bodies`` (name -> body) it has; False when it has none of them.
-    The file is written only when it changes, and never through a symlink (``replace_file``)."""
-    old = text = path.read_text()
+def replace_blocks(text: str, bodies: dict[str, str]) -> str | None:
+    """``text`` with each block of ``bodies`` (name -> body) it has holding its body; None when it has none of them
+    (a file may hold only some of a tool's blocks)."""
     found = False
     for name, body in bodies.items():
         new = replace_block(text, name, body)
         if new is not None:
             text, found = new, True
-    if text != old:
-        replace_file(path, text.encode())
-    return found
+    return text if found else None
+
+
+def rewrite_blocks(path: Path, bodies: dict[str, str]) -> bool:
+    """Rewrite, in the file ``path``, each block of ``bodies`` it has (``replace_blocks``); False when it has none of
+    them. The file is written only when it changes, and never through a symlink (``replace_file``)."""
+    old = path.read_text()
+    new = replace_blocks(old, bodies)
+    if new is not None and new != old:
+        replace_file(path, new.encode())
+    return new is not None
