@@ -265,19 +265,24 @@ class Run:
         return next((k for k in self.accuracy_keys if self.summary.get(k) is not None), self.accuracy_keys[0])
 
     @property
+    def images_held(self) -> int:
+        """The images all clients hold (clients.csv; 0 when it did not record them)."""
+        return sum(n for n, _ in self.client_rounds)
+
+    @property
     def passes(self) -> float:
         """Passes over the clients' training images: every client's answered rounds times the images it trains in
         a round (``images_per_round`` under the run's local-training keys), summed, over the images all clients
         hold; nan when clients.csv did not record them."""
-        held = sum(n for n, _ in self.client_rounds)
-        if not held:
+        if not self.images_held:
             return math.nan
         config = self.record.get("run_config") or self.summary.get("run_config") or {}
         epochs, max_steps, batch = (config.get(k, KEYS[k].default) for k in LOCAL_TRAINING_KEYS)
         for key, value in zip(LOCAL_TRAINING_KEYS, (epochs, max_steps, batch)):
             if not KINDS["whole"][0](value) or value < 0:
                 raise ReportError(f"{self.folder}: run config '{key}' is {value!r}; allowed: a whole number >= 0")
-        return sum(r * images_per_round(n, epochs, max_steps, batch) for n, r in self.client_rounds) / held
+        trained = sum(r * images_per_round(n, epochs, max_steps, batch) for n, r in self.client_rounds)
+        return trained / self.images_held
 
     @property
     def matched_to(self) -> str | None:
@@ -380,11 +385,12 @@ def images_per_round(num_samples: int, epochs: int, max_steps: int, batch_size: 
     if batch_size < 2:  # every batch is a single sample: all skipped
         return 0
     full, rest = divmod(num_samples, batch_size)
-    per_epoch = full + (rest >= 2)  # batches in an epoch; only its last can be short
+    last = rest if rest >= 2 else 0  # an epoch's short last batch, when it is trained
+    per_epoch = full + (last > 0)  # batches in an epoch
     if max_steps == 0 or max_steps >= epochs * per_epoch:
-        return epochs * (full * batch_size + (rest if rest >= 2 else 0))
+        return epochs * (full * batch_size + last)
     epochs_done, batches = divmod(max_steps, per_epoch)  # batches < per_epoch: all of them full
-    return epochs_done * (full * batch_size + (rest if rest >= 2 else 0)) + batches * batch_size
+    return epochs_done * (full * batch_size + last) + batches * batch_size
 
 
 def tier_curve(metrics: pd.DataFrame) -> list[tuple[int, float, float]]:
@@ -957,7 +963,7 @@ def passes_rows(rows: list[Row]) -> list[dict]:
         if any(math.isnan(p) for p in passes):
             continue
         estimate = mean_ci(passes)
-        held = sorted({sum(n for n, _ in run.client_rounds) for run in row.runs})
+        held = sorted({run.images_held for run in row.runs})
         rounds = [str(run.summary.get("rounds", "?")) for run in row.runs]
         table.append(
             {
@@ -967,6 +973,7 @@ def passes_rows(rows: list[Row]) -> list[dict]:
                 "passes": ",".join(f"{p:.1f}" for p in passes),
                 "passes_mean": estimate.mean,
                 "passes_ci95": estimate.half_width,
+                "n": estimate.n,
                 "images_held": "/".join(f"{h:,}" for h in held),
             }
         )
@@ -1273,9 +1280,7 @@ def passes_markdown(table: list[dict]) -> str:
                 r["rounds"],
                 r["seeds"],
                 r["passes"],
-                "–"
-                if math.isnan(r["passes_mean"])
-                else f"{r['passes_mean']:.1f}" + ("" if math.isnan(r["passes_ci95"]) else f" ± {r['passes_ci95']:.1f}"),
+                format_estimate(Estimate(r["passes_mean"], r["passes_ci95"], r["n"], math.nan), scale=1.0),
                 r["images_held"],
             ]
             for r in table

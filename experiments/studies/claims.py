@@ -89,6 +89,15 @@ def read_claims(folder: Path, method: str, allow_mixed_commits: bool = False) ->
     )
 
 
+def by_verdict(items: list, verdict) -> dict[str, list]:
+    """``items`` split by their paired verdict (``verdict(item)``): "better", "level" (not distinguishable) and
+    "worse" beyond the interval, each in the order given."""
+    groups = {"better": [], "level": [], "worse": []}
+    for item in items:
+        groups.get(verdict(item), groups["level"]).append(item)
+    return groups
+
+
 def listed(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
@@ -106,26 +115,31 @@ def tiers_sentence(claims: Claims) -> str:
     gains = claims.tier_gains
     if not gains:
         return ""
+    groups = by_verdict(gains, lambda g: g["verdict"])
     parts = [
-        f"{what} " + listed([f"from {tier_text(g)}" for g in group])
-        for what, group in (
-            ("better beyond the interval", [g for g in gains if g["verdict"] == "better"]),
-            ("level", [g for g in gains if g["verdict"] not in ("better", "worse")]),
-            ("worse beyond the interval", [g for g in gains if g["verdict"] == "worse"]),
+        f"{what} " + listed([f"from {tier_text(g)}" for g in groups[key]])
+        for key, what in (
+            ("better", "better beyond the interval"),
+            ("level", "level"),
+            ("worse", "worse beyond the interval"),
         )
-        if group
+        if groups[key]
     ]
     return f"Each larger tier of {claims.method} against the next smaller one: " + "; ".join(parts) + "."
 
 
 def baseline_groups(versus: list[Versus], method: str, shown: str) -> str:
     """The baselines behind the method beyond the interval, level with it, and ahead of it beyond the interval."""
-    groups = (
-        (f"behind {method} beyond the interval", [v for v in versus if v.verdict == "worse"]),
-        (f"level with {method}", [v for v in versus if v.verdict not in ("better", "worse")]),
-        (f"ahead of {method} beyond the interval", [v for v in versus if v.verdict == "better"]),
+    groups = by_verdict(versus, lambda v: v.verdict)
+    return "; ".join(
+        f"{what}: {listed([v.text(shown) for v in groups[key]])}"
+        for key, what in (
+            ("worse", f"behind {method} beyond the interval"),
+            ("level", f"level with {method}"),
+            ("better", f"ahead of {method} beyond the interval"),
+        )
+        if groups[key]
     )
-    return "; ".join(f"{what}: {listed([v.text(shown) for v in group])}" for what, group in groups if group)
 
 
 def every_seed(versus: list[Versus], method: str) -> str:
