@@ -110,30 +110,55 @@ def display_names(rows) -> dict:
     return {row.name: row.name + (f" ({rounds_text(row)} rounds)" if mixed else "") for row in rows}
 
 
-SHADES = ("Blues", "Oranges", "Greens", "Reds", "Purples", "Greys")
+# one hue per method, in every figure: a method keeps its colour from plot to plot and no two methods share one
+# (matplotlib's tab10, then the dark shades of tab20b for the model-heterogeneous family's baselines)
+METHOD_HUES = {
+    "feast": "#1f77b4",
+    "superfednas": "#ff7f0e",
+    "deepfednas": "#2ca02c",
+    "heterofl": "#d62728",
+    "fedrolex": "#9467bd",
+    "fedavg-min": "#8c564b",
+    "scalefl": "#e377c2",
+    "fiarse": "#bcbd22",
+    "fedtopo": "#17becf",
+    "local": "#7f7f7f",
+    "lg-fedavg": "#393b79",
+    "fd": "#637939",
+    "fedproto": "#843c39",
+    "fedtgp": "#7b4173",
+}
+UNLISTED_HUES = ("#000000", "#5254a3", "#8ca252", "#bd9e39", "#ad494a", "#a55194")  # a method not in the table
+
+
+def row_method(row) -> str:
+    """The method a row's runs trained (a label such as 'fedavg-min-matched' or 'feast-kd0' names a setting)."""
+    run = row.first
+    config = run.record.get("run_config") or run.summary.get("run_config") or {}
+    return str(config.get("method") or run.summary.get("method") or run.label)
+
+
+def shade(hue, position: float) -> tuple:
+    """``hue`` darkened (position < 0) or lightened (> 0) toward black or white by |position| (at most 1)."""
+    from matplotlib.colors import to_rgb
+
+    target = 1.0 if position > 0 else 0.0
+    return tuple(c + abs(position) * (target - c) for c in to_rgb(hue))
 
 
 def colours(rows) -> dict:
-    """Row name -> colour: one colour per row; where a label has several rows (grid cells, settings), that label's
-    rows are shades of one colour, light to dark in row order."""
-    plt = pyplot()
-    by_label: dict[str, list] = {}
+    """Row name -> colour: each method has its own hue (``METHOD_HUES``); where a method has several rows (matched
+    compute, settings, grid cells), they are shades of that hue, dark to light in row order."""
+    by_method: dict[str, list] = {}
     for row in rows:
-        by_label.setdefault(row.first.label, []).append(row)
-    if all(len(members) == 1 for members in by_label.values()):
-        cmap = plt.get_cmap("tab10" if len(rows) <= 10 else "tab20")
-        return {row.name: cmap(i % cmap.N) for i, row in enumerate(rows)}
+        by_method.setdefault(row_method(row), []).append(row)
+    unlisted = iter(UNLISTED_HUES * len(rows))
     out = {}
-    for i, members in enumerate(by_label.values()):
-        cmap = plt.get_cmap(SHADES[i % len(SHADES)])
+    for method, members in by_method.items():
+        hue = METHOD_HUES.get(method) or next(unlisted)
         for j, row in enumerate(members):
-            out[row.name] = cmap(0.45 + 0.5 * j / max(1, len(members) - 1))
+            out[row.name] = shade(hue, -0.3 + 0.75 * j / (len(members) - 1)) if len(members) > 1 else shade(hue, 0)
     return out
-
-
-def distinct_colours(names) -> dict:
-    cmap = pyplot().get_cmap("tab10" if len(names) <= 10 else "tab20")
-    return {name: cmap(i % cmap.N) for i, name in enumerate(names)}
 
 
 def panels(rows) -> dict:
@@ -329,8 +354,6 @@ def figure_paired(tables: dict):
     by_name = {row.name: row for row in rows}
     pairs = [(by_name[p["method"]], by_name[p["reference"]]) for p in tables["paired"]]
     names, colour = display_names(rows), colours(rows)
-    if len({colour[row.name] for row, _ in pairs}) < len(pairs) or len({r.first.label for r, _ in pairs}) < len(pairs):
-        colour = distinct_colours([row.name for row, _ in pairs])  # shades of one label would be hard to tell apart
     fig, (left, right) = plt.subplots(
         1, 2, figsize=(12.5, 0.45 * len(pairs) + 3.6), width_ratios=[1, 1.25], layout="constrained"
     )
@@ -387,8 +410,13 @@ def figure_accuracy_vs_compute(tables: dict):
         )
         for _, seed in frame.groupby("seed"):
             ax.plot(seed["compute"], seed["accuracy"], color=colour[row.name], alpha=0.25, linewidth=0.8)
-        complete = frame[frame.groupby("round")["seed"].transform("size") == row.seeds]  # rounds all seeds have
-        mean = complete.groupby("round")[["compute", "accuracy"]].mean()
+        # the mean at each round every seed evaluated; seeds of a matched-compute row train and evaluate at rounds
+        # of their own, so theirs is the mean of each seed's k-th evaluation
+        frame["evaluation"] = frame.groupby("seed").cumcount()
+        aligned = frame.groupby("seed")["round"].apply(tuple).nunique() <= 1
+        key = "round" if aligned else "evaluation"
+        complete = frame[frame.groupby(key)["seed"].transform("size") == row.seeds]
+        mean = complete.groupby(key)[["compute", "accuracy"]].mean()
         ax.plot(
             mean["compute"],
             mean["accuracy"],
@@ -411,7 +439,7 @@ def figure_accuracy_vs_compute(tables: dict):
     _title(
         fig,
         f"Accuracy against cumulative {text}: thick = mean over {seeds_phrase([r.seeds for r in rows])} at each "
-        "round all evaluated, faint = each seed",
+        "round all evaluated (seeds of unequal length: at each one's k-th evaluation), faint = each seed",
         rows,
     )
     _legend(fig, [ax])
@@ -503,7 +531,11 @@ def figure_traffic(tables: dict):
     ax.bar(x - 0.2, [r["mb_down"] for r in table], width=0.4, label="down (server to clients)")
     ax.bar(x + 0.2, [r["mb_up"] for r in table], width=0.4, label="up (clients to server)")
     ax.set_xticks(x, [names.get(r["method"], r["method"]) for r in table], rotation=30, ha="right", fontsize=8)
-    ax.set(ylabel="MB per run")
+    sizes = [r[k] for r in table for k in ("mb_down", "mb_up") if r[k] and r[k] > 0]
+    logarithmic = bool(sizes) and max(sizes) / min(sizes) > 30  # FedAvg-min's bars would vanish beside FEAST's
+    if logarithmic:
+        ax.set_yscale("log")
+    ax.set(ylabel="MB per run" + (" (log scale)" if logarithmic else ""))
     ax.grid(True, axis="y", alpha=0.3)
     _title(fig, f"Traffic of a whole run: MB down and up, mean over {seeds_phrase([r.seeds for r in rows])}", rows)
     _legend(fig, [ax])

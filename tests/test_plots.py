@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import matplotlib.colors
 import numpy as np
 import pandas as pd
 import pytest
@@ -245,3 +246,42 @@ def test_client_labels_are_redrawn_from_the_run_config_and_checked_against_clien
     write_csv(folder / "clients.csv", [{"partition_id": p, "num_examples": n + (p == 1)} for p, n in enumerate(sizes)])
     with pytest.raises(ReportError, match=r"clients.csv: partition 1 held \d+ examples in the run"):
         plots.client_partitions(load_run(folder))
+
+
+def test_each_method_keeps_one_hue_in_every_figure_and_no_two_methods_share_one(suite):
+    from fl_app.plots import METHOD_HUES, colours
+
+    rows = _tables(suite)["rows"]
+    colour = colours(rows)
+    by_name = {row.name: row for row in rows}
+    # feast and feast-kd0 train feast: shades of one hue; fedavg-min and its long setting: another hue
+    assert colour["feast"] != colour["feast-kd0"]
+    hues = {name: max(range(3), key=lambda i: colour[name][i]) for name in colour}
+    assert hues["feast"] == hues["feast-kd0"] == 2  # blue dominates both
+    assert colour["fedavg-min"] not in (colour["feast"], colour["feast-kd0"])
+    # the same method has the same colour whatever else a figure holds
+    alone = colours([by_name["fedavg-min"]])
+    assert alone["fedavg-min"] == pytest.approx(matplotlib.colors.to_rgb(METHOD_HUES["fedavg-min"]))
+    assert len(set(METHOD_HUES.values())) == len(METHOD_HUES)
+
+
+def test_matched_rows_whose_seeds_evaluate_at_different_rounds_get_a_mean_line(tmp_path):
+    from fl_app.plots import figure_accuracy_vs_compute
+
+    for seed, rounds in enumerate((6, 8, 10)):  # a matched row: each seed its own horizon and evaluation rounds
+        folder = tmp_path / f"m/s{seed}"
+        make_run(folder, "fedavg-min-matched", seed, 0.5, rounds=rounds, method="fedavg-min")
+        record = json.loads((folder / "run.json").read_text())
+        (folder / "run.json").write_text(json.dumps({**record, "match_compute": {"reference": "feast"}}))
+    fig = figure_accuracy_vs_compute(_tables(tmp_path, reference=None))
+    thick = [line for line in fig.axes[0].lines if line.get_linewidth() == 2]
+    assert len(thick) == 1 and len(thick[0].get_xdata()) == 3  # each seed's 1st, 2nd and 3rd evaluation
+
+
+def test_traffic_spanning_orders_of_magnitude_is_drawn_on_a_log_axis(suite):
+    from fl_app.plots import figure_traffic
+
+    tables = _tables(suite)
+    for i, row in enumerate(tables["accuracy"]):
+        row["mb_down"], row["mb_up"] = 1000.0 if i == 0 else 3.0, 2.0
+    assert figure_traffic(tables).axes[0].get_yscale() == "log"
