@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from abc import abstractmethod
 from logging import INFO
 from typing import Any, Iterable
 
@@ -69,17 +70,17 @@ class RoundSkeleton(Strategy):
     def begin_round(self, server_round: int, arrays: ArrayRecord) -> None:
         """Prepare what this round's messages are built from; ``arrays`` is the model the loop carries."""
 
+    @abstractmethod
     def train_content(self, partition_id: int, server_round: int, config: ConfigRecord) -> RecordDict:
         """The records of ``partition_id``'s TRAIN message; ``config`` is the run's train config."""
-        raise NotImplementedError
 
+    @abstractmethod
     def metric_specs(self, partition_id: int) -> dict[str, MetricSpec]:
         """What each metric of ``partition_id``'s reply must be (``screening.metrics_problem``)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def reply_shapes(self, partition_id: int) -> dict[str, tuple]:
         """Key -> shape of exactly the arrays ``partition_id``'s reply must hold."""
-        raise NotImplementedError
 
     def decode(self, record: ArrayRecord) -> Any:
         """A reply's arrays, once their metadata passed: a lazy name -> float32 view (one tensor decoded at a time)."""
@@ -89,9 +90,9 @@ class RoundSkeleton(Strategy):
         """What is wrong with a reply's decoded arrays (None: nothing)."""
         return None
 
+    @abstractmethod
     def merge(self, server_round: int, accepted: list[tuple[int, Any, MetricRecord]]) -> ArrayRecord | None:
         """Fold the accepted (partition id, decoded arrays, metrics) into the global state."""
-        raise NotImplementedError
 
     def round_train_loss(self, losses: list[float]) -> float:
         """The round's train loss from the accepted replies' (NaN where a reply reported none): the mean of those
@@ -204,7 +205,7 @@ class RoundSkeleton(Strategy):
         log(INFO, "Starting %s at round %d of %d", type(self).__name__, first_round, num_rounds)
         self.prepare_rounds(timeout)
         self.summary()
-        train_config = train_config or ConfigRecord()
+        train_config, evaluate_config = train_config or ConfigRecord(), evaluate_config or ConfigRecord()
         result, arrays, started = Result(), initial_arrays, time.time()
         if evaluate_fn and first_round == 1:
             evaluate_fn(0, arrays)
@@ -219,7 +220,7 @@ class RoundSkeleton(Strategy):
                 arrays = result.arrays = aggregated
             result.train_metrics_clientapp[server_round] = metrics
             log(INFO, "\t└──> %s", metrics)
-            messages = self.configure_evaluate(server_round, arrays, train_config, grid)
+            messages = self.configure_evaluate(server_round, arrays, evaluate_config, grid)
             if messages:
                 evaluated = self.aggregate_evaluate(server_round, grid.send_and_receive(messages, timeout=timeout))
                 result.evaluate_metrics_clientapp[server_round] = evaluated
