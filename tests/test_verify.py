@@ -134,3 +134,15 @@ def test_compare_command_matches_runs_by_their_place(committed, tmp_path, capsys
     assert main(["compare", str(folder), str(tmp_path / "new")]) == 1
     out = capsys.readouterr().out
     assert "DIFFERS runs/feast-kd0/seed1" in out and "comparing 1 runs" in out
+
+
+def test_verify_says_when_the_committed_run_was_made_on_another_machine_setup(committed, tmp_path):
+    suite, folder = committed
+    record_path = folder / "runs/feast/seed0/run.json"
+    record = json.loads(record_path.read_text())
+    record["machine"]["versions"]["torch"] = "0.0.1"  # as if made with another torch
+    record_path.write_text(json.dumps(record))
+    equal, text = verify_subset(suite, folder, tmp_path / "new", ShiftedLauncher("none", 0.0))
+    assert equal
+    assert "feast seed=0: made on another machine setup (versions torch: '0.0.1' -> " in text
+    assert "seed-to-seed spread" in text and "fedavg-min seed=0: made on another" not in text

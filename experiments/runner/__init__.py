@@ -66,6 +66,7 @@ methods or grid values is allowed. The committed ``experiments/results/`` folder
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import itertools
 import json
@@ -83,6 +84,8 @@ from pathlib import Path
 from typing import Callable
 
 from experiments.runner.flower_env import is_alive, process_identity, stop_in_flight
+from experiments.runner.machine import differences as machine_differences
+from experiments.runner.machine import machine_record
 from fl_app.data.provenance import data_fingerprint
 from fl_app.io.cli import add_command, comma_list, run_config_overrides, tool_parser
 from fl_app.report import MATCHED_COLUMN, read_table, settings, write_suite_tables
@@ -104,7 +107,7 @@ ACCURACY_COLUMNS = ("population_weighted_accuracy", "mean_client_accuracy", "tes
 # part of the reuse comparison (the data are compared by content, the record's "data")
 NOT_COMPARED = ("output-dir", "data-path", "tracker")
 SUITE_SECTIONS = ("suite", "base", "federation", "methods", "grid")
-SUITE_KEYS = ("seeds", "reference", "run-timeout", "description", "base-file")
+SUITE_KEYS = ("seeds", "reference", "run-timeout", "description", "base-file", "lanes")
 MATCH_COMPUTE = "match-compute"  # runner-only [methods] key: the label whose client training compute a run matches
 
 
@@ -120,6 +123,7 @@ class Suite:
     run_timeout: float = 3600.0
     description: str = ""
     matched: dict[str, tuple[str, str]] = field(default_factory=dict)  # match-compute label -> (reference, source)
+    lanes: int = 1  # runs trained side by side (``lane_cpus``)
 
 
 def load_suite(
@@ -181,6 +185,9 @@ def load_suite(
             base = {**loaded, **base}
     if any(k in raw.get("base", {}) for k in ("seed", "output-dir")):
         errors.append("[base]: seed and output-dir are set by the runner ([suite] seeds)")
+    lanes = head.get("lanes", 1)
+    if not (isinstance(lanes, int) and not isinstance(lanes, bool) and lanes >= 1):
+        errors.append(f"[suite] lanes={lanes!r}: how many runs train side by side; allowed: a whole number >= 1")
     reference = head.get("reference")
     if reference is not None and reference not in methods:
         errors.append(f"[suite] reference='{reference}': must be one of the [methods] labels {list(methods)}")
@@ -197,6 +204,7 @@ def load_suite(
         float(head.get("run-timeout", 3600.0)),
         head.get("description", ""),
         matched,
+        lanes if isinstance(lanes, int) else 1,
     )
 
 
@@ -759,16 +767,18 @@ def note_in_flight(folder: Path, flower: dict) -> None:
     write_json(folder / RUN_RECORD, {**record, "flower": flower})
 
 
-def flower_launcher(env: dict) -> Callable[[PlannedRun, float], str]:
+def flower_launcher(env: dict, ray_cpus: int | None = None) -> Callable[[PlannedRun, float], str]:
     """The real launcher: one `flwr run` of the app per run (isolated Flower home in ``env``); the run's record
-    names its Flower run while it trains (``stop_left_running``)."""
+    names its Flower run while it trains (``stop_left_running``). ``ray_cpus``: the CPUs the run's Ray may use (a
+    lane's share of the cores; it caps how many clients train at once, not what they compute)."""
     from experiments.runner.flower_env import in_flight
     from experiments.runner.flower_runs import flwr_run
 
     def launch(run: PlannedRun, timeout: float) -> str:
+        federation = {**run.federation, **({"init-args-num-cpus": ray_cpus} if ray_cpus else {})}
         _, status = flwr_run(
             run.launch_config(),
-            federation_text(run.federation),
+            federation_text(federation),
             env=env,
             timeout=timeout,
             log_file=run.folder / RUN_LOG,
@@ -859,44 +869,54 @@ def duration(seconds: float) -> str:
 def execute(
     runs: list[PlannedRun],
     out: Path,
-    launch: Callable[[PlannedRun, float], str] | None,
+    launch: Callable[[PlannedRun, float], str] | list[Callable[[PlannedRun, float], str]] | None,
     run_timeout: float,
     printer=print,
     progress_every: float = 10.0,
     rerun_changed: bool = False,
+    ray_cpus: int | None = None,
 ) -> list[PlannedRun]:
-    """Train the runs marked 'train' (one at a time), printing a line as each starts, after each of its rounds
-    (``Progress``, every ``progress_every`` seconds at most) and as it ends; returns failures. Runs left running by a
-    runner that died are stopped first; an interrupted run is moved aside and continues from its checkpoint. A
-    pending match-compute run is resolved when it is reached (its sources, earlier in ``runs``, have ended); one
-    that cannot run (a source failed, its folder holds a run of other settings) is a failure with its reason."""
+    """Train the runs marked 'train', printing a line as each starts, after each of its rounds (``Progress``, every
+    ``progress_every`` seconds at most) and as it ends; returns failures. ``launch`` is one launcher, or a list of
+    them: one lane each, the lanes training side by side (each takes the next run in order whose sources, for a
+    match-compute run, have ended). Runs left running by a runner that died are stopped first; an interrupted run is
+    moved aside and continues from its checkpoint. A pending match-compute run is resolved when it is reached (its
+    sources, earlier in ``runs``, have ended); one that cannot run (a source failed, its folder holds a run of other
+    settings) is a failure with its reason."""
+    launchers = launch if isinstance(launch, list) else [launch]
     commit, dirty = git_state()
     stop_left_running(runs, out, printer)
-    to_train = sum(r.action in ("train", "pending") for r in runs)
-    started, trained, spent, failed = time.time(), 0, 0.0, []
-    for index, run in enumerate(runs, 1):
+    state = {"to_train": sum(r.action in ("train", "pending") for r in runs), "trained": 0, "spent": 0.0}
+    started, failed, taken, ended = time.time(), [], set(), set()
+    turn = threading.Condition()
+
+    def ready(run: PlannedRun) -> bool:
+        return run.action != "pending" or all(id(source) in ended for source in match_sources_of(run, runs))
+
+    def train_one(index: int, run: PlannedRun, launch: Callable[[PlannedRun, float], str]) -> None:
         where = f"[{index}/{len(runs)}] {run.label:<18} seed={run.seed} cell={cell_suffix(run.cell)[1:] or '-'}"
-        if run.action == "pending":
-            settle_match(run, runs, out, rerun_changed, failed)
-            if run.action == "refuse":
-                run.action = "skip"
-                run.reason = (
-                    f"{run.folder.relative_to(out)} holds a finished run with other settings: "
-                    f"{'; '.join(run.differences)} (--rerun-changed trains it into a new folder)"
-                )
-            if run.action == "train":
-                stop_left_running([run], out, printer)  # its folder is known only now
-            else:
-                to_train -= 1
-        if run.match_compute and run.action != "skip":
-            printer(f"{where}  {match_text(run)}", flush=True)
-        if run.action == "skip":
-            printer(f"{where}  NOT RUN: {run.reason}", flush=True)
-            failed.append(run)
-            continue
-        if run.action == "reuse":
-            printer(f"{where}  reuse {run.folder.relative_to(out)}", flush=True)
-            continue
+        with turn:  # settling a match reads its sources' files and may change the plan: one lane at a time
+            if run.action == "pending":
+                settle_match(run, runs, out, rerun_changed, failed)
+                if run.action == "refuse":
+                    run.action = "skip"
+                    run.reason = (
+                        f"{run.folder.relative_to(out)} holds a finished run with other settings: "
+                        f"{'; '.join(run.differences)} (--rerun-changed trains it into a new folder)"
+                    )
+                if run.action == "train":
+                    stop_left_running([run], out, printer)  # its folder is known only now
+                else:
+                    state["to_train"] -= 1
+            if run.match_compute and run.action != "skip":
+                printer(f"{where}  {match_text(run)}", flush=True)
+            if run.action == "skip":
+                printer(f"{where}  NOT RUN: {run.reason}", flush=True)
+                failed.append(run)
+                return
+            if run.action == "reuse":
+                printer(f"{where}  reuse {run.folder.relative_to(out)}", flush=True)
+                return
         if run.folder.exists():
             run.moved_aside = move_aside(run.folder)
             printer(f"{where}  unfinished earlier run kept as {run.moved_aside.relative_to(out)}", flush=True)
@@ -916,6 +936,7 @@ def execute(
             "status": RUNNING,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "log": RUN_LOG,
+            "machine": machine_record(len(launchers), ray_cpus),
             **({"match_compute": run.match_compute} if run.match_compute else {}),
             **(
                 {"resumed_from": run.resume_from.name, "resumed_after_round": run.resumed_after_round}
@@ -931,9 +952,12 @@ def execute(
         printer(f"{where}  start (log: {(run.folder / RUN_LOG).relative_to(out)}){resumed}", flush=True)
         t0 = time.time()
 
-        # the runs after this one take the mean of those trained so far (none yet: this one's projected length)
-        def later(run_seconds: float, left: int = to_train - trained - 1, mean: float = spent / max(trained, 1)):
-            return left * (mean or run_seconds)
+        # the runs after this one take the mean of those trained so far (none yet: this one's projected length),
+        # spread over the lanes
+        def later(run_seconds: float) -> float:
+            left = state["to_train"] - state["trained"] - len(launchers)
+            mean = state["spent"] / max(state["trained"], 1)
+            return max(left, 0) * (mean or run_seconds) / len(launchers)
 
         try:
             with Progress(run, where, printer, later, progress_every):
@@ -941,20 +965,72 @@ def execute(
         except Exception as error:  # a run that cannot start or times out must not stop the rest of the suite
             status = f"error: {type(error).__name__}: {str(error)[-500:]}"
         elapsed = time.time() - t0
-        trained, spent = trained + 1, spent + elapsed
         if status == COMPLETED and not (run.folder / "summary.json").exists():
             status = "error: completed without summary.json"
         make_summary_portable(run.folder)
-        write_json(run.folder / RUN_RECORD, {**record, "status": status, "elapsed_seconds": round(elapsed, 1)})
-        if status != COMPLETED:
-            failed.append(run)
-        eta = spent / trained * (to_train - trained)
-        printer(
-            f"{where}  {'done' if status == COMPLETED else 'FAILED ' + status} in {duration(elapsed)} "
-            f"(suite {duration(time.time() - started)}, ETA {duration(eta)})",
-            flush=True,
+        machine = {**record["machine"], "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
+        write_json(
+            run.folder / RUN_RECORD,
+            {**record, "machine": machine, "status": status, "elapsed_seconds": round(elapsed, 1)},
         )
-    return failed
+        with turn:
+            state["trained"], state["spent"] = state["trained"] + 1, state["spent"] + elapsed
+            if status != COMPLETED:
+                failed.append(run)
+            eta = state["spent"] / state["trained"] * (state["to_train"] - state["trained"]) / len(launchers)
+            printer(
+                f"{where}  {'done' if status == COMPLETED else 'FAILED ' + status} in {duration(elapsed)} "
+                f"(suite {duration(time.time() - started)}, ETA {duration(eta)})",
+                flush=True,
+            )
+
+    def lane(launch: Callable[[PlannedRun, float], str]) -> None:
+        while True:
+            with turn:
+                while True:
+                    waiting = [(i, r) for i, r in enumerate(runs, 1) if id(r) not in taken]
+                    if not waiting:
+                        return
+                    chosen = next(((i, r) for i, r in waiting if ready(r)), None)
+                    if chosen is not None:
+                        taken.add(id(chosen[1]))
+                        break
+                    turn.wait()
+            try:
+                train_one(*chosen, launch)
+            finally:
+                with turn:
+                    ended.add(id(chosen[1]))
+                    turn.notify_all()
+
+    if len(launchers) == 1:
+        lane(launchers[0])
+    else:
+        threads = [threading.Thread(target=lane, args=(f,), name=f"lane {k}") for k, f in enumerate(launchers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return sorted(failed, key=runs.index)
+
+
+def lane_cpus(lanes: int, federation: dict, cores: int | None = None) -> int | None:
+    """The CPUs each lane's runs may give Ray so that lanes x parallel clients x threads stays within the cores:
+    None for one lane (Ray sees every core, as a run started by hand does). Raises ValueError when the suite's
+    clients each ask for more CPUs than a lane has (Ray would never schedule them)."""
+    cores = cores or os.cpu_count() or 1
+    if lanes == 1:
+        return None
+    if lanes > cores:
+        raise ValueError(f"lanes={lanes}: more runs side by side than the {cores} cores; allowed: 1 to {cores}")
+    share = cores // lanes
+    per_client = federation.get("client-resources-num-cpus", 2)  # Flower's default
+    if per_client > share:
+        raise ValueError(
+            f"lanes={lanes}: each lane has {share} of the {cores} cores, but [federation] "
+            f"client-resources-num-cpus={per_client}; allowed: at most {share} (or fewer lanes)"
+        )
+    return share
 
 
 def run_suite(
@@ -967,9 +1043,13 @@ def run_suite(
     plots: bool = True,
     into_committed: bool = False,
     progress_every: float = 10.0,
+    lanes: int | None = None,
 ) -> dict:
-    """Plan (refusing mismatches before any training), train what is missing, write and print the tables."""
+    """Plan (refusing mismatches before any training), train what is missing (``lanes`` runs side by side, else the
+    suite's ``lanes``), write and print the tables."""
     suite = suite if isinstance(suite, Suite) else load_suite(suite)
+    lanes = lanes or suite.lanes
+    ray_cpus = lane_cpus(lanes, suite.federation)
     out = Path(out).resolve()
     refuse_committed(out, into_committed)
     runs = plan(suite, out, rerun_changed)
@@ -985,12 +1065,14 @@ def run_suite(
         flush=True,
     )
     if launch is not None or not any(r.action in ("train", "pending") for r in runs):
-        failed = execute(runs, out, launch, suite.run_timeout, printer, progress_every, rerun_changed)
+        launchers = [launch] * lanes if launch is not None else None
+        failed = execute(runs, out, launchers, suite.run_timeout, printer, progress_every, rerun_changed, ray_cpus)
     else:
         from experiments.runner.flower_env import local_flower_env
 
-        with local_flower_env() as env:  # one SuperLink (own FLWR_HOME, free ports) for the whole suite
-            failed = execute(runs, out, flower_launcher(env), suite.run_timeout, printer, progress_every, rerun_changed)
+        with contextlib.ExitStack() as stack:  # one SuperLink (own FLWR_HOME, free ports) per lane for the suite
+            launchers = [flower_launcher(stack.enter_context(local_flower_env()), ray_cpus) for _ in range(lanes)]
+            failed = execute(runs, out, launchers, suite.run_timeout, printer, progress_every, rerun_changed, ray_cpus)
     if pending:  # the folders of the matched runs are known only now (a .vK with --rerun-changed)
         write_json(out / "suite.json", suite_record(suite, runs, out), replace=True)
     finished = [r for r in runs if r not in failed]
@@ -1187,6 +1269,19 @@ def verify(
     if result["failed"]:
         printer("some runs failed: nothing compared for them", flush=True)
     done = [(old, new) for old, new in zip(references, result["runs"]) if new not in result["failed"]]
+    for old, new in done:
+        changed = machine_differences(
+            (read_record(old.folder) or {}).get("machine"), (read_record(new.folder) or {}).get("machine")
+        )
+        if changed:
+            printer(
+                f"{run_key(new.label, new.cell, new.seed)}: made on another machine setup ("
+                + "; ".join(changed)
+                + "). Bit-identical numbers need the same kernels, threads and versions; with these differences "
+                "expect the first round to agree to about 1e-5 (relative) and the final accuracy to differ by up "
+                "to the seed-to-seed spread, since training amplifies the last bits",
+                flush=True,
+            )
     equal = report_comparison(
         [(run_key(new.label, new.cell, new.seed), old.folder, new.folder) for old, new in done], tolerance, printer
     )
@@ -1246,6 +1341,11 @@ def add_suite_options(command: argparse.ArgumentParser, committed_flag: bool = T
         "--methods",
         type=comma_list(str, "labels"),
         help="the suite's labels (or method names) to run, e.g. feast,fedavg-min (unset: all)",
+    )
+    command.add_argument(
+        "--lanes",
+        type=int,
+        help="runs trained side by side, each on its share of the cores (unset: the suite's [suite] lanes, else 1)",
     )
     add_run_config_option(command, "run-config values over the suite's [base]")
 
@@ -1341,7 +1441,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "verify":
             return 0 if verify(suite, args.committed, args.out, args.tolerance) else 1
         result = run_suite(
-            suite, args.out, args.rerun_changed, args.allow_mixed_commits, into_committed=args.into_committed
+            suite,
+            args.out,
+            args.rerun_changed,
+            args.allow_mixed_commits,
+            into_committed=args.into_committed,
+            lanes=args.lanes,
         )
     except (SuiteMismatch, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)

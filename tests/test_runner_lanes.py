@@ -1,0 +1,103 @@
+"""Runs side by side (``lanes``): the cores are shared so that lanes x parallel clients x threads stays within them,
+two lanes really train two runs at once, a matched run still waits for the runs its rounds come from, and every
+run's record says what machine, threads, versions and load it ran under."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from experiments.runner import RUN_RECORD, lane_cpus, load_suite
+from experiments.runner.machine import differences, machine_record
+from tests.harness.suites import write_suite
+from tests.test_matched_compute import SUITE, Launcher, run
+
+
+def test_each_lane_gets_its_share_of_the_cores_and_clients_must_fit_in_it():
+    assert lane_cpus(1, {"client-resources-num-cpus": 1}, cores=2) is None  # one lane: Ray sees every core
+    assert lane_cpus(2, {"client-resources-num-cpus": 1}, cores=2) == 1  # 2 runs x 1 client x 1 thread
+    assert lane_cpus(2, {"client-resources-num-cpus": 2}, cores=8) == 4
+    with pytest.raises(ValueError, match="client-resources-num-cpus=2; allowed: at most 1"):
+        lane_cpus(2, {"client-resources-num-cpus": 2}, cores=2)
+    with pytest.raises(ValueError, match="client-resources-num-cpus=2"):
+        lane_cpus(2, {}, cores=2)  # Flower's default asks 2 CPUs per client
+    with pytest.raises(ValueError, match="lanes=3: more runs side by side than the 2 cores"):
+        lane_cpus(3, {"client-resources-num-cpus": 1}, cores=2)
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "2"])
+def test_a_bad_lanes_value_is_refused_naming_it(tmp_path, value):
+    text = SUITE.replace("[suite]\n", f"[suite]\nlanes = {json.dumps(value) if isinstance(value, str) else value}\n")
+    text = text.replace("lanes = True", "lanes = true")
+    with pytest.raises(ValueError, match=r"\[suite\] lanes="):
+        load_suite(write_suite(tmp_path, text))
+
+
+class OverlapLauncher(Launcher):
+    """The matched-compute stand-in, holding each run until a second one is in flight (or a short wait passes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lock, self.in_flight, self.most = threading.Lock(), 0, 0
+        self.both = threading.Event()
+
+    def __call__(self, run, timeout):
+        with self.lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            if self.in_flight >= 2:
+                self.both.set()
+        self.both.wait(timeout=2.0)
+        try:
+            return super().__call__(run, timeout)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+def test_two_lanes_train_two_runs_at_once_and_a_matched_run_waits_for_its_sources(tmp_path, monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    launcher = OverlapLauncher()
+    result, _ = run(tmp_path, launcher, lanes=2)
+    assert not result["failed"] and launcher.most == 2
+    order = [(label, seed) for label, seed, *_ in launcher.launched]
+    for seed in (0, 1):  # each matched run started after both runs its rounds are read from had started...
+        matched = order.index(("fedavg-min-matched", seed))
+        assert matched > order.index(("feast", seed)) and matched > order.index(("fedavg-min", seed))
+    # ... and its rounds are the same as with one lane (both sources had ended: 12 and 14 rounds)
+    rounds = {(label, seed): r for label, seed, r, *_ in launcher.launched}
+    assert rounds[("fedavg-min-matched", 0)] == 12 and rounds[("fedavg-min-matched", 1)] == 14
+    record = json.loads((tmp_path / "out/runs/feast/seed0" / RUN_RECORD).read_text())
+    assert record["machine"]["lanes"] == 2 and record["machine"]["ray_cpus_per_run"] == 1
+
+
+def test_one_lane_keeps_the_suite_order(tmp_path):
+    launcher = Launcher()
+    result, _ = run(tmp_path, launcher)
+    assert not result["failed"]
+    assert [(label, seed) for label, seed, *_ in launcher.launched] == [
+        ("feast", 0),
+        ("fedavg-min", 0),
+        ("fedavg-min-matched", 0),
+        ("feast", 1),
+        ("fedavg-min", 1),
+        ("fedavg-min-matched", 1),
+    ]
+    machine = json.loads((tmp_path / "out/runs/feast/seed1" / RUN_RECORD).read_text())["machine"]
+    assert machine["lanes"] == 1 and machine["versions"]["flwr"] and machine["processor"]["architecture"]
+    assert len(machine["load_average_at_start"]) == 3 and len(machine["load_average_at_end"]) == 3
+
+
+def test_machine_differences_name_what_can_change_the_last_bits():
+    committed = machine_record(1, None)
+    assert differences(committed, committed) == []
+    other = json.loads(json.dumps(committed))
+    other["processor"]["vector_extensions"] = ["avx2"]
+    other["versions"]["torch"] = "9.9"
+    other["threads"]["OMP_NUM_THREADS"] = "4"
+    other["load_average_at_start"] = [9, 9, 9]  # the load changes time, not results
+    found = differences(committed, other)
+    assert len(found) == 3 and any("torch" in f for f in found) and any("vector_extensions" in f for f in found)
+    assert differences(None, committed) == ["the committed run recorded no machine (made before run.json held one)"]
