@@ -101,7 +101,7 @@ def test_federation_level_checks():
     with pytest.raises(ValueError, match=r"partition-id=2 declared budget-macs=1000 in its node-config; allowed: a"):
         fed.client_budgets(run, {2: 1000.0})
     assert fed.client_budgets(run, {2: 5e6})[2] == 5e6
-    with pytest.raises(ValueError, match="budget-max-macs=1000 is below the smallest cached subnet"):
+    with pytest.raises(ValueError, match="budget-max-macs=1000 gives a largest budget of 1000 MACs, below the"):
         Federation.build(validate_run_config({"budget-max-macs": 1000.0}), 4)
     with pytest.raises(ValueError, match="supernet: 'tiny'"):
         Federation.build(validate_run_config({"supernet": "tiny"}), 4)

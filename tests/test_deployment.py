@@ -150,3 +150,41 @@ def test_tls_deployment_runs_and_refuses_unregistered_supernode(tls_deployment):
         f"\n[test_deployment] run {run_id}: {status}, pwa={summary['population_weighted_accuracy']}, "
         f"wall time {time.monotonic() - d.started:.1f} s"
     )
+
+
+def test_a_supernode_declaring_a_budget_above_the_supernet_trains_and_is_scored_with_it_whole(tls_deployment):
+    """A device stronger than the model (budget-macs=1.4e7 over the 13.55 MMAC CPU supernet, the reference's normal
+    case) joins the run: it trains the whole supernet and is scored with it."""
+    import csv
+
+    from fl_app.models.supernet_space import count_macs, load_supernet_config
+
+    d = tls_deployment
+    cfg = load_supernet_config("cpu")
+    supernet = count_macs(cfg, cfg.max_subnet())
+    above = 1.4e7
+    assert above > supernet
+    nodes = [
+        d.start_supernode(0, partition_id=0, num_partitions=NUM_NODES, budget_macs=above),
+        d.start_supernode(1, partition_id=1, num_partitions=NUM_NODES),
+    ]
+
+    def all_online():
+        assert all(proc.poll() is None for proc in nodes), "a SuperNode exited"
+        listing = deploy.list_nodes(CONNECTION, env=d.env)
+        return len(listing) == NUM_NODES and all(n["status"] == "online" for n in listing)
+
+    _wait_for(all_online, timeout=90, what="both SuperNodes online")
+    out = d.tmp / "out"
+    config = {**RUN_CONFIG, "num-server-rounds": 1, "eval-every": 1, "clients-per-round": 2, "output-dir": str(out)}
+    _, status = flwr_run(
+        config, federation=None, env=d.env, timeout=900, log_file=d.tmp / "flwr_run.log", superlink=CONNECTION
+    )
+    assert status == "finished:completed", (d.tmp / "flwr_run.log").read_text()[-3000:]
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["budgets"][0] == above and summary["failed_replies"] == 0
+    assert summary["client_subnets"][0]["macs"] == supernet  # scored with the whole supernet
+    with open(out / "clients.csv") as handle:
+        trained = {int(row["partition_id"]): float(row["trained_macs"]) for row in csv.DictReader(handle)}
+    assert trained[0] == supernet  # trained the whole supernet (its local max)

@@ -190,8 +190,18 @@ KEYS: dict[str, Key] = {
     "budget-max-macs": Key(
         0.0, "largest client budget in MACs (0 = the cache's largest subnet)", check=Range(0.0, MAX_MACS)
     ),
+    "budget-max-factor": Key(
+        0.0,
+        "largest client budget as a multiple of the whole supernet's MACs, instead of budget-max-macs (0 = off; "
+        "above 1 some clients can afford more than the whole supernet and run it whole)",
+        check=Range(0.0, 1e6),
+    ),
     "budget-levels": Key(0, "number of budget ranks (0 = number of clients)", check=Range(0, MAX_CLIENTS)),
-    "max-training-macs": Key(0.0, "cap on budgets in the γ data allocation (0 = no cap)", check=Range(0.0, MAX_MACS)),
+    "max-training-macs": Key(
+        0.0,
+        "cap on budgets in the γ data allocation (0 = the whole supernet's MACs: no budget counts beyond it)",
+        check=Range(0.0, MAX_MACS),
+    ),
     "tiers": Key(
         "",
         "reporting tiers as comma-separated MACs, each naming a different cached subnet (empty = 4 log-spaced "
@@ -490,6 +500,11 @@ def _cross_checks(v: dict) -> list[str]:
         errors.append(
             f"classes-per-client={v['classes-per-client']}: allowed values are integers in [1, {classes}] "
             f"(dataset='{v['dataset']}' has {classes} classes)"
+        )
+    if v["budget-max-factor"] and v["budget-max-macs"]:
+        errors.append(
+            f"budget-max-factor={v['budget-max-factor']:g} and budget-max-macs={v['budget-max-macs']:g} both set "
+            "the largest client budget; allowed: at most one of them non-zero"
         )
     if v["data-source"] == "local" and not v["data-path"]:
         errors.append("data-path: required when data-source='local'")

@@ -14,12 +14,15 @@ import numpy as np
 from fl_app.data.images import DATASETS, ImageData, Splits, load_dataset, split_train
 from fl_app.data.partition import draw_budgets, make_partitioner, partition_indices
 from fl_app.models.supernet_space import SupernetConfig, count_costs, load_supernet_config
-from fl_app.run.config import MAX_MODEL_BYTES, RunConfig
+from fl_app.run.config import MAX_MACS, MAX_MODEL_BYTES, RunConfig
 from fl_app.supernet.subnets import SubnetCache
 
 # Tiers are written as rounded MACs (596e6 names the paper cache's largest subnet, 595.7M MACs at 100 classes): a
 # tier this far (relative) outside the cached range still names the subnet at that end.
 TIER_ROUNDING = 0.01
+# A budget above the whole supernet is a device stronger than the model (the reference's normal case): it runs the
+# whole supernet. Beyond this many times the supernet a budget is a typo, not a device: refused.
+MAX_BUDGET_FACTOR = 1e6
 
 
 @dataclass
@@ -33,13 +36,26 @@ class Federation:
     cache: SubnetCache
     budgets: np.ndarray  # drawn budget of every partition id
     num_partitions: int
-    supernet_macs: int  # MACs of the whole supernet (its largest subnet): no budget is useful beyond it
+    supernet_macs: int  # MACs of the whole supernet (its largest subnet): a larger budget runs nothing larger
 
     @property
-    def budget_range(self) -> tuple[int, int]:
-        """The budgets a client may have: the smallest cached subnet (a client must run one) .. the whole supernet
-        (a larger budget trains nothing larger, only takes more of the γ-allocated rows)."""
-        return self.cache.min_macs, self.supernet_macs
+    def budget_range(self) -> tuple[int, float]:
+        """The budgets a client may have: the smallest cached subnet (a client must run one) .. ``MAX_BUDGET_FACTOR``
+        times the whole supernet (a budget above the supernet trains and is scored with the whole supernet and counts
+        as the supernet in the γ shares: ``data_budgets``)."""
+        return self.cache.min_macs, min(MAX_BUDGET_FACTOR * self.supernet_macs, MAX_MACS)
+
+    def range_text(self) -> str:
+        low, high = self.budget_range
+        return (
+            f"[{low}, {high:.6g}] MACs (the smallest cached subnet .. {MAX_BUDGET_FACTOR:g} x the whole supernet "
+            f"'{self.cfg.name}' of {self.supernet_macs} MACs; a budget above the supernet runs the whole supernet)"
+        )
+
+    def data_budgets(self, budgets) -> np.ndarray:
+        """The budgets the γ-allocation splits the rows by: a budget above the whole supernet counts as the supernet
+        (it trains nothing larger), then ``max-training-macs`` caps them further where set."""
+        return np.minimum(np.asarray(budgets, dtype=float), float(self.supernet_macs))
 
     @staticmethod
     def build(run: RunConfig, num_partitions: int) -> "Federation":
@@ -52,18 +68,21 @@ class Federation:
                 "one model; allowed: a supernet JSON with smaller widths, depths or expansion ratios"
             )
         cache = SubnetCache.load(cfg, run.subnet_cache)
-        low, high = cache.min_macs, supernet_macs
-        max_budget = run["budget-max-macs"] or cache.max_macs
+        fed = Federation(cfg, cache, np.empty(0), num_partitions, supernet_macs)
+        low, high = fed.budget_range
+        key, max_budget = "budget-max-macs", run["budget-max-macs"] or cache.max_macs
+        if run["budget-max-factor"]:  # the reference's spread: budgets up to k x the whole model
+            key, max_budget = "budget-max-factor", run["budget-max-factor"] * supernet_macs
         if not low <= max_budget <= high:
-            side = f"below the smallest cached subnet ({low} MACs)" if max_budget < low else "above the whole supernet"
+            side = f"below the smallest cached subnet ({low} MACs)" if max_budget < low else "too large"
             raise ValueError(
-                f"budget-max-macs={max_budget:.0f} is {side}; allowed: 0 for the largest cached subnet, or a number "
-                f"in [{low}, {high}] MACs (the smallest cached subnet .. the whole supernet '{cfg.name}')"
+                f"{key}={run[key]:g} gives a largest budget of {max_budget:.0f} MACs, {side}; allowed: 0 (the "
+                f"largest cached subnet) or a largest budget in {fed.range_text()}"
             )
-        budgets = draw_budgets(
+        fed.budgets = draw_budgets(
             num_partitions, cache.min_macs, max_budget, run["budget-zipf-a"], run["seed"], run["budget-levels"]
         )
-        return Federation(cfg, cache, budgets, num_partitions, supernet_macs)
+        return fed
 
     def client_budgets(
         self, run: RunConfig, declared: dict[int, object], node_of_partition: dict[int, int] | None = None
@@ -71,8 +90,8 @@ class Federation:
         """Budget per partition id: a node's declared ``budget-macs`` (node config) wins over the drawn one.
 
         Raises before training when the federation cannot serve the run config, or when a declared budget is not a
-        finite number in ``budget_range`` (naming the node, from ``node_of_partition``, and the key): a budget is
-        the node's own claim, and beyond the supernet it would only take the γ-allocation's rows from the others."""
+        finite number in ``budget_range`` (naming the node, from ``node_of_partition``, and the key). A budget above
+        the whole supernet is valid: that client runs the whole supernet."""
         run.clients_per_round(self.num_partitions)
         low, high = self.budget_range
         for pid, value in sorted(declared.items()):
@@ -82,8 +101,7 @@ class Federation:
                     who = f"SuperNode {node_of_partition[pid]} ({who})"
                 shown = f"{value:g}" if isinstance(value, (int, float)) else repr(value)
                 raise ValueError(
-                    f"{who} declared budget-macs={shown} in its node-config; allowed: a number "
-                    f"in [{low}, {high}] MACs (the smallest cached subnet .. the whole supernet '{self.cfg.name}')"
+                    f"{who} declared budget-macs={shown} in its node-config; allowed: a number in {self.range_text()}"
                 )
         return {pid: float(declared.get(pid, self.budgets[pid])) for pid in range(self.num_partitions)}
 
@@ -142,7 +160,7 @@ def _all_partitions(run_items: tuple, num_partitions: int, budgets: tuple | None
     run = RunConfig(dict(run_items))
     fed = Federation.build(run, num_partitions)
     train, _ = dataset_for(run, fed.cfg)
-    return pool_partitions(run, train.labels.numpy(), fed.budgets if budgets is None else budgets)
+    return pool_partitions(run, train.labels.numpy(), fed.data_budgets(fed.budgets if budgets is None else budgets))
 
 
 def partition_rows(run: RunConfig, num_partitions: int, budgets=None) -> tuple[np.ndarray, ...]:
