@@ -73,18 +73,10 @@ def test_two_lanes_train_two_runs_at_once_and_a_matched_run_waits_for_its_source
     assert record["machine"]["lanes"] == 2 and record["machine"]["ray_cpus_per_run"] == 1
 
 
-def test_one_lane_keeps_the_suite_order(tmp_path):
-    launcher = Launcher()
-    result, _ = run(tmp_path, launcher)
+def test_one_lane_records_the_machine_it_ran_on(tmp_path):
+    # one lane keeps the suite's order: test_matched_compute's order test runs through the same lane
+    result, _ = run(tmp_path, Launcher())
     assert not result["failed"]
-    assert [(label, seed) for label, seed, *_ in launcher.launched] == [
-        ("feast", 0),
-        ("fedavg-min", 0),
-        ("fedavg-min-matched", 0),
-        ("feast", 1),
-        ("fedavg-min", 1),
-        ("fedavg-min-matched", 1),
-    ]
     machine = json.loads((tmp_path / "out/runs/feast/seed1" / RUN_RECORD).read_text())["machine"]
     assert machine["lanes"] == 1 and machine["versions"]["flwr"] and machine["processor"]["architecture"]
     assert len(machine["load_average_at_start"]) == 3 and len(machine["load_average_at_end"]) == 3

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fl_app.io.markdown import replace_blocks, rewrite_blocks
+from fl_app.io.markdown import sync_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path("experiments/results")
@@ -99,18 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__)
     parser.add_argument("--check", action="store_true", help="only compare the committed block with a fresh one")
     args = parser.parse_args(argv)
-    readme = ROOT / RESULTS / "README.md"
-    body = index_text(index_rows())
-    if args.check:
-        current = readme.read_text()
-        same = replace_blocks(current, {BLOCK: body}) == current
-        print("the index is up to date" if same else f"{readme.relative_to(ROOT)}: the index is stale; run {COMMAND}")
-        return 0 if same else 1
-    if not rewrite_blocks(readme, {BLOCK: body}):
-        print(f"error: {readme.relative_to(ROOT)} has no block {BLOCK}", file=sys.stderr)
-        return 2
-    print(f"wrote the index of {len(body.splitlines()) - 4} folders into {readme.relative_to(ROOT)}")
-    return 0
+    target = ROOT / RESULTS / "README.md"
+    return sync_blocks(target, {BLOCK: index_text(index_rows())}, COMMAND, args.check, str(target.relative_to(ROOT)))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fl_app.io.markdown import replace_blocks, rewrite_blocks
+from fl_app.io.markdown import sync_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("fl_app", "strategies", "clients", "kvtranslate", "experiments")
@@ -54,18 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__)
     parser.add_argument("--check", action="store_true", help="only compare the committed map with a fresh one")
     args = parser.parse_args(argv)
-    document = ROOT / DOCUMENT
-    body = map_text()
-    if args.check:
-        current = document.read_text()
-        same = replace_blocks(current, {BLOCK: body}) == current
-        print("the module map is up to date" if same else f"{DOCUMENT}: the module map is stale; run {COMMAND}")
-        return 0 if same else 1
-    if not rewrite_blocks(document, {BLOCK: body}):
-        print(f"error: {DOCUMENT} has no block {BLOCK}", file=sys.stderr)
-        return 2
-    print(f"wrote the module map into {DOCUMENT}")
-    return 0
+    target = ROOT / DOCUMENT
+    return sync_blocks(target, {BLOCK: map_text()}, COMMAND, args.check, str(target.relative_to(ROOT)))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ is written by a tool and replaced whole; the rest of the file stays as its autho
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 from fl_app.io.files import replace_file
@@ -41,3 +42,19 @@ def rewrite_blocks(path: Path, bodies: dict[str, str]) -> bool:
     if new is not None and new != old:
         replace_file(path, new.encode())
     return new is not None
+
+
+def sync_blocks(path: Path, bodies: dict[str, str], command: str, check: bool = False, shown: str = "") -> int:
+    """A generating tool's last step: with ``check``, say whether ``path``'s blocks already hold ``bodies`` (exit
+    status 0, else 1: stale, naming ``command``); otherwise rewrite them (2 when the file has none of them)."""
+    shown = shown or str(path)
+    if check:
+        current = path.read_text()
+        same = replace_blocks(current, bodies) == current
+        print(f"{shown} is up to date" if same else f"{shown}: stale generated blocks; run {command}")
+        return 0 if same else 1
+    if not rewrite_blocks(path, bodies):
+        print(f"error: {shown} has none of the blocks {list(bodies)}", file=sys.stderr)
+        return 2
+    print(f"wrote {', '.join(bodies)} into {shown}")
+    return 0
