@@ -236,6 +236,7 @@ class SupernetFamily(MethodFamily):
             "tiers": last.get("tiers", []),
             "population_weighted_accuracy": last.get("population_weighted_accuracy"),
             "client_subnet_accuracy": last.get("client_subnet_accuracy"),
+            "population_accuracies": last.get("population_accuracies"),
             **({"client_subnets": last["client_subnets"]} if "client_subnets" in last else {}),
             "budgets": [self.budgets[p] for p in sorted(self.budgets)],
         }
