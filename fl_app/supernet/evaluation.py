@@ -227,6 +227,10 @@ class TierEvaluator:
             else float(np.mean([subnet_results[c.arch]["accuracy"] for c in self.client_subnets]))
         )
         population = population_accuracies(self.budgets, self.anchors(tier_results, subnet_results))
+        columns = population_columns(population)
+        for row in self.rows:  # rows restored from a checkpoint written before these columns existed
+            for key in columns:
+                row.setdefault(key, math.nan)
         for t in tier_results:
             self.rows.append(
                 {
@@ -237,7 +241,7 @@ class TierEvaluator:
                     "test_accuracy": t["accuracy"],
                     "population_weighted_accuracy": pwa,
                     "client_subnet_accuracy": client_accuracy,
-                    **population_columns(population),
+                    **columns,
                 }
             )
         self.last = {
