@@ -12,6 +12,8 @@ outside the round's mask (sent as zero) stays out.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
@@ -55,6 +57,14 @@ def train_masked(model: ElasticResNet, threshold: float, data: ImageData, settin
             module_name, tensor = name.rsplit(".", 1)
             # the trained tensor itself, not its masked value
             parametrize.remove_parametrizations(model.get_submodule(module_name), tensor, leave_parametrized=False)
+
+
+def fiarse_settings(run, settings: LocalSettings) -> LocalSettings:
+    """The local optimiser's settings: the run's (shared by every method), or under ``fiarse-mapping = "reference"``
+    the FEAST repository's FIARSE trainer's plain SGD (no momentum, no weight decay: the paper's Table 3)."""
+    if run["fiarse-mapping"] == "reference":
+        return replace(settings, momentum=0.0, weight_decay=0.0)
+    return settings
 
 
 def masked_train_costs(cfg, received: dict, threshold: float, samples: int) -> dict:
