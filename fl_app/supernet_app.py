@@ -108,7 +108,7 @@ SUPERNET_METHOD_TABLE = {
     ),
     "heterofl": SupernetMethod(HeteroFLStrategy, own_tiers),
     "fedrolex": SupernetMethod(FedRolexStrategy, own_tiers),
-    "scalefl": SupernetMethod(ScaleFLStrategy, own_tiers),
+    "scalefl": SupernetMethod(ScaleFLStrategy, own_tiers, lambda run, fed: {"rule": run["scalefl-levels"]}),
     "fiarse": SupernetMethod(FiarseStrategy, own_tiers, fiarse_options),
     "fedavg-min": SupernetMethod(FedAvgMinStrategy, smallest_tier),
 }
