@@ -81,3 +81,47 @@ def test_reference_mapping_trains_with_plain_sgd():
     assert (ours.momentum, ours.weight_decay) == (0.9, 5e-4)  # the default: the run's optimiser
     reference = fiarse_settings(validate_run_config({"method": "fiarse", "fiarse-mapping": "reference"}), settings)
     assert (reference.momentum, reference.weight_decay, reference.lr) == (0.0, 0.0, 0.1)
+
+
+def test_real_clients_train_their_own_sizes_and_count_both_conventions(flower_ids):
+    """A round of real clients under the reference mapping: each trains under its own threshold, the server
+    accepts every reply, and each reply counts its kept and its executed (full-model) FLOPs."""
+    import math
+
+    from experiments.runner.flower_internals import set_message_id, set_reply_source
+    from fl_app.run.config import validate_run_config
+    from fl_app.supernet.federation import Federation
+    from fl_app.supernet_app import make_supernet_strategy, partition_reports, train_feast
+
+    num = 3
+    run = validate_run_config(
+        {
+            "method": "fiarse",
+            "fiarse-mapping": "reference",
+            "clients-per-round": num,
+            "max-local-steps": 1,
+            "batch-size": 8,
+            "min-reply-fraction": 1.0,
+        }
+    )
+    fed = Federation.build(run, num)
+    budgets = fed.client_budgets(run, {})
+    examples, held = partition_reports(run, fed, budgets)
+    strategy = make_supernet_strategy(run, fed, budgets, {p: 100 + p for p in range(num)}, examples, held)
+    full_macs = count_macs(fed.cfg, fed.cfg.max_subnet())
+    torch_state = strategy.global_model().state_dict()
+    state = {k: v.numpy() for k, v in torch_state.items() if not k.endswith("num_batches_tracked")}
+    replies = []
+    for i, message in enumerate(strategy.configure_train(1, state_to_record(state), ConfigRecord(), grid=None)):
+        set_message_id(message, f"message-{i}")
+        pid = message.metadata.dst_node_id - 100
+        threshold = message.content.config_records["config"]["mask-threshold"]
+        assert threshold == size_threshold(state, element_macs(fed.cfg), model_size(budgets[pid], full_macs))
+        reply = train_feast(message, run, pid, num, None)
+        set_reply_source(reply, message.metadata.dst_node_id)
+        metrics = reply.content.metric_records["metrics"]
+        assert metrics["local-steps"] == 1 and math.isfinite(metrics["train-loss"])
+        assert metrics["train-flops-dense"] == 6 * full_macs * 8 >= metrics["train-flops"]
+        replies.append(reply)
+    strategy.aggregate_train(1, replies)
+    assert strategy.rounds[1].accepted == list(range(num)) and strategy.rounds[1].rejected == []
