@@ -172,7 +172,7 @@ def read_routed(content, run, cfg: SupernetConfig, budget_range: tuple[int, int]
     problem = config_problem(config, {"width-rate": Expect(float, (rate,), required=routing.model != "supernet")})
     if problem:
         refuse(problem)
-    expected = _expected_shapes(routing, model_cfg, bounds, refuse)
+    expected = _expected_shapes(routing, model_cfg, bounds, refuse, run["scalefl-levels"])
     dtype = str(config["payload-dtype"])
     received = _received_arrays(content.array_records.get("arrays"), expected, dtype, refuse)
     return Routed(
@@ -220,11 +220,13 @@ def _routed_subnets(config, model_cfg: SupernetConfig, refuse: Refusal) -> tuple
     return bounds, arch
 
 
-def _expected_shapes(routing: Routing, model_cfg: SupernetConfig, bounds: Subnet, refuse: Refusal) -> dict[str, tuple]:
-    """Key -> shape of exactly the arrays routed for ``bounds``."""
+def _expected_shapes(
+    routing: Routing, model_cfg: SupernetConfig, bounds: Subnet, refuse: Refusal, level_rule: str = "tiers"
+) -> dict[str, tuple]:
+    """Key -> shape of exactly the arrays routed for ``bounds`` (a ScaleFL level under ``level_rule``)."""
     if routing.model == "early-exit":  # a ScaleFL level: its parameters and exits (routed bounds not a level: refused)
         try:
-            expected = level_shapes(model_cfg, bounds)
+            expected = level_shapes(model_cfg, bounds, level_rule)
         except ValueError as error:
             refuse(str(error))
     else:

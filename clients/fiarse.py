@@ -12,6 +12,8 @@ outside the round's mask (sent as zero) stays out.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
@@ -20,6 +22,7 @@ from clients.feast import SubnetPlan, train_subnets
 from clients.local_training import LocalSettings
 from fl_app.data.images import ImageData
 from fl_app.models.elastic_resnet import ElasticResNet
+from fl_app.models.supernet_space import count_macs
 from fl_app.supernet.magnitude_masks import element_macs, kept_macs, magnitude_mask
 from fl_app.supernet.training_costs import model_train_costs
 
@@ -56,9 +59,19 @@ def train_masked(model: ElasticResNet, threshold: float, data: ImageData, settin
             parametrize.remove_parametrizations(model.get_submodule(module_name), tensor, leave_parametrized=False)
 
 
+def fiarse_settings(run, settings: LocalSettings) -> LocalSettings:
+    """The local optimiser's settings: the run's (shared by every method), or under ``fiarse-mapping = "reference"``
+    the FEAST repository's FIARSE trainer's plain SGD (no momentum, no weight decay: the paper's Table 3)."""
+    if run["fiarse-mapping"] == "reference":
+        return replace(settings, momentum=0.0, weight_decay=0.0)
+    return settings
+
+
 def masked_train_costs(cfg, received: dict, threshold: float, samples: int) -> dict:
-    """Reply cost metrics of a masked round: ``samples`` samples through the MACs the round's mask keeps (unstructured
-    sparsity counted as the compute it saves, as the method assumes)."""
+    """Reply cost metrics of a masked round in both conventions: ``train-flops``, ``samples`` samples through the
+    MACs the round's mask keeps (unstructured sparsity counted as the compute it saves, as the method assumes), and
+    ``train-flops-dense``, through the full model's MACs (what the dense tensors execute: the FEAST repository's
+    convention for matching FIARSE's compute)."""
     costs = element_macs(cfg)
     macs = kept_macs(magnitude_mask(received, costs, threshold), costs)
-    return model_train_costs(macs, macs, samples)
+    return model_train_costs(macs, macs, samples, dense_step_macs=count_macs(cfg, cfg.max_subnet()))

@@ -71,9 +71,9 @@ def train_exits(model: EarlyExitResNet, data: ImageData, settings: LocalSettings
 def train_scalefl(msg: Message, routed, run, pid: int, num: int, started: float) -> Message:
     """One round of a ScaleFL client on what ``clients.feast.read_routed`` accepted: the routed level (its subnet
     is the assigned one) with its exits, trained and sent back whole."""
-    cfg, received = routed.cfg, routed.received
-    index = level_index(cfg, routed.arch)
-    model = EarlyExitResNet(cfg, index)
+    cfg, received, rule = routed.cfg, routed.received, run["scalefl-levels"]
+    index = level_index(cfg, routed.arch, rule)
+    model = EarlyExitResNet(cfg, index, rule)
     # static BatchNorm: the running statistics are not routed; training normalises with the batch's statistics
     model.load_state_dict({k: torch.from_numpy(v) for k, v in received.items()}, strict=False)
     data = client_data(run, pid, num, routed.partition_budgets)
@@ -81,7 +81,7 @@ def train_scalefl(msg: Message, routed, run, pid: int, num: int, started: float)
     settings = LocalSettings.from_run(run, routed.lr, derived_seed(run["seed"], routed.server_round, pid))
     metrics = train_exits(model, data, settings)
     trained = slice_state(model.state_dict(), {k: v.shape for k, v in received.items()})
-    level = scalefl_levels(cfg)[index]
+    level = scalefl_levels(cfg, rule)[index]
     reply = RecordDict(
         {
             "arrays": state_to_record(trained, routed.dtype),

@@ -68,6 +68,8 @@ TIER_COLUMNS = ("tier_macs", "test_accuracy")  # metrics.csv: one row per evalua
 # run-config keys the suite runner sets per seed for a match-compute run (from its sources' compute): not grouped on
 MATCH_SET = ("num-server-rounds", "eval-every")
 MATCHED_COLUMN = "client_train_flops"  # the compute a match-compute run matches (experiments.runner)
+# the executed FLOPs where a run counts them apart (FIARSE's dense tensors; other runs execute what they count)
+DENSE_COLUMN = "client_train_flops_dense"
 
 
 def settings(run_config: dict) -> dict:
@@ -347,7 +349,7 @@ def load_run(folder: Path) -> Run:
     curve = accuracy_curve(metrics, ACCURACY_KEYS)
     rounds = None
     if os.path.lexists(folder / "rounds.csv"):
-        rounds = read_table(folder / "rounds.csv", ("round",), tuple(c for c, _ in COMPUTE_COLUMNS))
+        rounds = read_table(folder / "rounds.csv", ("round",), (*(c for c, _ in COMPUTE_COLUMNS), DENSE_COLUMN))
         repeated = rounds["round"].duplicated()
         if repeated.any():
             raise ReportError(
@@ -865,6 +867,13 @@ def total_compute(run: Run, column: str) -> float:
     return curve[-1][0] if curve else math.nan
 
 
+def total_executed(run: Run) -> float:
+    """A run's total executed client training FLOPs: ``client_train_flops_dense`` where it counted them apart (FIARSE
+    computes its masked model densely: the FEAST repository's convention for matching it), else its
+    ``client_train_flops``."""
+    return total_compute(run, DENSE_COLUMN if run.records(DENSE_COLUMN) else MATCHED_COLUMN)
+
+
 def compute_reference(rows: list[Row], row: Row, reference: str | None) -> Row | None:
     """The row whose per-seed totals set ``row``'s budgets: the row itself for the reference label, else the
     reference row of its grid cell (``reference_row``), else the reference row of any cell whose settings differ
@@ -937,6 +946,8 @@ def matched_rows(rows: list[Row]) -> list[dict]:
             continue
         theirs = ref.by_seed(lambda run: total_compute(run, MATCHED_COLUMN))
         ratios = [total_compute(run, MATCHED_COLUMN) / theirs[run.seed] for run in row.runs if run.seed in theirs]
+        theirs_executed = ref.by_seed(total_executed)
+        executed = [total_executed(run) / theirs_executed[run.seed] for run in row.runs if run.seed in theirs]
         accuracy = row.estimate()
         paired = paired_difference(row.by_seed(), ref.by_seed())
         table.append(
@@ -946,12 +957,26 @@ def matched_rows(rows: list[Row]) -> list[dict]:
                 "rounds": ",".join(str(run.summary.get("rounds", "?")) for run in row.runs),
                 "seeds": seeds_text(row),
                 "compute_ratio": math.fsum(ratios) / len(ratios) if ratios else math.nan,
+                "compute_ratio_executed": math.fsum(executed) / len(executed) if executed else math.nan,
                 "accuracy": accuracy.mean,
                 "accuracy_ci95": accuracy.half_width,
                 **paired_columns(paired),
             }
         )
+    if not executed_apart(table):  # every run executed what it counted: one compute column, as before
+        for r in table:
+            del r["compute_ratio_executed"]
     return table
+
+
+def executed_apart(table: list[dict]) -> bool:
+    """Whether a matched row's executed compute ratio differs from its counted one (a run counted its executed FLOPs
+    apart: FIARSE's dense tensors)."""
+    return any(
+        not math.isclose(r["compute_ratio"], r["compute_ratio_executed"], rel_tol=1e-9)
+        for r in table
+        if "compute_ratio_executed" in r and not math.isnan(r["compute_ratio"])
+    )
 
 
 def passes_rows(rows: list[Row]) -> list[dict]:
@@ -1078,14 +1103,28 @@ def compute_markdown(table: list[dict], text: str) -> str:
 
 
 def matched_markdown(table: list[dict]) -> str:
+    """The matched table; with an ``executed`` column where some row's executed compute ratio differs from its
+    counted one (``executed_apart``)."""
+    apart = executed_apart(table)
     return markdown(
-        ["method", "vs", "rounds", "compute (× vs)", "accuracy (%)", "difference (points)", "seeds won", "verdict"],
+        [
+            "method",
+            "vs",
+            "rounds",
+            "compute (× vs)",
+            *(["executed compute (× vs)"] if apart else []),
+            "accuracy (%)",
+            "difference (points)",
+            "seeds won",
+            "verdict",
+        ],
         [
             [
                 r["method"],
                 r["reference"],
                 r["rounds"],
                 f"{r['compute_ratio']:.3f}",
+                *([f"{r['compute_ratio_executed']:.3f}"] if apart else []),
                 percent(r["accuracy"], r["accuracy_ci95"]),
                 signed(r["difference"], r["difference_ci95"]),
                 f"{r['wins']}/{r['n']}",

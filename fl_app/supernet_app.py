@@ -19,7 +19,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from clients.feast import SubnetPlan, plan_subnets, read_routed, train_subnets
-from clients.fiarse import masked_train_costs, train_masked
+from clients.fiarse import fiarse_settings, masked_train_costs, train_masked
 from clients.local_training import LocalSettings
 from clients.scalefl import train_scalefl
 from fl_app.data.images import DATASETS
@@ -75,8 +75,9 @@ def maxnet_options(run: RunConfig, fed: Federation, subnet_source: str) -> dict:
 
 
 def fiarse_options(run: RunConfig, fed: Federation) -> dict:
-    """One magnitude-mask level per HeteroFL tier's MACs: the width-sliced baselines' budgets."""
-    return {"levels": [t.macs for t in rate_tiers(width_sliced_config(fed.cfg))]}
+    """One magnitude-mask level per HeteroFL tier's MACs: the width-sliced baselines' budgets (under the reference
+    mapping, the reporting tiers only: each client has its own mask size)."""
+    return {"levels": [t.macs for t in rate_tiers(width_sliced_config(fed.cfg))], "mapping": run["fiarse-mapping"]}
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ SUPERNET_METHOD_TABLE = {
     ),
     "heterofl": SupernetMethod(HeteroFLStrategy, own_tiers),
     "fedrolex": SupernetMethod(FedRolexStrategy, own_tiers),
-    "scalefl": SupernetMethod(ScaleFLStrategy, own_tiers),
+    "scalefl": SupernetMethod(ScaleFLStrategy, own_tiers, lambda run, fed: {"rule": run["scalefl-levels"]}),
     "fiarse": SupernetMethod(FiarseStrategy, own_tiers, fiarse_options),
     "fedavg-min": SupernetMethod(FedAvgMinStrategy, smallest_tier),
 }
@@ -236,6 +237,7 @@ class SupernetFamily(MethodFamily):
             "tiers": last.get("tiers", []),
             "population_weighted_accuracy": last.get("population_weighted_accuracy"),
             "client_subnet_accuracy": last.get("client_subnet_accuracy"),
+            "population_accuracies": last.get("population_accuracies"),
             **({"client_subnets": last["client_subnets"]} if "client_subnets" in last else {}),
             "budgets": [self.budgets[p] for p in sorted(self.budgets)],
         }
@@ -324,6 +326,7 @@ def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Conte
         samples = metrics["local-steps"] * settings.batch_size
         costs = train_costs(cfg, plan.largest, plan.smallest, plan.between, samples)
     else:  # FIARSE: the full model under its magnitude mask, costed by the MACs the mask keeps
+        settings = fiarse_settings(run, settings)
         metrics = train_masked(model, routed.threshold, data, settings)
         costs = masked_train_costs(cfg, received, routed.threshold, metrics["local-steps"] * settings.batch_size)
 

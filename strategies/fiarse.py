@@ -11,6 +11,11 @@ element over the clients whose round-start mask kept it (weighted as the run's `
 element no client kept keeps its global value, and whatever a reply holds outside its mask is ignored. BatchNorm is
 never masked and, as in HeteroFL, static: its running statistics are neither sent nor averaged (evaluation
 recalibrates them).
+
+``fiarse-mapping = "reference"`` maps clients as the FEAST repository does instead: each client keeps its own
+fraction of the parameters, its budget over the full model's MACs (``magnitude_masks.model_size``), by count (the
+top-k magnitudes over the masked tensors: ``size_threshold``), whatever MACs those elements cost; a reporting tier of
+M MACs is the mask of size M / full-model MACs. The client then trains with plain SGD (``clients.fiarse``).
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import MetricRecord
 
-from fl_app.models.supernet_space import Subnet
-from fl_app.supernet.magnitude_masks import element_macs, level_thresholds, magnitude_mask
+from fl_app.models.supernet_space import Subnet, count_macs
+from fl_app.supernet.magnitude_masks import element_macs, level_thresholds, magnitude_mask, model_size, size_threshold
 from fl_app.supernet.slicing import state_numel, subnet_shapes
 from strategies.feast import FeastStrategy
 from strategies.heterofl import RUNNING_STATS
@@ -44,13 +49,21 @@ def masked_state(state: dict, mask: dict) -> dict:
     }
 
 
+# fiarse-mapping values: how a client's budget becomes its mask
+FIARSE_MAPPINGS = ("tiers", "reference")
+
+
 class FiarseStrategy(FeastStrategy):
-    def __init__(self, *args, levels: list[float], **kwargs):
+    def __init__(self, *args, levels: list[float], mapping: str = "tiers", **kwargs):
         super().__init__(*args, **kwargs)
+        if mapping not in FIARSE_MAPPINGS:
+            raise ValueError(f"fiarse-mapping='{mapping}': allowed values are {list(FIARSE_MAPPINGS)}")
         full = self.cfg.max_subnet()
+        self.mapping, self.full_macs = mapping, count_macs(self.cfg, full)
         self.costs = element_macs(self.cfg)
         self.tiers = [MaskLevel(full, int(m), state_numel(self.routed_shapes(full))) for m in sorted(set(levels))]
         self._masks: tuple[int, list[float], list[dict]] | None = None  # (round, thresholds, masks) per level
+        self._sized: tuple[int, dict[float, tuple[float, dict]]] | None = None  # (round, size -> (threshold, mask))
 
     def level_index(self, budget: float) -> int:
         affordable = [i for i, level in enumerate(self.tiers) if level.macs <= budget]
@@ -67,9 +80,32 @@ class FiarseStrategy(FeastStrategy):
             self._masks = (server_round, *self.level_masks(view))
         return self._masks[1], self._masks[2]
 
+    def _sized_mask(self, size: float) -> tuple[float, dict]:
+        """The reference mapping's threshold and mask of ``size`` on this round's global view."""
+        server_round, view = self._view
+        if self._sized is None or self._sized[0] != server_round:
+            self._sized = (server_round, {})
+        if size not in self._sized[1]:
+            threshold = size_threshold(view, self.costs, size)
+            self._sized[1][size] = (threshold, magnitude_mask(view, self.costs, threshold))
+        return self._sized[1][size]
+
+    def client_mask(self, partition_id: int) -> tuple[float, dict]:
+        """This round's threshold and mask of a client: its level's, or under the reference mapping its own size's."""
+        budget = self.budgets[partition_id]
+        if self.mapping == "reference":
+            return self._sized_mask(model_size(budget, self.full_macs))
+        thresholds, masks = self._round_masks()
+        index = self.level_index(budget)
+        return thresholds[index], masks[index]
+
     def tier_state(self, tier: MaskLevel, state: dict) -> dict:
-        """The global state as evaluated at ``tier``: masked at the level's threshold on that state."""
-        (threshold,) = level_thresholds(state, self.costs, [tier.macs])
+        """The global state as evaluated at ``tier``: masked at the level's threshold on that state (under the
+        reference mapping: the mask of size tier MACs / full-model MACs)."""
+        if self.mapping == "reference":
+            threshold = size_threshold(state, self.costs, model_size(tier.macs, self.full_macs))
+        else:
+            (threshold,) = level_thresholds(state, self.costs, [tier.macs])
         return masked_state(state, magnitude_mask(state, self.costs, threshold))
 
     # -- FeastStrategy's hooks -------------------------------------------------------------------------------------
@@ -81,13 +117,10 @@ class FiarseStrategy(FeastStrategy):
         return {k: v for k, v in subnet_shapes(self.cfg, arch).items() if not k.endswith(RUNNING_STATS)}
 
     def client_view(self, view: dict, partition_id: int) -> dict:
-        _, masks = self._round_masks()
-        return masked_state(view, masks[self.level_index(self.budgets[partition_id])])
+        return masked_state(view, self.client_mask(partition_id)[1])
 
     def client_config(self, partition_id: int, bounds) -> dict:
-        thresholds, _ = self._round_masks()
-        return {"mask-threshold": thresholds[self.level_index(self.budgets[partition_id])]}
+        return {"mask-threshold": self.client_mask(partition_id)[0]}
 
     def reply_mask(self, partition_id: int, metrics: MetricRecord) -> dict:
-        _, masks = self._round_masks()
-        return masks[self.level_index(self.budgets[partition_id])]
+        return self.client_mask(partition_id)[1]

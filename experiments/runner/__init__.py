@@ -33,7 +33,10 @@ run (the label whose overrides are the entry's without ``match-compute``, here `
 schedule spans its own rounds, and its eval-every is scaled so it evaluates about as often as that run. Its rounds
 are known only once both runs of its seed have finished: it runs after them (matched entries come last within each
 seed) and is not run, with the reason, when one failed. Its run.json records what the rounds came from
-(``match_compute``); the report adds the matched-compute table (``matched.csv``).
+(``match_compute``); the report adds the matched-compute table (``matched.csv``). Beside it, ``match-flops =
+"executed"`` matches the executed FLOPs instead of the counted ones (``client_train_flops_dense`` where a run counts
+them apart: FIARSE computes its masked model densely, and the FEAST repository matches FIARSE on that; the default
+``"counted"`` matches FIARSE's kept MACs).
 
 Each run lives in ``OUT/runs/<label>[@cell]/seed<N>/``: the app's own outputs, ``run.log`` (the live `flwr run`
 output) and ``run.json`` (full run config, federation, seed, data, commit, modified-tree flag, status, elapsed time).
@@ -109,6 +112,12 @@ NOT_COMPARED = ("output-dir", "data-path", "tracker")
 SUITE_SECTIONS = ("suite", "base", "federation", "methods", "grid")
 SUITE_KEYS = ("seeds", "reference", "run-timeout", "description", "base-file", "lanes")
 MATCH_COMPUTE = "match-compute"  # runner-only [methods] key: the label whose client training compute a run matches
+# runner-only [methods] key beside match-compute: which FLOPs are matched, rounds.csv column -> (the column, what it
+# is): the counted ones (FIARSE's kept MACs, the project's convention) or the executed ones (FIARSE's dense MACs,
+# the FEAST repository's; other methods execute what they count)
+MATCH_FLOPS = "match-flops"
+MATCH_FLOPS_COLUMNS = {"counted": "client_train_flops", "executed": "client_train_flops_dense"}
+RUNNER_ONLY = (MATCH_COMPUTE, MATCH_FLOPS)
 
 
 @dataclass
@@ -210,7 +219,7 @@ def load_suite(
 
 def run_overrides(label: str, overrides: dict) -> dict:
     """A [methods] entry as run-config overrides: the method its label names, then its own keys but the runner's."""
-    own = {k: v for k, v in overrides.items() if k != MATCH_COMPUTE}
+    own = {k: v for k, v in overrides.items() if k not in RUNNER_ONLY}
     return {**({"method": label} if label in METHODS else {}), **own}
 
 
@@ -231,6 +240,10 @@ def match_sources(methods: dict) -> tuple[dict[str, tuple[str, str]], list[str]]
             errors.append(f"{where}: a run cannot match its own compute; allowed: one of {plain}")
         elif not isinstance(reference, str) or reference not in plain:
             errors.append(f"{where}: not a [methods] label without {MATCH_COMPUTE}; allowed: one of {plain}")
+        elif overrides.get(MATCH_FLOPS, "counted") not in MATCH_FLOPS_COLUMNS:
+            errors.append(
+                f"[methods] {label}: {MATCH_FLOPS}={overrides[MATCH_FLOPS]!r}; allowed: {list(MATCH_FLOPS_COLUMNS)}"
+            )
         elif "num-server-rounds" in overrides:
             errors.append(f"{where}: sets num-server-rounds too; the runner sets the rounds of a matched run")
         elif not sources:
@@ -242,6 +255,9 @@ def match_sources(methods: dict) -> tuple[dict[str, tuple[str, str]], list[str]]
             errors.append(f"{where}: its equal-rounds run is {reference} itself; it would repeat that run")
         else:
             matched[label] = (reference, sources[0])
+    for label, overrides in entries.items():
+        if MATCH_FLOPS in overrides and MATCH_COMPUTE not in overrides:
+            errors.append(f"[methods] {label}: {MATCH_FLOPS} without {MATCH_COMPUTE}; it says which FLOPs are matched")
     return matched, errors
 
 
@@ -315,6 +331,7 @@ class PlannedRun:
     resume_from: Path | None = None  # an interrupted copy of this run whose checkpoint the run continues from
     resumed_after_round: int = 0
     match: tuple[str, str] | None = None  # a match-compute run's (reference label, source label)
+    match_flops: str = "counted"  # which of their FLOPs it matches (``MATCH_FLOPS``)
     match_compute: dict = field(default_factory=dict)  # what its rounds were resolved from (its run.json keeps it)
     reason: str = ""  # "pending": what it waits for; "skip": why it is not run
 
@@ -359,7 +376,10 @@ def expand(suite: Suite) -> list[PlannedRun]:
                     raise ValueError(f"{label}{cell_suffix(cell)} seed={seed}: {error}") from None
                 config.pop("output-dir")
                 match = suite.matched.get(label)
-                runs.append(PlannedRun(label, cell, seed, config, dict(suite.federation), data, match=match))
+                flops = suite.methods[label].get(MATCH_FLOPS, "counted")
+                runs.append(
+                    PlannedRun(label, cell, seed, config, dict(suite.federation), data, match=match, match_flops=flops)
+                )
     return runs
 
 
@@ -495,13 +515,19 @@ def match_sources_of(run: PlannedRun, runs: list[PlannedRun]) -> tuple[PlannedRu
     return found[(reference, cell, run.seed)], found[(source, cell, run.seed)]
 
 
-def flops_per_round(folder: Path) -> list[float]:
+def flops_per_round(folder: Path, flops: str = "counted") -> list[float]:
     """``client_train_flops`` of each round of a finished run's rounds.csv (their sum is the total that
-    ``fl_app.report.total_compute`` reads); ValueError naming the file when a round did not record it."""
+    ``fl_app.report.total_compute`` reads), or with ``flops = "executed"`` its ``client_train_flops_dense`` where
+    the run counted them apart (else the counted ones: it executed what it counted); ValueError naming the file when
+    a round did not record it."""
     path = folder / "rounds.csv"
-    values = read_table(path, ("round", MATCHED_COLUMN), (MATCHED_COLUMN,))[MATCHED_COLUMN].tolist()
+    column = MATCH_FLOPS_COLUMNS[flops]
+    table = read_table(path, ("round", MATCHED_COLUMN), (MATCHED_COLUMN, column))
+    if column not in table.columns:
+        column = MATCHED_COLUMN
+    values = table[column].tolist()
     if not values or not all(math.isfinite(v) and v >= 0 for v in values) or math.fsum(values) <= 0:
-        raise ValueError(f"{path}: {MATCHED_COLUMN} is not recorded (a number >= 0, not all zero) in every round")
+        raise ValueError(f"{path}: {column} is not recorded (a number >= 0, not all zero) in every round")
     return values
 
 
@@ -515,8 +541,9 @@ def matched_rounds(reference_total: float, per_round: float) -> int:
 def resolve_match(run: PlannedRun, reference: PlannedRun, source: PlannedRun) -> None:
     """Set a match-compute run's num-server-rounds from the finished reference and source runs of its seed, and
     its eval-every; ValueError naming the file or key when they cannot be set."""
-    reference_total = math.fsum(flops_per_round(reference.folder))
-    per_round = flops_per_round(source.folder)
+    flops_kind = run.match_flops
+    reference_total = math.fsum(flops_per_round(reference.folder, flops_kind))
+    per_round = flops_per_round(source.folder, flops_kind)
     flops = math.fsum(per_round) / len(per_round)
     rounds = matched_rounds(reference_total, flops)
     # evaluate about as often as the source (every eval-every rounds and after the last: ceil(R / eval-every)
@@ -532,6 +559,7 @@ def resolve_match(run: PlannedRun, reference: PlannedRun, source: PlannedRun) ->
         "reference_total_flops": reference_total,
         "source": source.label,
         "source_flops_per_round": flops,
+        **({"flops": flops_kind} if flops_kind != "counted" else {}),
         "rounds": rounds,
         "eval_every": eval_every,
     }
@@ -540,7 +568,8 @@ def resolve_match(run: PlannedRun, reference: PlannedRun, source: PlannedRun) ->
 def match_text(run: PlannedRun) -> str:
     """A match-compute run's rounds, or what it waits for or why it is not run ('' for other runs)."""
     if run.match_compute and run.action != "skip":
-        return f"{run.match_compute['rounds']} rounds, the client training FLOPs of {run.match[0]}"
+        kind = " executed" if run.match_flops == "executed" else ""
+        return f"{run.match_compute['rounds']} rounds, the{kind} client training FLOPs of {run.match[0]}"
     return run.reason
 
 

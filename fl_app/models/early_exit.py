@@ -35,6 +35,11 @@ from fl_app.models.supernet_space import (
 SCALEFL_RATES = tuple(i / 20 for i in range(1, 21))
 # how far below its target a level's MACs may fall and still count as hitting it (one-sided: it must fit)
 TARGET_TOLERANCE = 0.25
+# the FEAST repository's ScaleFL levels (``scalefl-levels = "reference"``): fractions of the full model's MACs, and
+# how far (either side) a level's MACs may lie from its target
+REFERENCE_FRACTIONS = (0.061, 0.13, 0.25, 1.0)
+REFERENCE_TOLERANCE = 0.15
+LEVEL_RULES = ("tiers", "reference")
 RUNNING_STATS = ("running_mean", "running_var", "num_batches_tracked")
 
 
@@ -90,56 +95,82 @@ def level_targets(cfg: SupernetConfig) -> list[int]:
     return [count_costs(tiers, width_tier(tiers, i))[0] for i in range(len(WIDTH_RATES))]
 
 
+def _inside(cfg: SupernetConfig, above: Level) -> list[Level]:
+    """Every level strictly inside ``above``: fewer or as many blocks, a width index no larger, not ``above``."""
+    return [
+        level_of(cfg, blocks, width)
+        for blocks in range(1, above.blocks + 1)
+        for width in range(above.arch.w[0] + 1)
+        if (blocks, width) != (above.blocks, above.arch.w[0])
+    ]
+
+
+def _tiers_level(cfg: SupernetConfig, above: Level, target: float, total: int) -> Level:
+    """Among the pairs inside ``above`` whose MACs fit ``target`` and lie within ``TARGET_TOLERANCE`` below it, the
+    most balanced (the larger MACs on ties); when none lies that close, the largest that fits."""
+    rates = cfg.width_multiplier_choices
+    fitting = [lv for lv in _inside(cfg, above) if lv.macs <= target]
+    if not fitting:
+        raise ValueError(f"scalefl: no level of supernet '{cfg.name}' fits {target} MACs")
+    close = [lv for lv in fitting if lv.macs >= (1 - TARGET_TOLERANCE) * target]
+    if close:
+        return min(close, key=lambda lv: (abs(lv.blocks / total - rates[lv.arch.w[0]]), -lv.macs))
+    return max(fitting, key=lambda lv: lv.macs)
+
+
+def _reference_level(cfg: SupernetConfig, above: Level, target: float, total: int) -> Level:
+    """The FEAST repository's search (``baselines/scalefl/split_config.py``): among the pairs whose MACs lie within
+    ``REFERENCE_TOLERANCE`` of ``target`` either side, the most balanced, the fewest blocks then the narrowest on
+    ties (its search order); when none lies that close, the pair whose MACs are nearest the target. Here the pairs
+    are those inside ``above``, so that the levels nest (their tensors are prefix slices of one global model)."""
+    rates = cfg.width_multiplier_choices
+    inside = _inside(cfg, above)
+    close = [lv for lv in inside if abs(lv.macs / target - 1) <= REFERENCE_TOLERANCE]
+    if close:
+        return min(close, key=lambda lv: (abs(lv.blocks / total - rates[lv.arch.w[0]]), lv.blocks, lv.arch.w[0]))
+    return min(inside, key=lambda lv: (abs(lv.macs - target), lv.blocks, lv.arch.w[0]))
+
+
 @lru_cache(maxsize=16)
-def scalefl_levels(cfg: SupernetConfig) -> tuple[Level, ...]:
+def scalefl_levels(cfg: SupernetConfig, rule: str = "tiers") -> tuple[Level, ...]:
     """ScaleFL's levels on the ScaleFL config ``cfg``, cheapest first: the last is the whole model; each other level
-    is, among the (blocks, width) pairs inside the next larger level whose MACs fit its target and lie within
-    ``TARGET_TOLERANCE`` below it, the most balanced one (least |depth fraction - width rate|, the paper's rule;
-    the larger MACs on ties). When no pair lies that close, the largest pair that fits is taken."""
+    is chosen inside the next larger one, by the paper's rule of the most balanced split (least |depth fraction -
+    width rate|). ``rule = "tiers"``: the targets are HeteroFL's tiers' MACs and a level must fit its target
+    (``_tiers_level``); ``"reference"``: the FEAST repository's 0.061, 0.13 and 0.25 of the whole model's MACs,
+    within 15 % either side (``_reference_level``)."""
+    if rule not in LEVEL_RULES:
+        raise ValueError(f"scalefl-levels='{rule}': allowed values are {list(LEVEL_RULES)}")
     per_stage = 1 + cfg.max_extra_blocks_per_stage
     total = per_stage * cfg.num_stages
-    rates = cfg.width_multiplier_choices
-    targets = level_targets(cfg)
-    levels = [level_of(cfg, total, len(rates) - 1)]
-    for target in reversed(targets[:-1]):
-        above = levels[0]
-        fitting = [
-            level_of(cfg, blocks, width)
-            for blocks in range(1, above.blocks + 1)
-            for width in range(above.arch.w[0] + 1)
-            if (blocks, width) != (above.blocks, above.arch.w[0])
-        ]
-        fitting = [lv for lv in fitting if lv.macs <= target]
-        if not fitting:
-            raise ValueError(f"scalefl: no level of supernet '{cfg.name}' fits {target} MACs")
-        close = [lv for lv in fitting if lv.macs >= (1 - TARGET_TOLERANCE) * target]
-        if close:
-            best = min(close, key=lambda lv: (abs(lv.blocks / total - rates[lv.arch.w[0]]), -lv.macs))
-        else:
-            best = max(fitting, key=lambda lv: lv.macs)
-        levels.insert(0, best)
+    levels = [level_of(cfg, total, len(cfg.width_multiplier_choices) - 1)]
+    if rule == "tiers":
+        targets, choose = level_targets(cfg)[:-1], _tiers_level
+    else:
+        targets, choose = [f * levels[0].macs for f in REFERENCE_FRACTIONS[:-1]], _reference_level
+    for target in reversed(targets):
+        levels.insert(0, choose(cfg, levels[0], target, total))
     if len({lv.arch for lv in levels}) != len(levels):
         raise ValueError(f"scalefl: two levels of supernet '{cfg.name}' share one encoding: {levels}")
     return tuple(levels)
 
 
-def level_index(cfg: SupernetConfig, arch: Subnet) -> int:
+def level_index(cfg: SupernetConfig, arch: Subnet, rule: str = "tiers") -> int:
     """Which level ``arch`` encodes (``ValueError`` when it is none)."""
-    for index, level in enumerate(scalefl_levels(cfg)):
+    for index, level in enumerate(scalefl_levels(cfg, rule)):
         if level.arch == arch:
             return index
     raise ValueError(f"subnet {arch} is not one of ScaleFL's levels")
 
 
 class EarlyExitResNet(nn.Module):
-    """Level ``index`` of ``cfg``'s ScaleFL levels with the exits of every level up to it. ``forward`` returns the
-    logits of those exits, shallowest first (the last is this level's own prediction)."""
+    """Level ``index`` of ``cfg``'s ScaleFL levels (under ``rule``) with the exits of every level up to it.
+    ``forward`` returns the logits of those exits, shallowest first (the last is this level's own prediction)."""
 
     memory_format = ElasticResNet.memory_format
 
-    def __init__(self, cfg: SupernetConfig, index: int):
+    def __init__(self, cfg: SupernetConfig, index: int, rule: str = "tiers"):
         super().__init__()
-        levels = scalefl_levels(cfg)
+        levels = scalefl_levels(cfg, rule)
         level = levels[index]
         self.cfg, self.arch = cfg, level.arch
         trunk_cfg, trunk_arch = truncated(cfg, level.arch, level.stages)
@@ -193,9 +224,9 @@ class DeepestExit(nn.Module):
 
 
 @lru_cache(maxsize=256)
-def level_shapes(cfg: SupernetConfig, arch: Subnet) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every parameter of level ``arch`` with its exits (BatchNorm statistics are static in
-    ScaleFL: neither sent nor averaged). Built from the model code on the meta device."""
+def level_shapes(cfg: SupernetConfig, arch: Subnet, rule: str = "tiers") -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every parameter of level ``arch`` (under ``rule``) with its exits (BatchNorm statistics are
+    static in ScaleFL: neither sent nor averaged). Built from the model code on the meta device."""
     with torch.device("meta"):
-        model = EarlyExitResNet(cfg, level_index(cfg, arch))
+        model = EarlyExitResNet(cfg, level_index(cfg, arch, rule), rule)
     return {name: tuple(t.shape) for name, t in model.state_dict().items() if not name.endswith(RUNNING_STATS)}

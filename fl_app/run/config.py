@@ -28,6 +28,9 @@ TOPO_SOURCES = ("prototypes", "logits")
 TGP_MARGINS = ("class-gap", "max-pair")
 # which affordable tier scores a client in the population-weighted accuracy (fl_app.supernet.evaluation)
 POPULATION_TIERS = ("largest", "best-validation")
+# how a baseline maps budgets: as the project does (its tiers) or as the FEAST repository does
+FIARSE_MAPPINGS = ("tiers", "reference")
+SCALEFL_LEVELS = ("tiers", "reference")
 
 
 MAX_CLIENTS = 100_000  # upper bound of every client/partition count in the run config
@@ -247,6 +250,19 @@ KEYS: dict[str, Key] = {
         0.125, "superfednas/deepfednas: a, the final fraction of β₀ after the cosine decay", check=UNIT
     ),
     "maxnet-decay-fraction": Key(0.8, "superfednas/deepfednas: T as a fraction of the rounds", check=FRACTION),
+    "fiarse-mapping": Key(
+        "tiers",
+        "fiarse: each client's mask keeps the MACs of the largest HeteroFL tier it affords ('tiers'), or, as the FEAST "
+        "repository, its own fraction of the parameters, budget / full-model MACs, trained with plain SGD "
+        "('reference')",
+        FIARSE_MAPPINGS,
+    ),
+    "scalefl-levels": Key(
+        "tiers",
+        "scalefl: level targets at HeteroFL's tiers' MACs ('tiers'), or, as the FEAST repository, 4 levels at 0.061, "
+        "0.13, 0.25 and 1 of the full model's MACs (±15 %), only the levels some client trains reported ('reference')",
+        SCALEFL_LEVELS,
+    ),
     # FedTopo and the model-heterogeneous baselines (they split with local-partitioner)
     "model-family": Key(
         "cpu",

@@ -192,19 +192,27 @@ class ClientRecords:
             for pid in sorted(node_of_partition)
         }
         self.flops_of_round: dict[int, float] = {}
+        # the executed FLOPs of rounds whose replies count them apart (``train-flops-dense``: FIARSE's dense tensors)
+        self.dense_flops_of_round: dict[int, float] = {}
 
     def wrap(self, grid) -> "RecordingGrid":
         return RecordingGrid(grid, self)
 
     def round_columns(self, server_round: int) -> dict:
-        return {"client_train_flops": self.flops_of_round.get(server_round, 0.0)}
+        """rounds.csv's compute columns; ``client_train_flops_dense`` only in a run whose replies counted it (a
+        reply without it executed what it counted: its ``train-flops``)."""
+        columns = {"client_train_flops": self.flops_of_round.get(server_round, 0.0)}
+        if self.dense_flops_of_round:
+            columns["client_train_flops_dense"] = self.dense_flops_of_round.get(server_round, 0.0)
+        return columns
 
     def rows(self) -> list[dict]:
         return [dict(row) for _, row in sorted(self.clients.items())]
 
     def checkpoint_state(self) -> dict:
         """What a round checkpoint keeps of the statistics (plain containers and numbers)."""
-        return {"clients": self.rows(), "flops_of_round": dict(self.flops_of_round)}
+        dense = {"dense_flops_of_round": dict(self.dense_flops_of_round)} if self.dense_flops_of_round else {}
+        return {"clients": self.rows(), "flops_of_round": dict(self.flops_of_round), **dense}
 
     def restore_state(self, state: dict) -> None:
         """Continue the statistics of ``checkpoint_state``: the counted columns of each partition and the FLOPs of
@@ -218,6 +226,7 @@ class ClientRecords:
         for pid, row in self.clients.items():
             row.update({column: saved[pid][column] for column in COUNTED_COLUMNS})
         self.flops_of_round = {int(r): float(flops) for r, flops in state["flops_of_round"].items()}
+        self.dense_flops_of_round = {int(r): float(flops) for r, flops in state.get("dense_flops_of_round", {}).items()}
 
     def observe(self, sent: list, replies: list) -> None:
         from flwr.app import MessageType
@@ -237,6 +246,7 @@ class ClientRecords:
             row = self.clients[pid]
             row["rounds_answered"] += 1
             metrics = reply.content.metric_records.get("metrics", {})
+            self.observe_dense(server_round, metrics)
             for key, (column, how) in CLIENT_METRICS.items():
                 value = metrics.get(key)
                 if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -247,6 +257,24 @@ class ClientRecords:
                 )
                 if key == "train-flops":
                     self.flops_of_round[server_round] = self.flops_of_round.get(server_round, 0.0) + value
+
+    def observe_dense(self, server_round: int, metrics) -> None:
+        """Add a reply's executed FLOPs to its round: its ``train-flops-dense`` when it counted them apart, else
+        its ``train-flops`` (once any reply of the run counted them apart; earlier rounds are added then)."""
+
+        def valid(value) -> bool:
+            return isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+
+        dense, counted = metrics.get("train-flops-dense"), metrics.get("train-flops")
+        if valid(dense):
+            executed = dense
+        elif dense is None and self.dense_flops_of_round and valid(counted):
+            executed = counted
+        else:
+            return
+        if not self.dense_flops_of_round:  # the first reply that counts them apart: the rounds so far executed
+            self.dense_flops_of_round = dict(self.flops_of_round)
+        self.dense_flops_of_round[server_round] = self.dense_flops_of_round.get(server_round, 0.0) + executed
 
 
 class RecordingGrid:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import ThreadPoolExecutor
 from typing import Mapping
 
@@ -119,6 +120,46 @@ def population_weighted_accuracy(
     return float(np.mean(scores)) if scores else 0.0
 
 
+# the three population-weighted accuracies every run reports (``population_accuracies``): the anchor each client is
+# scored with among those it affords
+POPULATION_RULES = ("largest", "best-validation", "best-test")
+
+
+def population_accuracies(budgets, anchors: list[dict]) -> dict[str, float | None]:
+    """Mean test accuracy over clients, each scored with one affordable anchor (``macs``, ``val_accuracy``,
+    ``accuracy``: the evaluated tiers and client subnets), three ways: ``largest`` (the most MACs), ``best-validation``
+    (the best validation accuracy, the larger on ties: no test-set selection) and
+    ``best-test`` (the highest test accuracy: the FEAST repository's ``scripts/evaluate_pop_weighted.py``, which
+    selects on the accuracy it reports). A client that affords no anchor is scored with the cheapest one, as that
+    script does. None where a rule cannot be applied (no validation split, no anchor)."""
+    has_validation = all(math.isfinite(a["val_accuracy"]) for a in anchors)
+    keys = {
+        "largest": lambda a: a["macs"],
+        "best-validation": lambda a: (a["val_accuracy"], a["macs"]),
+        "best-test": lambda a: a["accuracy"],
+    }
+    result: dict[str, float | None] = {}
+    for rule, key in keys.items():
+        if not anchors or not budgets or (rule == "best-validation" and not has_validation):
+            result[rule] = None
+            continue
+        cheapest = min(anchors, key=lambda a: a["macs"])
+        scores = []
+        for budget in budgets:
+            affordable = [a for a in anchors if a["macs"] <= budget]
+            scores.append(max(affordable, key=key)["accuracy"] if affordable else cheapest["accuracy"])
+        result[rule] = float(np.mean(scores))
+    return result
+
+
+def population_columns(accuracies: dict[str, float | None]) -> dict[str, float]:
+    """metrics.csv's columns of ``population_accuracies``: ``population_accuracy_<rule>`` (nan where None)."""
+    return {
+        f"population_accuracy_{rule.replace('-', '_')}": math.nan if value is None else value
+        for rule, value in accuracies.items()
+    }
+
+
 class TierEvaluator:
     """Central evaluation of the reporting tiers, usable as a Flower ``evaluate_fn``; keeps every row it measured."""
 
@@ -181,8 +222,15 @@ class TierEvaluator:
         )
         subnet_results = self.score_client_subnets(state, tier_results)
         client_accuracy = (
-            pwa if subnet_results is None else float(np.mean([subnet_results[c.arch] for c in self.client_subnets]))
+            pwa
+            if subnet_results is None
+            else float(np.mean([subnet_results[c.arch]["accuracy"] for c in self.client_subnets]))
         )
+        population = population_accuracies(self.budgets, self.anchors(tier_results, subnet_results))
+        columns = population_columns(population)
+        for row in self.rows:  # rows restored from a checkpoint written before these columns existed
+            for key in columns:
+                row.setdefault(key, math.nan)
         for t in tier_results:
             self.rows.append(
                 {
@@ -193,6 +241,7 @@ class TierEvaluator:
                     "test_accuracy": t["accuracy"],
                     "population_weighted_accuracy": pwa,
                     "client_subnet_accuracy": client_accuracy,
+                    **columns,
                 }
             )
         self.last = {
@@ -200,26 +249,43 @@ class TierEvaluator:
             "tiers": tier_results,
             "population_weighted_accuracy": pwa,
             "client_subnet_accuracy": client_accuracy,
+            "population_accuracies": population,
             **({"client_subnets": self.client_subnet_rows(subnet_results)} if subnet_results is not None else {}),
         }
         metrics = {f"acc@{t['macs'] / 1e6:.2f}M": t["accuracy"] for t in tier_results}
         metrics["population-weighted-accuracy"] = pwa
         metrics["client-subnet-accuracy"] = client_accuracy
+        metrics.update({f"population-accuracy-{rule}": v for rule, v in population.items() if v is not None})
         return MetricRecord(metrics)
 
+    def anchors(self, tier_results: list[dict], subnet_results: dict | None) -> list[dict]:
+        """What a client may be scored with: the tiers and, for the cache-scored methods, the distinct client
+        subnets (their MACs, validation and test accuracy)."""
+        anchors = {(t["macs"], tier.arch): t for tier, t in zip(self.tiers, tier_results)}
+        for subnet in self.client_subnets or []:
+            anchors.setdefault((subnet.macs, subnet.arch), {"macs": subnet.macs, **subnet_results[subnet.arch]})
+        return list(anchors.values())
+
     def score_client_subnets(self, state, tier_results: list[dict]) -> dict | None:
-        """Test accuracy of every distinct client subnet (arch -> accuracy), each recalibrated once; a subnet that
-        is also a reporting tier reuses the tier's score. None without client subnets."""
+        """Validation and test accuracy of every distinct client subnet (arch -> {val_accuracy, accuracy}), each
+        recalibrated once; a subnet that is also a reporting tier reuses the tier's scores. None without client
+        subnets."""
         if self.client_subnets is None:
             return None
-        scores = {tier.arch: result["accuracy"] for tier, result in zip(self.tiers, tier_results)}
+        scores = {
+            tier.arch: {"val_accuracy": r["val_accuracy"], "accuracy": r["accuracy"]}
+            for tier, r in zip(self.tiers, tier_results)
+        }
+        splits = [self.validation, self.test] if len(self.validation) else [self.test]
         for subnet in self.client_subnets:
             if subnet.arch not in scores:
-                scores[subnet.arch] = (self.evaluate or evaluate_subnet)(
-                    self.cfg, state, subnet.arch, self.calibration, self.test
-                )[-1]
+                accs = (self.evaluate or evaluate_subnet)(self.cfg, state, subnet.arch, self.calibration, *splits)
+                val = accs[0] if len(accs) == 2 else float("nan")
+                scores[subnet.arch] = {"val_accuracy": val, "accuracy": accs[-1]}
         return scores
 
     def client_subnet_rows(self, scores: dict) -> list[dict]:
         """One row per client: its subnet's MACs and test accuracy (summary.json's ``client_subnets``)."""
-        return [{"macs": c.macs, "params": c.params, "accuracy": scores[c.arch]} for c in self.client_subnets]
+        return [
+            {"macs": c.macs, "params": c.params, "accuracy": scores[c.arch]["accuracy"]} for c in self.client_subnets
+        ]

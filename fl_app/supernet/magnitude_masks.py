@@ -63,6 +63,27 @@ def level_thresholds(
     return thresholds
 
 
+# the smallest size a client gets when mapped by the FEAST repository's rule (its ``budget_to_model_size``)
+MIN_MODEL_SIZE = 1 / 256
+
+
+def model_size(budget: float, full_macs: float) -> float:
+    """The FEAST repository's FIARSE size of a client: the fraction of the parameters it keeps, its budget over the
+    full model's MACs, within [1/256, 1]."""
+    return max(MIN_MODEL_SIZE, min(1.0, budget / full_macs))
+
+
+def size_threshold(state: Mapping[str, np.ndarray], names, size: float) -> float:
+    """The threshold keeping the ``size`` fraction of the elements of the tensors ``names`` by count (the reference's
+    top-k: ``k = max(1, floor(numel * size))``, the k-th largest magnitude; ties with it are kept too). 0.0 (keep
+    everything) at size 1."""
+    if size >= 1.0:
+        return 0.0
+    magnitudes = np.concatenate([np.abs(np.asarray(state[n], dtype=np.float32)).ravel() for n in sorted(names)])
+    k = max(1, int(magnitudes.size * size))
+    return float(np.partition(magnitudes, magnitudes.size - k)[magnitudes.size - k])
+
+
 def magnitude_mask(state: Mapping[str, np.ndarray], names, threshold: float) -> dict[str, np.ndarray]:
     """Name -> boolean mask ``|w| >= threshold`` of each tensor in ``names``."""
     t = np.float32(threshold)

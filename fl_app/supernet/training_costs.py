@@ -29,12 +29,18 @@ def train_costs(cfg: SupernetConfig, largest, smallest, between: list, samples: 
     return model_train_costs(step_macs, count_macs(cfg, largest), samples)
 
 
-def model_train_costs(step_macs: float, trained_macs: float, samples: int) -> dict:
+def model_train_costs(
+    step_macs: float, trained_macs: float, samples: int, dense_step_macs: float | None = None
+) -> dict:
     """Reply metrics of one round of local training of any model: FLOPs of ``samples`` samples through steps of
-    ``step_macs`` forward MACs, the MACs of the largest model trained, this process's peak memory."""
+    ``step_macs`` forward MACs, the MACs of the largest model trained, this process's peak memory. A model whose
+    counted MACs are not the ones it executes (an unstructured mask, computed densely) also gives
+    ``dense_step_macs``: ``train-flops-dense`` is then the FLOPs it executed."""
     cuda_peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else 0.0
+    dense = {} if dense_step_macs is None else {"train-flops-dense": training_flops(dense_step_macs, samples)}
     return {
         "train-flops": training_flops(step_macs, samples),
+        **dense,
         "trained-macs": float(trained_macs),
         "peak-rss-mb": memory_mb()[1],
         "cuda-peak-mb": cuda_peak,
