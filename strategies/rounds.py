@@ -18,18 +18,20 @@ from flwr.common.logger import log
 
 from fl_app.run.config import RunConfig
 from fl_app.run.lr_schedule import lr_schedule
+from fl_app.supernet.training_costs import LocalTraining
 from strategies.screening import raised
 
 
 def round_options(run: RunConfig, num_partitions: int) -> dict:
-    """The keyword arguments every strategy here takes from the run config: sampling, wire format, reply quorum and
-    the learning rate each round's clients get."""
+    """The keyword arguments every strategy here takes from the run config: sampling, wire format, reply quorum,
+    the learning rate each round's clients get and the shape of their local training."""
     return dict(
         clients_per_round=run.clients_per_round(num_partitions),
         seed=run["seed"],
         payload_dtype=run["payload-dtype"],
         min_reply_fraction=run["min-reply-fraction"],
         lr_of_round=lr_schedule(run),
+        local_training=LocalTraining.of(run),
     )
 
 
