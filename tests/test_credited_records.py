@@ -13,6 +13,7 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Context, MessageType, MetricRecord, RecordDict
 
+from experiments.runner import flops_per_round
 from experiments.runner.flower_internals import set_message_id, set_reply_source
 from experiments.runner.in_process_grid import InProcessGrid, run_in_process
 from fl_app.multiarch_app import MULTIARCH_METHODS, build_strategy, train_multiarch
@@ -104,9 +105,9 @@ def test_records_count_only_credited_replies_by_partition_with_the_servers_flops
     assert float(liar["train_flops"]) == 0 and float(liar["client_seconds"]) == 0
     assert math.isnan(float(liar["peak_rss_mb"])) and math.isnan(float(liar["cuda_peak_mb"]))
     rounds = _csv(tmp_path / "run" / "rounds.csv")
-    assert [float(row["client_train_flops"]) for row in rounds] == [
-        grid.reported[(r, 0)] + grid.reported[(r, 2)] for r in (1, 2, 3)
-    ]
+    honest = [grid.reported[(r, 0)] + grid.reported[(r, 2)] for r in (1, 2, 3)]
+    assert [float(row["client_train_flops"]) for row in rounds] == honest
+    assert flops_per_round(tmp_path / "run") == honest  # what compute matching reads (experiments.runner)
 
 
 # -- the server's FLOPs of what it routed equal an honest client's own figure ------------------------------------
