@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any, Iterable
 
 import numpy as np
@@ -124,7 +124,12 @@ class RoundSkeleton(Strategy):
         """What a record keeps of a credited reply: its screened ``RECORDED_METRICS`` and the server's
         ``routed_work``; nothing else the client claims."""
         kept = {key: metrics[key] for key in RECORDED_METRICS if key in metrics}
-        return {**kept, **self.routed_work(partition_id, metrics)}
+        try:
+            work = self.routed_work(partition_id, metrics)
+        except Exception as error:  # costing what was routed never ends a round: the reply is recorded without it
+            log(WARNING, "client %d: the cost of what it was routed is unknown (%s); not recorded", partition_id, error)
+            work = {}
+        return {**kept, **work}
 
     def round_train_loss(self, losses: list[float]) -> float:
         """The round's train loss from the accepted replies' (NaN where a reply reported none): the mean of those

@@ -180,3 +180,26 @@ def test_a_step_count_beyond_what_the_run_allows_is_refused():
     assert spec.problem("local-steps", True) == "metric 'local-steps'=True is not an int"
     for key in ("train-flops", "peak-rss-mb", "cuda-peak-mb", "client-seconds", "train-loss"):
         assert strategy.metric_specs(0)[key].problem(key, 1e300) is not None, key
+
+
+def test_costing_what_was_routed_that_raises_never_ends_the_round(flower_ids, caplog):
+    run = validate_run_config({**TINY, "method": "heterofl"})
+    fed = Federation.build(run, NUM)
+    budgets = fed.client_budgets(run, {})
+    examples, held = partition_reports(run, fed, budgets)
+    strategy = make_supernet_strategy(run, fed, budgets, {p: 100 + p for p in range(NUM)}, examples, held)
+    torch.manual_seed(0)
+    state = {k: v.numpy() for k, v in strategy.global_model().state_dict().items() if "num_batches" not in k}
+    answered = _answered(strategy, state_to_record(state), lambda m, pid: train_feast(m, run, pid, NUM, None))
+
+    def broken(pid):
+        raise KeyError(pid)
+
+    strategy.routed_macs = broken
+    seen = []
+    strategy.credit_listener = lambda r, sampled, credited: seen.extend(credited)
+    strategy.aggregate_train(1, [reply for _, reply in answered])
+    assert strategy.rounds[1].accepted == list(range(NUM))
+    assert [pid for pid, _ in seen] == list(range(NUM))
+    assert all("train-flops" not in values and "train-loss" in values for _, values in seen)
+    assert any("the cost of what it was routed is unknown" in m for m in caplog.messages)
