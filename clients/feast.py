@@ -23,29 +23,7 @@ from fl_app.run.config import Range
 from fl_app.run.device import preferred_device
 from fl_app.run.payload import record_to_state
 from fl_app.supernet.slicing import subnet_shapes
-from fl_app.supernet.subnets import SubnetCache
-
-
-@dataclass
-class SubnetPlan:
-    """The subnets a client trains: ``largest`` is the teacher; ``smallest`` and ``between`` are its students."""
-
-    largest: Subnet
-    smallest: Subnet | None
-    between: list[Subnet]  # one is drawn per step
-
-
-def plan_subnets(cache: SubnetCache, budget: float, bounds: Subnet, wanted: tuple[str, ...]) -> SubnetPlan:
-    """Local max = the largest cached subnet under ``budget``; min = the smallest; random = any cached subnet
-    strictly between them. All must lie inside the routed ``bounds``. Degenerate cases collapse: with a single
-    affordable subnet only the max is trained."""
-    fitting = [c for c in cache.under(budget) if c.arch.within(bounds)]
-    if not fitting:
-        raise ValueError(f"no cached subnet fits budget {budget:.0f} MACs inside the routed bounds")
-    largest, smallest = fitting[-1], fitting[0]
-    min_arch = smallest.arch if "min" in wanted and smallest.arch != largest.arch else None
-    between = [c.arch for c in fitting if smallest.macs < c.macs < largest.macs and c.arch != largest.arch]
-    return SubnetPlan(largest.arch, min_arch, between if "random" in wanted else [])
+from fl_app.supernet.subnets import SubnetPlan, plan_subnets  # noqa: F401 (the plan clients train)
 
 
 def masked(logits: torch.Tensor, logit_mask: torch.Tensor | None) -> torch.Tensor:

@@ -31,7 +31,7 @@ from clients.fedtopo import (
 )
 from clients.fedtopo_baselines import FdLoss, class_means_upload, head_upload, load_head, plain_ce, proto_loss
 from clients.local_training import LocalSettings
-from fl_app.data.images import DATASETS
+from fl_app.data.images import DATASETS, load_dataset
 from fl_app.data.local_splits import client_data, client_rows, split_description, train_class_counts
 from fl_app.models.multiarch import architecture_of, client_model, forward_macs
 from fl_app.run.checkpoint import (
@@ -213,27 +213,33 @@ def train_multiarch(msg: Message, run: RunConfig, pid: int, num: int, context: C
 
 
 def multiarch_train_costs(run: RunConfig, pid: int, image_shape: tuple[int, ...], samples: int) -> dict:
-    """Reply metrics of what this client's training cost (clients.csv): FLOPs from its model's forward MACs."""
+    """Reply metrics of what this client's training cost: FLOPs from its model's forward MACs."""
+    macs = client_forward_macs(run, pid, image_shape)
+    return model_train_costs(macs, macs, samples)
+
+
+def client_forward_macs(run: RunConfig, pid: int, image_shape: tuple[int, ...]) -> float:
+    """Forward MACs of partition ``pid``'s model on one image (the server costs a client's training with it too)."""
     family = run["model-family"]
-    macs = forward_macs(
+    return forward_macs(
         family,
         architecture_of(family, pid, run["backbones"]),
         DATASETS[run["dataset"]].num_classes,
         run["feature-dim"],
         image_shape,
     )
-    return model_train_costs(macs, macs, samples)
 
 
 # -- server --------------------------------------------------------------------------------------------------------
 def build_strategy(run: RunConfig, node_of_partition: dict[int, int]):
     """The method's strategy. The server derives every client's split from the seed as the clients do, so it knows
     the size and per-class counts of each training split and the size of each test split, and holds replies to
-    them."""
+    them, and the forward MACs of each client's model (what its training is costed by)."""
     if run["method"] not in MULTIARCH_METHOD_TABLE:
         raise ValueError(f"method='{run['method']}': allowed model-heterogeneous methods are {list(MULTIARCH_METHODS)}")
     method = MULTIARCH_METHOD_TABLE[run["method"]]
     rows = client_rows(run, len(node_of_partition))
+    image_shape = tuple(load_dataset(run["dataset"], run["data-source"], run["data-path"])[0].images.shape[1:])
     common = dict(
         **round_options(run, len(node_of_partition)),
         num_rounds=run["num-server-rounds"],
@@ -242,6 +248,7 @@ def build_strategy(run: RunConfig, node_of_partition: dict[int, int]):
         train_size_of_partition={pid: len(rows[pid][0]) for pid in node_of_partition},
         test_size_of_partition={pid: len(rows[pid][1]) for pid in node_of_partition},
         train_counts_of_partition={pid: train_class_counts(run, rows[pid][0]) for pid in node_of_partition},
+        macs_of_partition={pid: client_forward_macs(run, pid, image_shape) for pid in node_of_partition},
     )
     return method.strategy(
         node_of_partition,

@@ -18,7 +18,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from clients.feast import SubnetPlan, plan_subnets, read_routed, train_subnets
+from clients.feast import read_routed, train_subnets
 from clients.fiarse import fiarse_settings, masked_train_costs, train_masked
 from clients.local_training import LocalSettings
 from clients.scalefl import train_scalefl
@@ -34,6 +34,7 @@ from fl_app.run.seeds import derived_seed
 from fl_app.supernet.evaluation import TierEvaluator
 from fl_app.supernet.federation import Federation, client_data, dataset_for, partition_rows, server_splits
 from fl_app.supernet.slicing import slice_state, subnet_shapes
+from fl_app.supernet.subnets import SubnetPlan, plan_subnets
 from fl_app.supernet.training_costs import train_costs
 from strategies.feast import FeastStrategy
 from strategies.fedavg_min import FedAvgMinStrategy
@@ -137,6 +138,7 @@ def make_supernet_strategy(
         weighting=run["aggregation-weights"],
         examples_of_partition=examples_of_partition,
         labels_of_partition=labels_of_partition,
+        train_subnets=run.train_subnets,
     )
     return method.strategy(fed.cfg, fed.cache, budgets, node_of_partition, **{**common, **method.options(run, fed)})
 

@@ -9,11 +9,12 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.common.logger import log
 
 from fl_app.models.elastic_resnet import ElasticResNet
-from fl_app.models.supernet_space import Subnet, SupernetConfig
+from fl_app.models.supernet_space import Subnet, SupernetConfig, count_macs
 from fl_app.run.payload import RecordState, record_to_state, state_to_record
 from fl_app.supernet.slicing import slice_state, state_numel, subnet_shapes
-from fl_app.supernet.subnets import SubnetCache
-from strategies.screening import CLIENT_SECONDS, TRAIN_LOSS, MetricSpec, examples_spec, labels_spec, magnitude_bound
+from fl_app.supernet.subnets import SubnetCache, plan_subnets
+from fl_app.supernet.training_costs import LocalTraining, plan_step_macs
+from strategies.screening import MetricSpec, examples_spec, labels_spec, magnitude_bound, reply_cost_specs
 from strategies.skeleton import RoundSkeleton
 from strategies.sparse import sparse_average, update_problem
 
@@ -45,6 +46,8 @@ class FeastStrategy(RoundSkeleton):
         lr_of_round=None,
         examples_of_partition: dict[int, int] | None = None,
         labels_of_partition: dict[int, list[int]] | None = None,
+        local_training: LocalTraining | None = None,
+        train_subnets: tuple[str, ...] = ("max", "min", "random"),
     ):
         super().__init__(
             node_of_partition,
@@ -54,7 +57,9 @@ class FeastStrategy(RoundSkeleton):
             payload_dtype=payload_dtype,
             min_reply_fraction=min_reply_fraction,
             lr_of_round=lr_of_round,
+            local_training=local_training,
         )
+        self.train_subnets = train_subnets  # what a client told to plan its own step trains (run's train-subnets)
         self.cfg, self.cache, self.budgets = cfg, cache, budgets
         self.routing, self.weighting = routing, weighting
         # what each client must report as num-examples (its partition size), when the server can know it
@@ -116,9 +121,18 @@ class FeastStrategy(RoundSkeleton):
         return {
             "num-examples": examples_spec(size, exact=True),
             "labels": labels_spec(self.model_cfg.n_classes, held=held),
-            "train-loss": TRAIN_LOSS,
-            "client-seconds": CLIENT_SECONDS,
+            **reply_cost_specs(self.max_local_steps(size)),
         }
+
+    def routed_macs(self, partition_id: int) -> tuple[float, float]:
+        """What the client was routed: the one subnet it was told to train, else the step it plans within its bounds
+        and budget (``plan_subnets``, as the client does); costed as the client costs it (``plan_step_macs``)."""
+        bounds, arch = self.routed[partition_id]
+        if arch is not None:
+            return plan_step_macs(self.model_cfg, arch, None, []), count_macs(self.model_cfg, arch)
+        plan = plan_subnets(self.cache, float(self.budgets[partition_id]), bounds, self.train_subnets)
+        step = plan_step_macs(self.model_cfg, plan.largest, plan.smallest, plan.between)
+        return step, count_macs(self.model_cfg, plan.largest)
 
     # -- the round skeleton's hooks -------------------------------------------------------------------------
     def begin_round(self, server_round: int, arrays: ArrayRecord) -> None:

@@ -26,7 +26,15 @@ import numpy as np
 from flwr.app import MetricRecord
 
 from fl_app.models.supernet_space import Subnet, count_macs
-from fl_app.supernet.magnitude_masks import element_macs, level_thresholds, magnitude_mask, model_size, size_threshold
+from fl_app.run.payload import record_to_state
+from fl_app.supernet.magnitude_masks import (
+    element_macs,
+    kept_macs,
+    level_thresholds,
+    magnitude_mask,
+    model_size,
+    size_threshold,
+)
 from fl_app.supernet.slicing import state_numel, subnet_shapes
 from strategies.feast import FeastStrategy
 from strategies.heterofl import RUNNING_STATS
@@ -64,6 +72,7 @@ class FiarseStrategy(FeastStrategy):
         self.tiers = [MaskLevel(full, int(m), state_numel(self.routed_shapes(full))) for m in sorted(set(levels))]
         self._masks: tuple[int, list[float], list[dict]] | None = None  # (round, thresholds, masks) per level
         self._sized: tuple[int, dict[float, tuple[float, dict]]] | None = None  # (round, size -> (threshold, mask))
+        self._kept: tuple | None = None  # ((round, threshold, dtype), MACs its mask keeps) last costed
 
     def level_index(self, budget: float) -> int:
         affordable = [i for i, level in enumerate(self.tiers) if level.macs <= budget]
@@ -121,6 +130,25 @@ class FiarseStrategy(FeastStrategy):
 
     def client_config(self, partition_id: int, bounds) -> dict:
         return {"mask-threshold": self.client_mask(partition_id)[0]}
+
+    def routed_macs(self, partition_id: int) -> tuple[float, float]:
+        """The MACs the client's mask keeps, as the client computes them from what it received: the sent arrays
+        decoded in the payload dtype and the sent threshold (clients of one level share both: costed once)."""
+        message = self._sent[partition_id]
+        threshold = float(message.content.config_records["config"]["mask-threshold"])
+        key = (self._view[0] if self._view else None, threshold, self.payload_dtype)
+        if self._kept is None or self._kept[0] != key:
+            received = record_to_state(message.content.array_records["arrays"], self.payload_dtype)
+            self._kept = (key, kept_macs(magnitude_mask(received, self.costs, threshold), self.costs))
+        return self._kept[1], self._kept[1]
+
+    def routed_work(self, partition_id: int, metrics: MetricRecord) -> dict:
+        """The skeleton's costs (the MACs the mask keeps) and ``train-flops-dense``: the full model's MACs per step,
+        what the dense tensors execute (the FEAST repository's convention for matching FIARSE's compute)."""
+        work = super().routed_work(partition_id, metrics)
+        if work:
+            work["train-flops-dense"] = self.local_training.flops(self.full_macs, metrics.get("local-steps", 0))
+        return work
 
     def reply_mask(self, partition_id: int, metrics: MetricRecord) -> dict:
         return self.client_mask(partition_id)[1]

@@ -19,25 +19,20 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fl_app.run.payload import record_to_state, state_to_record
+from fl_app.supernet.training_costs import LocalTraining
 from strategies.rounds import RoundLog
 from strategies.screening import (
-    CLIENT_SECONDS,
     MAX_WEIGHT,
-    TRAIN_LOSS,
     MetricSpec,
     counts_problem,
     examples_spec,
     magnitude_bound,
     metrics_problem,
+    reply_cost_specs,
     tensor_problem,
 )
 from strategies.skeleton import METRICS_RECORD, RoundSkeleton
 
-TRAIN_METRIC_KEYS = {
-    "train-loss": TRAIN_LOSS,
-    "local-steps": MetricSpec("int", low=0, required=False),
-    "client-seconds": CLIENT_SECONDS,
-}
 UPLOAD_RECORD = "upload"
 
 
@@ -76,6 +71,8 @@ class MultiArchStrategy(RoundSkeleton):
         train_size_of_partition: dict[int, int] | None = None,
         test_size_of_partition: dict[int, int] | None = None,
         train_counts_of_partition: dict[int, np.ndarray] | None = None,
+        local_training: LocalTraining | None = None,
+        macs_of_partition: dict[int, float] | None = None,
     ):
         super().__init__(
             node_of_partition,
@@ -85,7 +82,10 @@ class MultiArchStrategy(RoundSkeleton):
             payload_dtype=payload_dtype,
             min_reply_fraction=min_reply_fraction,
             lr_of_round=lr_of_round,
+            local_training=local_training,
         )
+        # forward MACs of each client's model (its architecture is fixed by its partition), when the server knows them
+        self.macs_of_partition = macs_of_partition
         self.num_classes, self.num_rounds, self.eval_every = num_classes, num_rounds, eval_every
         self.feature_dim = feature_dim
         self.client_config: dict = {}  # extra config every message carries (where clients keep their models)
@@ -151,7 +151,14 @@ class MultiArchStrategy(RoundSkeleton):
 
     def metric_specs(self, partition_id: int) -> dict[str, MetricSpec]:
         size = None if self.train_size_of_partition is None else self.train_size_of_partition[partition_id]
-        return {"num-examples": examples_spec(size, exact=True), **TRAIN_METRIC_KEYS}
+        return {"num-examples": examples_spec(size, exact=True), **reply_cost_specs(self.max_local_steps(size))}
+
+    def routed_macs(self, partition_id: int) -> tuple[float, float] | None:
+        """Every step trains the client's own model: its forward MACs, both per step and as the largest trained."""
+        if self.macs_of_partition is None:
+            return None
+        macs = self.macs_of_partition[partition_id]
+        return macs, macs
 
     def reply_shapes(self, partition_id: int) -> dict[str, tuple]:
         return self.expected_upload()

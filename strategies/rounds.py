@@ -18,18 +18,20 @@ from flwr.common.logger import log
 
 from fl_app.run.config import RunConfig
 from fl_app.run.lr_schedule import lr_schedule
+from fl_app.supernet.training_costs import LocalTraining
 from strategies.screening import raised
 
 
 def round_options(run: RunConfig, num_partitions: int) -> dict:
-    """The keyword arguments every strategy here takes from the run config: sampling, wire format, reply quorum and
-    the learning rate each round's clients get."""
+    """The keyword arguments every strategy here takes from the run config: sampling, wire format, reply quorum,
+    the learning rate each round's clients get and the shape of their local training."""
     return dict(
         clients_per_round=run.clients_per_round(num_partitions),
         seed=run["seed"],
         payload_dtype=run["payload-dtype"],
         min_reply_fraction=run["min-reply-fraction"],
         lr_of_round=lr_schedule(run),
+        local_training=LocalTraining.of(run),
     )
 
 
@@ -244,6 +246,9 @@ def partition_info(reply: Message, num_partitions: int | None = None) -> dict:
     config = reply.content.config_records.get("config")
     info = dict(config) if config is not None else {}
     pid, num = info.get("partition-id"), info.get("num-partitions")
+    for key, value in (("partition-id", pid), ("num-partitions", num)):
+        if isinstance(value, bool):  # a bool is an int to Python, never a partition
+            raise ValueError(f"SuperNode {node} answered {key}={value!r}: a bool, its node-config needs an integer")
     if not (isinstance(pid, int) and isinstance(num, int) and 0 <= pid < num):
         raise ValueError(
             f"SuperNode {node} answered partition-id={pid!r}, num-partitions={num!r}: its node-config "
@@ -264,7 +269,9 @@ class LiveNodes:
     ``refresh(grid)`` reads ``grid.get_node_ids()``: a partition whose node is gone is not sampled while it is gone;
     a node id not seen before (a node that joined late, or rejoined after a restart with a new id) is asked its
     partition (``partition_query``) and used from this round on, unless its num-partitions differs from the
-    federation's or its partition is held by another live node (refused, with the reason logged once). In a
+    federation's or its partition is held by another live node (refused, with the reason logged once). A node that
+    does not answer within ``query_timeout`` counts as a failed query (``failed_queries``) and is not asked again
+    while it stays connected (a round never waits for it twice); once it leaves, it is asked again if it returns. In a
     simulation the node set never changes, so every partition stays live and sampling is exactly what the seed
     gives. ``node_of_partition`` is updated in place (the strategy addresses its messages through it)."""
 
@@ -273,6 +280,8 @@ class LiveNodes:
         self.query_timeout = query_timeout
         self.live: set[int] = set(node_of_partition)
         self.refused: dict[int, str] = {}  # node id -> why it is not used
+        self.silent: set[int] = set()  # connected nodes that never answered their partition query
+        self.failed_queries = 0  # partition queries that went unanswered within the timeout, over the run
 
     def partitions(self, grid, server_round: int) -> list[int]:
         """The partitions to sample from this round, sorted: the live ones (``refresh``), or every partition when
@@ -283,7 +292,8 @@ class LiveNodes:
         """The live partition ids this round, sorted."""
         connected = set(grid.get_node_ids())
         known = set(self.node_of_partition.values())
-        self._ask(grid, server_round, sorted(connected - known - set(self.refused)), connected)
+        self.silent &= connected  # a silent node that left is asked again when it returns
+        self._ask(grid, server_round, sorted(connected - known - set(self.refused) - self.silent), connected)
         live = {pid for pid, node in self.node_of_partition.items() if node in connected}
         for pid in sorted(self.live - live):
             log(
@@ -301,7 +311,8 @@ class LiveNodes:
     def _ask(self, grid, server_round: int, nodes: list[int], connected: set[int]) -> None:
         if not nodes:
             return
-        pending = set(grid.push_messages([partition_query(n) for n in nodes]))
+        node_of_query = dict(zip(grid.push_messages([partition_query(n) for n in nodes]), nodes))
+        pending = set(node_of_query)
         replies, deadline = [], time.time() + self.query_timeout
         while pending and time.time() < deadline:
             pulled = list(grid.pull_messages(pending))
@@ -310,11 +321,15 @@ class LiveNodes:
             if pending:
                 time.sleep(0.2)
         if pending:
+            silent = sorted(node_of_query[query] for query in pending)
+            self.silent.update(silent)
+            self.failed_queries += len(silent)
             log(
                 WARNING,
-                "round %d: %d new node(s) did not answer the partition query within %.0fs; asked again next round",
+                "round %d: node(s) %s did not answer the partition query within %.0fs: failed, not asked again "
+                "while connected",
                 server_round,
-                len(pending),
+                silent,
                 self.query_timeout,
             )
         for reply in replies:

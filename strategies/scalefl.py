@@ -69,5 +69,11 @@ class ScaleFLStrategy(FeastStrategy):
     def routed_shapes(self, arch):
         return level_shapes(self.scalefl_cfg, arch, self.rule)
 
+    def routed_macs(self, partition_id: int) -> tuple[float, float]:
+        """The routed level with its exits: its MACs per step, as the client costs it."""
+        _, arch = self.routed[partition_id]
+        macs = self.levels[level_index(self.scalefl_cfg, arch, self.rule)].macs
+        return macs, macs
+
     def client_config(self, partition_id: int, bounds) -> dict:
         return {"model": "early-exit", "width-rate": 1.0}  # no HeteroFL scaler in ScaleFL

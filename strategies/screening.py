@@ -48,7 +48,8 @@ without a spec are ignored (nothing reads them).
 Common specs: ``examples_spec(partition_size)`` (num-examples: a positive int, at most the partition's size when the
 server knows it, else at most ``MAX_WEIGHT``; with ``exact=True`` equal to it), ``labels_spec(num_classes)``
 (distinct ints in 0..C-1), ``TRAIN_LOSS`` (finite, 0..``MAX_TRAIN_LOSS``), ``CLIENT_SECONDS`` (finite,
-0..``MAX_CLIENT_SECONDS``).
+0..``MAX_CLIENT_SECONDS``), ``reply_cost_specs(max_steps)`` (what a training reply reports of its cost, every
+metric a record keeps among them: ``RECORDED_METRICS``).
 
 Order of use in a strategy: metrics, then ``record_problem``, then decode and ``tensor_problem`` / ``state_problem``
 and the method's own invariants; see ``skeleton.RoundSkeleton.reply_problem``. Any exception raised while a reply
@@ -75,6 +76,8 @@ WIRE_DTYPES = {"float32": "float32", "bfloat16": "int16"}  # payload dtype -> dt
 # round of this project waits a week for a client.
 MAX_TRAIN_LOSS = 1e4
 MAX_CLIENT_SECONDS = 7 * 24 * 3600.0
+MAX_MEMORY_MB = float(2**30)  # a PiB: no client process here holds more
+MAX_TRAIN_FLOPS = 1e21  # a week at 1e15 FLOP/s (the server computes the FLOPs it records itself: this bounds the claim)
 
 
 def wire_dtype(payload_dtype: str) -> str:
@@ -283,6 +286,29 @@ def metrics_problem(metrics: Any, specs: Mapping[str, MetricSpec]) -> str | None
 NON_NEGATIVE = MetricSpec("float", low=0.0, required=False)
 TRAIN_LOSS = MetricSpec("float", low=0.0, high=MAX_TRAIN_LOSS, required=False)
 CLIENT_SECONDS = MetricSpec("float", low=0.0, high=MAX_CLIENT_SECONDS, required=False)
+MEMORY_MB = MetricSpec("float", low=0.0, high=MAX_MEMORY_MB, required=False)
+TRAIN_FLOPS = MetricSpec("float", low=0.0, high=MAX_TRAIN_FLOPS, required=False)
+# the reply metrics clients.csv keeps (fl_app.run.outputs.CLIENT_METRICS), each screened before it is recorded;
+# train-flops and trained-macs are recorded from what the server routed (``RoundSkeleton.routed_work``), not these
+RECORDED_METRICS = {
+    "train-loss": TRAIN_LOSS,
+    "client-seconds": CLIENT_SECONDS,
+    "peak-rss-mb": MEMORY_MB,
+    "cuda-peak-mb": MEMORY_MB,
+}
+
+
+def reply_cost_specs(max_steps: int | None) -> dict[str, MetricSpec]:
+    """What a training reply's cost metrics must be: ``RECORDED_METRICS``, the client's claimed ``train-flops`` and
+    ``trained-macs`` (finite, non-negative, bounded; never recorded) and ``local-steps``, an int from 0 to
+    ``max_steps`` (the steps the run config allows the partition, ``LocalTraining.steps``; None: unknown, at most
+    ``MAX_WEIGHT``). The server's FLOPs are the routed step's MACs times these steps."""
+    return {
+        **RECORDED_METRICS,
+        "train-flops": TRAIN_FLOPS,
+        "trained-macs": NON_NEGATIVE,
+        "local-steps": MetricSpec("int", low=0, high=MAX_WEIGHT if max_steps is None else max_steps, required=False),
+    }
 
 
 def examples_spec(partition_size: int | None = None, exact: bool = False) -> MetricSpec:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import time
 from abc import abstractmethod
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any, Iterable
 
 import numpy as np
@@ -17,8 +17,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fl_app.run.payload import RecordState, record_bytes
+from fl_app.supernet.training_costs import LocalTraining
 from strategies.rounds import LiveNodes, RoundLog, arrays_bytes, sample_partitions
-from strategies.screening import MetricSpec, metrics_problem, record_problem
+from strategies.screening import RECORDED_METRICS, MetricSpec, metrics_problem, record_problem
 
 DOWNLOAD_RECORD, METRICS_RECORD = "arrays", "metrics"  # what a TRAIN message carries down; what a reply reports
 
@@ -55,8 +56,13 @@ class RoundSkeleton(Strategy):
         payload_dtype: str = "float32",
         min_reply_fraction: float = 1.0,
         lr_of_round=None,
+        local_training: LocalTraining | None = None,
     ):
         self.node_of_partition = node_of_partition
+        # the run's local-training shape: bounds a reply's step count, and costs what was routed (None: unknown)
+        self.local_training = local_training
+        # told (round, sampled partitions, [(partition id, what to record of its credited reply)]) after screening
+        self.credit_listener = None
         # in a deployment nodes leave, join and rejoin: sampling (and evaluation) follow the connected ones
         self.nodes = LiveNodes(node_of_partition, num_partitions=num_partitions)
         self.clients_per_round, self.seed = clients_per_round, seed
@@ -93,6 +99,38 @@ class RoundSkeleton(Strategy):
     @abstractmethod
     def merge(self, server_round: int, accepted: list[tuple[int, Any, MetricRecord]]) -> ArrayRecord | None:
         """Fold the accepted (partition id, decoded arrays, metrics) into the global state."""
+
+    def routed_macs(self, partition_id: int) -> tuple[float, float] | None:
+        """(forward MACs of one local step, MACs of the largest model trained) of what ``partition_id`` was told to
+        train this round (None: the strategy cannot say)."""
+        return None
+
+    def max_local_steps(self, partition_size: int | None) -> int | None:
+        """The most local steps a client holding ``partition_size`` samples may report (None: unknown)."""
+        if self.local_training is None or partition_size is None:
+            return None
+        return self.local_training.steps(partition_size)
+
+    def routed_work(self, partition_id: int, metrics: MetricRecord) -> dict:
+        """What a credited reply's training cost, computed here from what was routed to it (``routed_macs``) and its
+        screened step count: ``train-flops`` and ``trained-macs`` (empty when the strategy cannot say)."""
+        macs = self.routed_macs(partition_id)
+        if macs is None or self.local_training is None:
+            return {}
+        step_macs, trained_macs = macs
+        steps = metrics.get("local-steps", 0)
+        return {"train-flops": self.local_training.flops(step_macs, steps), "trained-macs": float(trained_macs)}
+
+    def credited(self, partition_id: int, metrics: MetricRecord) -> dict:
+        """What a record keeps of a credited reply: its screened ``RECORDED_METRICS`` and the server's
+        ``routed_work``; nothing else the client claims."""
+        kept = {key: metrics[key] for key in RECORDED_METRICS if key in metrics}
+        try:
+            work = self.routed_work(partition_id, metrics)
+        except Exception as error:  # costing what was routed never ends a round: the reply is recorded without it
+            log(WARNING, "client %d: the cost of what it was routed is unknown (%s); not recorded", partition_id, error)
+            work = {}
+        return {**kept, **work}
 
     def round_train_loss(self, losses: list[float]) -> float:
         """The round's train loss from the accepted replies' (NaN where a reply reported none): the mean of those
@@ -154,6 +192,10 @@ class RoundSkeleton(Strategy):
             metrics = reply.content.metric_records.get(METRICS_RECORD, MetricRecord())
             accepted.append((pid, decoded, metrics))
             log_.client_seconds += float(metrics.get("client-seconds", 0.0))
+        if self.credit_listener is not None:  # records keep only what was credited, keyed by partition
+            self.credit_listener(
+                server_round, list(log_.sampled), [(pid, self.credited(pid, metrics)) for pid, _, metrics in accepted]
+            )
         log_.close(server_round, len(accepted), self.min_reply_fraction, self._sent_bytes)
         arrays = self.merge(server_round, accepted)
         log_.train_loss = self.round_train_loss([float(m.get("train-loss", math.nan)) for _, _, m in accepted])

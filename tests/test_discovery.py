@@ -1,4 +1,5 @@
-"""Node discovery: partition queries go out at once, the server prepares meanwhile, late nodes are asked too."""
+"""Node discovery: partition queries go out at once, the server prepares meanwhile, late nodes are asked too; a
+partition answer is ints, never bools; a node that never answers is asked once while it stays connected."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from flwr.common import Error
 
 from experiments.runner.flower_internals import set_message_id, set_reply_source
 from fl_app.node_discovery import check_federation, discover_nodes
+from strategies.rounds import LiveNodes, partition_info, partition_query
 
 
 class SlowGrid:
@@ -91,3 +93,52 @@ def test_a_malformed_partition_answer_names_the_node(flower_ids):
     grid.nodes[10] = -1
     with pytest.raises(ValueError, match=r"SuperNode 10 answered partition-id=-1, num-partitions=4"):
         discover_nodes(grid, timeout=10, settle=0.2)
+
+
+@pytest.mark.parametrize("key", ["partition-id", "num-partitions"])
+def test_a_bool_partition_answer_is_refused_naming_the_field(flower_ids, key):
+    grid = SlowGrid({10: 1})
+    query = partition_query(10)
+    set_message_id(query, "q10")
+    answer = {"partition-id": 1, "num-partitions": 4, key: True}  # True == 1 to Python: it must not be partition 1
+    reply = Message(RecordDict({"config": ConfigRecord(answer)}), reply_to=query)
+    set_reply_source(reply, 10)
+    with pytest.raises(ValueError, match=rf"SuperNode 10 answered {key}=True: a bool, .* needs an integer"):
+        partition_info(reply)
+    grid.nodes[10] = True
+    with pytest.raises(ValueError, match=r"partition-id=True: a bool"):
+        discover_nodes(grid, timeout=10, settle=0.2)
+
+
+class SilentNodeGrid:
+    """Nodes 10 and 11 hold partitions 0 and 1; node 12 is connected but never answers its partition query."""
+
+    def __init__(self):
+        self.connected, self.queried = [10, 11, 12], []
+
+    def get_node_ids(self):
+        return list(self.connected)
+
+    def push_messages(self, messages):
+        ids = []
+        for msg in messages:
+            self.queried.append(msg.metadata.dst_node_id)
+            ids.append(f"q{msg.metadata.dst_node_id}-{len(self.queried)}")
+        return ids
+
+    def pull_messages(self, ids):
+        return []  # node 12 never answers
+
+
+def test_a_node_that_never_answers_is_queried_once_while_connected_and_counted_failed(flower_ids):
+    nodes = LiveNodes({0: 10, 1: 11}, num_partitions=2, query_timeout=0.0)
+    grid = SilentNodeGrid()
+    assert [nodes.refresh(grid, r) for r in (1, 2, 3)] == [[0, 1]] * 3
+    assert grid.queried == [12]  # asked once across three rounds, not once per round
+    assert nodes.failed_queries == 1 and nodes.silent == {12}
+    grid.connected = [10, 11]  # it leaves ...
+    nodes.refresh(grid, 4)
+    grid.connected = [10, 11, 12]  # ... and returns: a membership change, asked again
+    nodes.refresh(grid, 5)
+    nodes.refresh(grid, 6)
+    assert grid.queried == [12, 12] and nodes.failed_queries == 2

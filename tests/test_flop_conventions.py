@@ -50,19 +50,31 @@ def test_kept_and_dense_training_flops_by_hand_on_a_tiny_model():
 
 def test_client_records_keep_executed_flops_per_round_only_where_counted_apart():
     from fl_app.run.outputs import ClientRecords
-    from tests.test_client_records import FakeGrid, reply, sent
 
     records = ClientRecords({0: 10, 1: 11})
-    records.wrap(FakeGrid([reply(10, **{"train-flops": 1e9})])).send_and_receive([sent(10)])
+    records.credit(1, [0], [(0, {"train-flops": 1e9})])
     assert records.round_columns(1) == {"client_train_flops": 1e9}  # nothing counted apart: no dense column
-    grid = FakeGrid([reply(10, **{"train-flops": 2e9, "train-flops-dense": 5e9}), reply(11, **{"train-flops": 1e9})])
-    records.wrap(grid).send_and_receive([sent(10, server_round=2), sent(11, server_round=2)])
+    records.credit(2, [0, 1], [(0, {"train-flops": 2e9, "train-flops-dense": 5e9}), (1, {"train-flops": 1e9})])
     # round 1 executed what it counted; in round 2 one reply counted 5e9 executed, the other executed its 1e9
     assert records.round_columns(1) == {"client_train_flops": 1e9, "client_train_flops_dense": 1e9}
     assert records.round_columns(2) == {"client_train_flops": 3e9, "client_train_flops_dense": 6e9}
     resumed = ClientRecords({0: 10, 1: 11})
     resumed.restore_state(records.checkpoint_state())
     assert resumed.round_columns(2) == records.round_columns(2)
+
+
+def test_the_server_costs_fiarse_both_ways_from_what_it_routed():
+    """The server's dense figure is the full model's MACs per step, whatever the mask keeps; its kept figure is the
+    mask's (``routed_macs``)."""
+    from fl_app.supernet.training_costs import LocalTraining
+    from strategies.fiarse import FiarseStrategy
+
+    strategy = FiarseStrategy.__new__(FiarseStrategy)  # only what costing reads: no model, no round
+    strategy.local_training, strategy.full_macs = LocalTraining(epochs=1, max_steps=0, batch_size=8), 1000.0
+    strategy.routed_macs = lambda pid: (250.0, 250.0)
+    work = FiarseStrategy.routed_work(strategy, 0, {"local-steps": 3})
+    assert work["train-flops"] == LocalTraining(1, 0, 8).flops(250.0, 3)
+    assert work["train-flops-dense"] == LocalTraining(1, 0, 8).flops(1000.0, 3) == 4 * work["train-flops"]
 
 
 def test_match_flops_executed_sets_the_rounds_from_the_dense_column(tmp_path):

@@ -100,7 +100,8 @@ class FederatedRun:
         resumed = load_run_checkpoint(location, run, self.num_clients, family.fingerprint) if location else None
         self.out_dir = prepare_output_dir(run["output-dir"], run["method"], run["dataset"], run["seed"])
         family.prepare(self.out_dir)
-        self.clients = ClientRecords({pid: info["node_id"] for pid, info in nodes.items()}, **family.client_columns)
+        self.clients = ClientRecords(nodes, **family.client_columns)
+        family.strategy.credit_listener = self.clients.credit  # the records see only what the strategy credited
         self.first_round = 1
         if resumed is not None:
             path, blob = resumed
@@ -126,7 +127,7 @@ class FederatedRun:
         self.started = self.round_started = time.time()
         try:
             result = family.strategy.start(
-                self.clients.wrap(grid),
+                grid,
                 family.initial_arrays(),
                 num_rounds=run["num-server-rounds"],
                 timeout=run["round-timeout"],

@@ -16,6 +16,7 @@ import os
 import time
 from logging import WARNING
 from pathlib import Path
+from typing import Iterable, Mapping
 
 from flwr.common.logger import log
 
@@ -172,15 +173,18 @@ def resume_client_records(clients: "ClientRecords", checkpoint: dict, location: 
 
 
 class ClientRecords:
-    """clients.csv (one row per partition) and the clients' training FLOPs per round, read from the training
-    messages a strategy sends and the replies it receives (``wrap(grid)``). Reply values are untrusted: only
-    finite, non-negative numbers are recorded; they are statistics, never used for training or aggregation.
+    """clients.csv (one row per partition) and the clients' training FLOPs per round, built only from the replies a
+    strategy credited: screened, and attributed to this round's message to that partition (the strategy tells
+    ``credit`` after each round, keyed by partition id, so a node that rejoins under a new id counts for its
+    partition and a refused, replayed or misattributed reply counts for nothing). ``train-flops`` and
+    ``trained-macs`` are the server's, computed from what it routed; the other values are the reply's screened
+    metrics. Values are still taken only when finite and non-negative; they are statistics, never used for training
+    or aggregation.
 
     ``columns`` are what the server knows of each partition before training, column -> partition id -> value
     (e.g. ``budget_macs``, ``num_examples``), in the order they appear after ``partition_id``."""
 
-    def __init__(self, node_of_partition: dict[int, int], **columns: dict):
-        self.partition_of_node = {node: pid for pid, node in node_of_partition.items()}
+    def __init__(self, partitions: Iterable[int], **columns: dict):
         self.clients = {
             pid: {
                 "partition_id": pid,
@@ -189,14 +193,11 @@ class ClientRecords:
                 "rounds_answered": 0,
                 **{column: math.nan if how != "sum" else 0.0 for column, how in CLIENT_METRICS.values()},
             }
-            for pid in sorted(node_of_partition)
+            for pid in sorted(partitions)
         }
         self.flops_of_round: dict[int, float] = {}
         # the executed FLOPs of rounds whose replies count them apart (``train-flops-dense``: FIARSE's dense tensors)
         self.dense_flops_of_round: dict[int, float] = {}
-
-    def wrap(self, grid) -> "RecordingGrid":
-        return RecordingGrid(grid, self)
 
     def round_columns(self, server_round: int) -> dict:
         """rounds.csv's compute columns; ``client_train_flops_dense`` only in a run whose replies counted it (a
@@ -228,28 +229,25 @@ class ClientRecords:
         self.flops_of_round = {int(r): float(flops) for r, flops in state["flops_of_round"].items()}
         self.dense_flops_of_round = {int(r): float(flops) for r, flops in state.get("dense_flops_of_round", {}).items()}
 
-    def observe(self, sent: list, replies: list) -> None:
-        from flwr.app import MessageType
-
-        train = [m for m in sent if m.metadata.message_type == MessageType.TRAIN]
-        if not train:
-            return
-        server_round = int(train[0].content.config_records["config"].get("server-round", 0))
-        for message in train:
-            pid = self.partition_of_node.get(message.metadata.dst_node_id)
+    def credit(self, server_round: int, sampled: Iterable[int], credited: Iterable[tuple[int, Mapping]]) -> None:
+        """One round: the partitions sampled, and (partition id, values) of each credited reply (values keyed as
+        ``CLIENT_METRICS``). A partition credited twice in a round counts once (the first)."""
+        for pid in sampled:
             if pid in self.clients:
                 self.clients[pid]["rounds_sampled"] += 1
-        for reply in replies:
-            pid = self.partition_of_node.get(reply.metadata.src_node_id)
-            if pid not in self.clients or reply.has_error():
+        seen = set()
+        for pid, values in credited:
+            if pid not in self.clients or pid in seen:
                 continue
+            seen.add(pid)
             row = self.clients[pid]
             row["rounds_answered"] += 1
-            metrics = reply.content.metric_records.get("metrics", {})
-            self.observe_dense(server_round, metrics)
+            self.observe_dense(server_round, values)
             for key, (column, how) in CLIENT_METRICS.items():
-                value = metrics.get(key)
-                if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                value = values.get(key)
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    continue
+                if not math.isfinite(value) or value < 0:
                     continue
                 old = row[column]
                 row[column] = (
@@ -275,22 +273,6 @@ class ClientRecords:
         if not self.dense_flops_of_round:  # the first reply that counts them apart: the rounds so far executed
             self.dense_flops_of_round = dict(self.flops_of_round)
         self.dense_flops_of_round[server_round] = self.dense_flops_of_round.get(server_round, 0.0) + executed
-
-
-class RecordingGrid:
-    """A Grid that tells a ``ClientRecords`` what went out and came back; everything else is the wrapped grid's."""
-
-    def __init__(self, grid, records: ClientRecords):
-        self._grid, self._records = grid, records
-
-    def send_and_receive(self, messages, *args, **kwargs):
-        messages = list(messages)
-        replies = list(self._grid.send_and_receive(messages, *args, **kwargs))
-        self._records.observe(messages, replies)
-        return replies
-
-    def __getattr__(self, name):
-        return getattr(self._grid, name)
 
 
 def _pyplot():

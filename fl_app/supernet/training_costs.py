@@ -7,6 +7,8 @@ to activations and to weights), so one trained sample costs 3 forward passes, 6 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from fl_app.models.supernet_space import SupernetConfig, count_macs
@@ -20,13 +22,45 @@ def training_flops(step_macs: float, samples: int) -> float:
     return float(FLOPS_PER_TRAINED_MAC * step_macs * samples)
 
 
-def train_costs(cfg: SupernetConfig, largest, smallest, between: list, samples: int) -> dict:
-    """Reply metrics of one round of local training: every step trains ``largest``, ``smallest`` (when given) and
-    one subnet drawn from ``between`` (its expected MACs: the mean over the list)."""
+def plan_step_macs(cfg: SupernetConfig, largest, smallest, between: list) -> float:
+    """Forward MACs of one local step that trains ``largest``, ``smallest`` (when given) and one subnet drawn from
+    ``between`` (its expected MACs: the mean over the list). The client and the server both cost a round with it."""
     step_macs = count_macs(cfg, largest) + (count_macs(cfg, smallest) if smallest is not None else 0)
     if between:
         step_macs += sum(count_macs(cfg, arch) for arch in between) / len(between)
-    return model_train_costs(step_macs, count_macs(cfg, largest), samples)
+    return step_macs
+
+
+def train_costs(cfg: SupernetConfig, largest, smallest, between: list, samples: int) -> dict:
+    """Reply metrics of one round of local training of the plan ``plan_step_macs`` costs."""
+    return model_train_costs(plan_step_macs(cfg, largest, smallest, between), count_macs(cfg, largest), samples)
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """The run config's shape of a client's local training: ``epochs``, at most ``max_steps`` steps (0 = no cap),
+    batches of ``batch_size``. A step trains ``batch_size`` samples as costed (``training_flops``)."""
+
+    epochs: int
+    max_steps: int
+    batch_size: int
+
+    @staticmethod
+    def of(run) -> "LocalTraining":
+        return LocalTraining(run["local-epochs"], run["max-local-steps"], run["batch-size"])
+
+    def steps(self, num_samples: int) -> int:
+        """The steps a client holding ``num_samples`` takes in a round: what ``clients.local_training``'s
+        ``local_batches`` yields (an epoch's last batch of one sample skipped), no more than ``max_steps``."""
+        if self.batch_size < 2:  # every batch is a single sample: all skipped
+            return 0
+        full, rest = divmod(num_samples, self.batch_size)
+        steps = self.epochs * (full + (rest >= 2))
+        return min(steps, self.max_steps) if self.max_steps else steps
+
+    def flops(self, step_macs: float, steps: int) -> float:
+        """FLOPs of ``steps`` steps through subnets of ``step_macs`` forward MACs (as a client costs them)."""
+        return training_flops(step_macs, steps * self.batch_size)
 
 
 def model_train_costs(
