@@ -189,3 +189,9 @@ def test_deeply_nested_checkpoints_are_refused_naming_file_and_field(tmp_path, c
     with pytest.raises(SystemExit):  # the command's own error line, not a traceback
         extract.main(["--checkpoint", str(path), "--macs", "1e6", "--out", str(tmp_path / "subnet.pt")])
     assert "nested deeper than" in capsys.readouterr().err
+    # the runner reads an interrupted copy's checkpoint to choose where to resume: a reason, not a crash
+    from experiments.runner import CHECKPOINT, checkpoint_round
+
+    path.rename(tmp_path / CHECKPOINT)
+    number, why = checkpoint_round(tmp_path)
+    assert number is None and "nested deeper than" in why
