@@ -46,6 +46,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from fl_app.io.bounded import MAX_FIELD_CHARS, MAX_LINE_CHARS, MAX_TABLE_BYTES, read_bounded_text, shown
+from fl_app.io.cells import markdown_cell, spreadsheet_cell
 from fl_app.io.cli import tool_parser
 from fl_app.io.files import replace_file
 from fl_app.run.config import KEYS
@@ -93,13 +95,21 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _is_whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# whole numbers a run records (rounds, clients, seeds, partition ids) are far below this; 2^53 is also where a float
+# stops holding every whole number exactly
+MAX_WHOLE = 2**53
+
 # kind -> (test, what is allowed); a table beats an if-chain
 KINDS = {
     "boolean": (lambda v: isinstance(v, bool), "true or false"),
     "text": (lambda v: isinstance(v, str), "a string"),
     "object": (lambda v: isinstance(v, dict), "a JSON object"),
-    "whole": (lambda v: isinstance(v, int) and not isinstance(v, bool), "a whole number"),
-    "count": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a whole number >= 0"),
+    "whole": (lambda v: _is_whole(v) and abs(v) <= MAX_WHOLE, f"a whole number from -{MAX_WHOLE} to {MAX_WHOLE}"),
+    "count": (lambda v: _is_whole(v) and 0 <= v <= MAX_WHOLE, f"a whole number from 0 to {MAX_WHOLE}"),
     "amount": (lambda v: _is_number(v) and math.isfinite(v) and v >= 0, "a finite number >= 0"),
     "fraction": (lambda v: v is None or (_is_number(v) and 0 <= v <= 1), "a number in [0, 1] or null"),
     "tiers": (
@@ -152,13 +162,13 @@ def check_fields(path: Path, data, fields: dict) -> dict:
     for key, kind in fields.items():
         test, allowed = KINDS[kind]
         if key in data and not test(data[key]):
-            raise ReportError(f"{path}: '{key}' is {data[key]!r}; allowed: {allowed}")
+            raise ReportError(f"{path}: '{key}' is {shown(data[key])}; allowed: {allowed}")
     return data
 
 
 def read_json(path: Path, fields: dict) -> dict:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_bounded_text(path, MAX_TABLE_BYTES))
     except OSError as error:
         raise ReportError(f"{path}: cannot be read ({error.strerror or error})") from None
     except ValueError as error:
@@ -169,17 +179,26 @@ def read_json(path: Path, fields: dict) -> dict:
 def read_table(
     path: Path, required: tuple, numeric: tuple = (), any_of: tuple = (), whole: str = "round"
 ) -> pd.DataFrame:
-    """A CSV table with its ``required`` columns, at least one of ``any_of``, whole numbers >= 0 in the column
-    ``whole`` and numbers (or empty / nan) in the ``numeric`` columns it has; an error names the file, the column
-    and the line."""
+    """A CSV table with its ``required`` columns, at least one of ``any_of``, whole numbers from 0 to ``MAX_WHOLE`` in
+    the column ``whole`` and numbers (or empty / nan) in the ``numeric`` columns it has; an error names the file, the
+    column and the line. The file's size, its lines and its cells are bounded (``fl_app.io.bounded``) before they are
+    parsed."""
     try:
+        text = read_bounded_text(path, MAX_TABLE_BYTES, MAX_LINE_CHARS)
         # without a header row pandas refuses a line longer than the first and marks a shorter one with NaN (an
         # empty field stays ''), so every line is checked against the header; numbers are converted below
-        lines = pd.read_csv(path, header=None, dtype=str, keep_default_na=False)
+        lines = pd.read_csv(io.StringIO(text), header=None, dtype=str, keep_default_na=False)
     except FileNotFoundError:
         raise ReportError(f"{path}: missing (a finished run writes it)") from None
-    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
-        raise ReportError(f"{path}: not a readable CSV table ({str(error).strip()})") from None
+    except (OSError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
+        raise ReportError(f"{path}: not a readable CSV table ({shown(str(error).strip(), 300)})") from None
+    long = lines.map(lambda cell: isinstance(cell, str) and len(cell) > MAX_FIELD_CHARS).to_numpy()
+    if long.any():
+        line, column = (int(i) for i in zip(*long.nonzero()).__next__())
+        raise ReportError(
+            f"{path}: line {line + 1}, field {column + 1}: {shown(lines.iat[line, column])}; "
+            f"allowed: at most {MAX_FIELD_CHARS} characters"
+        )
     short = lines.isna().any(axis=1).to_numpy()
     if short.any():
         raise ReportError(f"{path}: not a readable CSV table (line {int(short.argmax()) + 1} has too few fields)")
@@ -192,19 +211,21 @@ def read_table(
         missing.append(" or ".join(any_of))
     if missing:
         raise ReportError(f"{path}: no column {', '.join(missing)} (columns: {', '.join(map(str, frame.columns))})")
+    written = frame[whole].copy() if whole in frame.columns else None  # the text, for an error message
     for column in [c for c in (whole, *numeric) if c in frame.columns]:
         # Python's float: every value is exactly the one the run wrote, whatever pandas' own parser does
         converted = [_number_or_none(v) for v in frame[column]]
         bad = next((i for i, v in enumerate(converted) if v is None), None)
         if bad is not None:
-            raise ReportError(f"{path}: line {bad + 2}, column '{column}': {frame[column].iloc[bad]!r} is not a number")
+            cell = shown(frame[column].iloc[bad])
+            raise ReportError(f"{path}: line {bad + 2}, column '{column}': {cell} is not a number")
         frame[column] = pd.Series(converted, index=frame.index, dtype=float)
     counted = frame[whole] if whole in frame.columns else pd.Series(dtype=float)
-    ok = counted.notna() & (counted == counted.round()) & (counted >= 0)
+    ok = counted.notna() & (counted == counted.round()) & (counted >= 0) & (counted <= MAX_WHOLE)
     if not ok.all():
         bad = int((~ok).to_numpy().argmax())
         raise ReportError(
-            f"{path}: line {bad + 2}, column '{whole}': {frame[whole].iloc[bad]!r}; allowed: a whole number >= 0"
+            f"{path}: line {bad + 2}, column '{whole}': {shown(written.iloc[bad])}; allowed: {KINDS['count'][1]}"
         )
     return frame.assign(**{whole: counted.astype(int)}) if whole in frame.columns else frame
 
@@ -1013,8 +1034,8 @@ def percent(mean: float, half: float) -> str:
 
 
 def markdown(header: list[str], lines: list[list]) -> str:
-    out = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    out += ["| " + " | ".join(str(c) for c in line) + " |" for line in lines]
+    out = ["| " + " | ".join(map(markdown_cell, header)) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    out += ["| " + " | ".join(markdown_cell(c) for c in line) + " |" for line in lines]
     return "\n".join(out)
 
 
@@ -1208,8 +1229,10 @@ def report_text(tables: dict) -> str:
 
 # -- writing -------------------------------------------------------------------------------------------------------
 def csv_bytes(table: list[dict]) -> bytes:
-    """The table as CSV, written as ``csv.DictWriter`` writes it (CRLF lines, nan for a missing value)."""
+    """The table as CSV, written as ``csv.DictWriter`` writes it (CRLF lines, nan for a missing value); a text cell
+    that a spreadsheet would run as a formula is escaped (``spreadsheet_cell``)."""
     buffer = io.StringIO()
+    table = [{key: spreadsheet_cell(value) for key, value in row.items()} for row in table]
     pd.DataFrame(table).to_csv(buffer, index=False, lineterminator="\r\n", na_rep="nan")
     return buffer.getvalue().encode()
 

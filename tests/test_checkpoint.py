@@ -141,3 +141,57 @@ def test_the_verified_file_api_for_other_model_families(tmp_path):
         load_verified(path, model_fingerprint(_run(method="fedtopo"), model))
     with pytest.raises(ValueError, match=r"model architectures: checkpoint \['cnn4', 'mobilenetv2'\] vs now"):
         load_verified(path, model_fingerprint(run, {**model, "architectures": ["cnn4", "resnet18"]}))
+
+
+def _crafted_file(path: Path, nested) -> Path:
+    """A file that claims to be a verified checkpoint (integrity record, any hash) around ``nested``."""
+    blob = {"state_dict": {}, "nested": nested, checkpoint.INTEGRITY: {"format": 2, "fingerprint": {}, "sha256": "0"}}
+    limit = __import__("sys").getrecursionlimit()
+    __import__("sys").setrecursionlimit(20_000)  # pickling deep lists recurses; loading and hashing must not
+    try:
+        torch.save(blob, path)
+    finally:
+        __import__("sys").setrecursionlimit(limit)
+    return path
+
+
+class _CountingDigest:
+    """A digest that stops a walk doing more than ``budget`` updates (the bound the walk must stay under)."""
+
+    def __init__(self, budget: int):
+        self.updates, self.budget = 0, budget
+
+    def update(self, data: bytes) -> None:
+        self.updates += 1
+        assert self.updates <= self.budget, "the hash walk visits far more nodes than the blob holds"
+
+
+def test_hashing_shared_nested_lists_walks_each_container_once():
+    shared = []
+    for _ in range(60):  # 61 lists in memory, 2^60 paths through them
+        shared = [shared, shared]
+    digest = _CountingDigest(budget=1000)
+    checkpoint._feed(digest, {"nested": shared})
+    assert digest.updates < 200
+    # a tree without sharing hashes as before: the references only replace repeats
+    assert checkpoint.content_hash({"a": [[1], [1]]}) != checkpoint.content_hash({"a": [[1], [2]]})
+
+
+def test_deeply_nested_checkpoints_are_refused_naming_file_and_field(tmp_path, capsys):
+    import fl_app.extract as extract
+
+    deep = []
+    for _ in range(3000):  # deeper than the interpreter's recursion limit
+        deep = [deep]
+    path = _crafted_file(tmp_path / "supernet.pt", deep)
+    with pytest.raises(ValueError, match=r"supernet.pt: field \['nested'\]\[0\].*nested deeper than"):
+        checkpoint.load_verified(path)
+    with pytest.raises(SystemExit):  # the command's own error line, not a traceback
+        extract.main(["--checkpoint", str(path), "--macs", "1e6", "--out", str(tmp_path / "subnet.pt")])
+    assert "nested deeper than" in capsys.readouterr().err
+    # the runner reads an interrupted copy's checkpoint to choose where to resume: a reason, not a crash
+    from experiments.runner import CHECKPOINT, checkpoint_round
+
+    path.rename(tmp_path / CHECKPOINT)
+    number, why = checkpoint_round(tmp_path)
+    assert number is None and "nested deeper than" in why

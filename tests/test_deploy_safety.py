@@ -199,3 +199,71 @@ def test_recipe_and_node_options_are_checked(capsys):
         with pytest.raises(SystemExit) as exit_:
             deploy.main(argv)
         assert exit_.value.code == 2 and fragment in capsys.readouterr().err, argv
+
+
+# -- counts, ports and addresses: checked before anything is generated, written or printed -------------------------
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["keys", "--nodes", "100000000"], "--nodes 100000000: allowed: a whole number from 1 to 10000"),
+        (["keys", "--nodes", "-3"], "--nodes -3: allowed: a whole number from 1 to 10000"),
+        (["recipe", "--nodes", "-3"], "--nodes -3: allowed"),
+        (["recipe", "--port", "70000"], "--port 70000: not a TCP port; allowed: a whole number from 1 to 65535"),
+        (["recipe", "--nodes", "3", "--port", "0"], "--port 0: not a TCP port"),
+        (["superlink", "--state", "STATE", "--insecure-local-test", "--port", "70000", "--print"], "--port 70000"),
+        (
+            [
+                "supernode",
+                "--superlink",
+                "127.0.0.1:9093",
+                "--insecure-local-test",
+                "--partition-id",
+                "0",
+                "--num-partitions",
+                "1",
+                "--port",
+                "70000",
+                "--print",
+            ],
+            "--port 70000",
+        ),
+        (
+            [
+                "supernode",
+                "--superlink",
+                "127.0.0.1:99999",
+                "--insecure-local-test",
+                "--partition-id",
+                "0",
+                "--num-partitions",
+                "1",
+                "--print",
+            ],
+            "--superlink '127.0.0.1:99999': port 99999: not a TCP port",
+        ),
+        (
+            ["connection", "x", "--address", "bad host:1", "--insecure"],
+            "--address 'bad host:1': host 'bad host': not a DNS name",
+        ),
+        (["connection", "x", "--address", "127.0.0.1", "--insecure"], "--address '127.0.0.1': expected HOST:PORT"),
+        (["connection", "x", "--address", "::1:9093", "--insecure"], "expected HOST:PORT (an IPv6 address as"),
+    ],
+)
+def test_counts_ports_and_addresses_are_refused_before_anything_is_written(tmp_path, capsys, argv, fragment):
+    argv = [a.replace("STATE", str(tmp_path / "state")) for a in argv]
+    extra = {"keys": ["--out", str(tmp_path / "keys")], "connection": ["--flwr-home", str(tmp_path / "home")]}
+    with pytest.raises(SystemExit):
+        deploy.main([*argv, *extra.get(argv[0], [])])
+    captured = capsys.readouterr()
+    assert fragment in captured.err and "Traceback" not in captured.err, captured.err
+    assert "flower-" not in captured.out and "python -m fl_app.deploy" not in captured.out  # nothing printed
+    assert list(tmp_path.iterdir()) == []  # no key, folder or config written
+
+
+def test_valid_addresses_and_the_ipv6_recipe_parse_back():
+    from fl_app.deploy.addresses import parse_address
+
+    assert parse_address("[::1]:9093") == ("::1", 9093)
+    assert parse_address("fl.example.org:9093") == ("fl.example.org", 9093)
+    text = deploy.recipe("d", 2, superlink_host="::1", insecure_local_test=True)
+    assert "--superlink '[::1]:9093'" in text or "--superlink [::1]:9093" in text, text

@@ -561,3 +561,44 @@ def test_update_readme_does_not_write_through_a_symlink(tmp_path, capsys):
     (tmp_path / "link.md").symlink_to(target)
     assert main(["--update-readme", str(tmp_path / "link.md")]) == 2
     assert "is a symlink" in capsys.readouterr().err and target.read_text().endswith("old\n<!-- /report -->\n")
+
+
+# -- bounded reading and cells that stay cells ---------------------------------------------------------------------
+def test_a_huge_csv_line_or_cell_is_refused_before_it_is_parsed_with_a_short_message(tmp_path, capsys, monkeypatch):
+    import fl_app.report as report_module
+
+    monkeypatch.setattr(report_module, "MAX_LINE_CHARS", 1000)  # the real limit is 64 KiB: same code, small file
+    monkeypatch.setattr(report_module, "MAX_FIELD_CHARS", 100)
+    folder = make_run(tmp_path / "runs/a", seed=0)
+    (folder / "metrics.csv").write_text("round,population_weighted_accuracy\n4," + "9" * 5000 + "\n")
+    error = _refused(tmp_path, capsys, f"{folder / 'metrics.csv'}: line 2 is longer than 1000 characters")
+    assert len(error) < 400, error  # the cell is quoted cut short, never whole
+    (folder / "metrics.csv").write_text("round,population_weighted_accuracy\n4," + "x" * 500 + "\n")
+    error = _refused(tmp_path, capsys, f"{folder / 'metrics.csv'}: line 2, field 2: 'xxx")
+    assert "allowed: at most 100 characters" in error and len(error) < 400, error
+
+
+def test_whole_numbers_are_bounded(tmp_path, capsys):
+    folder = make_run(tmp_path / "runs/a", seed=0)
+    (folder / "metrics.csv").write_text("round,population_weighted_accuracy\n1e300,0.3\n")
+    _refused(tmp_path, capsys, f"{folder / 'metrics.csv'}: line 2, column 'round': '1e300'; allowed: a whole number")
+    (folder / "metrics.csv").write_text("round,population_weighted_accuracy\n4,0.3\n")
+    make_run(tmp_path / "runs/b", seed=10**400)
+    _refused(tmp_path, capsys, "'seed' is ")
+
+
+def test_labels_cannot_become_spreadsheet_formulas_or_markdown_rows(tmp_path):
+    labels = ('=HYPERLINK("http://x")', "-2+3+cmd|' /C calc'!A0", "@SUM(A1)", "a | b\n| forged | row |")
+    for i, label in enumerate(labels):
+        make_run(tmp_path / f"r{i}", method="feast", seed=0, commit="a" * 40, label=label, lr=0.1 * (i + 1))
+    make_run(tmp_path / "ref", method="fedavg-min", seed=0, commit="a" * 40, lr=0.1)
+    text = write_tables(tmp_path / "rep", report(find_runs([tmp_path]), reference="fedavg-min"))
+    table = (tmp_path / "rep/table.csv").read_text()
+    cells = [line.split(",")[0] for line in table.splitlines()[1:]] + table.split('"')[1::2]
+    assert not any(cell.startswith(("=", "+", "-", "@")) for cell in cells), table
+    assert "'=HYPERLINK" in table and "'-2+3+cmd" in table and "'@SUM" in table
+    paired = (tmp_path / "rep/paired.csv").read_text()
+    assert ",-" in paired or ",+" in paired or ",0" in paired  # numbers and estimates stay as they are
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    assert not any(line.startswith("| forged") for line in rows), text
+    assert "a \\| b \\| forged \\| row \\|" in text

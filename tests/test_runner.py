@@ -456,3 +456,43 @@ def test_committed_runs_are_reused_from_a_checkout_at_another_path(tmp_path, mon
     runs = plan(suite, ROOT / "experiments/results/ablations-seeds")
     assert [r.action for r in runs] == ["reuse"] * 10
     assert str(runs[0].launch_config()["data-path"]).startswith(str(clone.parent / "shared"))
+
+
+# -- the runner writes inside its folder only ----------------------------------------------------------------------
+@pytest.mark.parametrize("label", ["../../victim", "a/b", ".hidden", "x\ny"])
+def test_a_label_that_is_no_safe_folder_name_is_refused_naming_it_and_the_allowed_characters(tmp_path, label):
+    text = SUITE.replace("feast-kd0 = ", f"{json.dumps(label)} = ")
+    with pytest.raises(ValueError, match=r"a label names a run folder; allowed: letters, digits") as error:
+        run(tmp_path, text)
+    assert repr(label) in str(error.value)
+    assert not (tmp_path / "victim").exists() and not (tmp_path / "out").exists()
+
+
+def test_a_link_inside_out_is_never_followed(tmp_path):
+    victim = tmp_path / "victim"
+    (victim / "seed0").mkdir(parents=True)
+    (victim / "seed0/keep.txt").write_text("mine")
+    (tmp_path / "out/runs").mkdir(parents=True)
+    (tmp_path / "out/runs/feast").symlink_to(victim, target_is_directory=True)
+    with pytest.raises(SuiteMismatch, match=r"runs/feast: a symbolic link inside --out"):
+        run(tmp_path)
+    assert sorted(p.name for p in victim.rglob("*")) == ["keep.txt", "seed0"]
+
+
+def test_a_second_runner_on_the_same_out_is_refused_and_moves_nothing(tmp_path):
+    import fcntl
+    import os
+
+    run(tmp_path, SUITE.replace("seeds = [0, 1, 2]", "seeds = [0]"))
+    (tmp_path / "out/runs/feast/seed0/summary.json").unlink()  # unfinished: a runner would move it aside
+    before = snapshot(tmp_path / "out")
+    holder = os.open(tmp_path / "out/.runner.lock", os.O_RDWR | os.O_CREAT)  # the first runner, still running
+    fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        with pytest.raises(SuiteMismatch, match="another runner is writing this suite folder"):
+            run(tmp_path, SUITE.replace("seeds = [0, 1, 2]", "seeds = [0]"))
+    finally:
+        os.close(holder)
+    assert snapshot(tmp_path / "out") == before and not list((tmp_path / "out/runs/feast").glob("*interrupted*"))
+    _, launcher, _ = run(tmp_path, SUITE.replace("seeds = [0, 1, 2]", "seeds = [0]"))  # once it has ended
+    assert launcher.launched == [("feast", 0, {})]

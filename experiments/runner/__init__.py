@@ -62,8 +62,10 @@ suite's tables (means with 95% t-intervals over seeds, paired differences agains
 
 OUT belongs to one suite (``OUT/suite.json``): a request that would drop runs recorded there (a subset of its
 methods or seeds, another suite) is refused, since its tables would be rewritten without them; adding seeds,
-methods or grid values is allowed. The committed ``experiments/results/`` folders are refused unless
-``--into-committed`` says that updating them is the point.
+methods or grid values is allowed. One runner at a time writes OUT (it holds ``OUT/.runner.lock``; a second
+is refused before it reads or moves anything); labels are folder names (letters, digits, ``. _ + -``), and a link
+inside OUT on the way to a run folder is refused, never followed. The committed ``experiments/results/`` folders
+are refused unless ``--into-committed`` says that updating them is the point.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import fcntl
 import itertools
 import json
 import math
@@ -91,6 +94,7 @@ from experiments.runner.machine import differences as machine_differences
 from experiments.runner.machine import machine_record
 from fl_app.data.provenance import data_fingerprint
 from fl_app.io.cli import add_command, comma_list, run_config_overrides, tool_parser
+from fl_app.io.files import first_link
 from fl_app.report import MATCHED_COLUMN, read_table, settings, write_suite_tables
 from fl_app.run.config import METHODS, SUPERNET_METHODS, validate_run_config
 from fl_app.run.outputs import write_json
@@ -104,6 +108,12 @@ RUN_LOG = "run.log"
 COMPLETED = "finished:completed"
 RUNNING = "running"
 CHECKPOINT = "checkpoint.pt"  # fl_app.run.checkpoint.CHECKPOINT_FILE (not imported here: it loads torch)
+LOCK_FILE = ".runner.lock"  # in OUT: held (flock) by the one runner writing that suite folder
+# a [methods] label names a folder under OUT/runs: letters, digits and . _ + - only, starting with a letter or digit
+# (so never '..', a path separator or a hidden name)
+SAFE_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+SAFE_LABEL_TEXT = "letters, digits and . _ + - (starting with a letter or digit)"
+UNSAFE_IN_FOLDER_NAME = re.compile(r"[/\\\x00-\x1f]")  # grid values are written into folder names too
 # the columns a run's accuracy is read from while it trains (supernet methods, model-heterogeneous methods)
 ACCURACY_COLUMNS = ("population_weighted_accuracy", "mean_client_accuracy", "test_accuracy")
 # keys that say where a run is kept, where its data lie or where its metrics are mirrored, not what it computes: never
@@ -172,7 +182,9 @@ def load_suite(
     if not methods:
         errors.append("[methods]: name at least one method (label = {overrides})")
     for label, overrides in methods.items():
-        if not isinstance(overrides, dict):
+        if not SAFE_LABEL.fullmatch(label):
+            errors.append(f"[methods] {label!r}: a label names a run folder; allowed: {SAFE_LABEL_TEXT}")
+        elif not isinstance(overrides, dict):
             errors.append(f"[methods] {label}: expected a table of run-config overrides, e.g. {label} = {{}}")
         elif "method" not in overrides and label not in METHODS:
             errors.append(f"[methods] {label}: not a method name, so it must set method = one of {list(METHODS)}")
@@ -184,6 +196,10 @@ def load_suite(
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             errors.append(f"[grid] {key}: expected a non-empty list of values")
+        elif any(UNSAFE_IN_FOLDER_NAME.search(f"{key}={v}") for v in values):
+            errors.append(
+                f"[grid] {key!r}: a key or value holds a path separator or control character (they name folders)"
+            )
     base = raw.get("base", {})
     if "base-file" in head:  # a run-config TOML (e.g. experiments/conf/*.toml) under [base]; seeds come from [suite]
         base_file = ROOT / head["base-file"]
@@ -1075,13 +1091,76 @@ def run_suite(
     lanes: int | None = None,
 ) -> dict:
     """Plan (refusing mismatches before any training), train what is missing (``lanes`` runs side by side, else the
-    suite's ``lanes``), write and print the tables."""
+    suite's ``lanes``), write and print the tables. One runner at a time per OUT (``suite_lock``); a run folder
+    reached through a link inside OUT is refused."""
     suite = suite if isinstance(suite, Suite) else load_suite(suite)
     lanes = lanes or suite.lanes
     ray_cpus = lane_cpus(lanes, suite.federation)
     out = Path(out).resolve()
     refuse_committed(out, into_committed)
+    with suite_lock(out):
+        return _run_locked_suite(
+            suite, out, rerun_changed, allow_mixed_commits, launch, printer, plots, progress_every, lanes, ray_cpus
+        )
+
+
+class SuiteBusy(SuiteMismatch):
+    pass
+
+
+@contextlib.contextmanager
+def suite_lock(out: Path):
+    """Hold OUT's lock file (``LOCK_FILE``, ``flock``) while a runner plans and writes there: a second runner on the
+    same OUT is refused at once, before it reads or moves anything. The lock ends with the process, however it
+    ends, so a killed runner leaves nothing to clean up."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as error:
+        raise SuiteMismatch(
+            f"{path}: cannot be opened as the runner's lock ({error.strerror}); nothing was changed"
+        ) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SuiteBusy(
+                f"--out {out}: another runner is writing this suite folder (it holds {LOCK_FILE}); nothing was "
+                "read, moved or written; run again when it has ended, or choose another --out"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def refuse_links(runs: list[PlannedRun], out: Path) -> None:
+    """A link inside OUT on the way to a run folder (runs/, runs/<label>, seed<N>) is refused before anything is
+    moved or written: the runner never follows one out of its folder."""
+    for run in runs:
+        for folder in (run.folder, *interrupted_copies(run.folder)):
+            link = first_link(out, folder)
+            if link is not None:
+                raise SuiteMismatch(
+                    f"{link}: a symbolic link inside --out {out}; the runner never follows links in its output "
+                    "folder (replace it with a real folder)"
+                )
+
+
+def _run_locked_suite(
+    suite: Suite,
+    out: Path,
+    rerun_changed: bool,
+    allow_mixed_commits: bool,
+    launch: Callable[[PlannedRun, float], str] | None,
+    printer,
+    plots: bool,
+    progress_every: float,
+    lanes: int,
+    ray_cpus: int | None,
+) -> dict:
     runs = plan(suite, out, rerun_changed)
+    refuse_links(runs, out)
     check_suite_folder(suite, runs, out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "suite.json", suite_record(suite, runs, out), replace=True)  # check_suite_folder: this suite's

@@ -12,7 +12,16 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from fl_app.deploy.addresses import LOOPBACK_NAMES, check_host, check_insecure_address, split_address
+from fl_app.deploy.addresses import (
+    LOOPBACK_NAMES,
+    check_count,
+    check_host,
+    check_insecure_address,
+    check_port,
+    join_address,
+    parse_address,
+    split_address,
+)
 from fl_app.deploy.credentials import CA_CERT, SERVER_CERT, SERVER_KEY
 from fl_app.run.config import MACS_RANGE
 
@@ -36,6 +45,7 @@ def superlink_command(
     `state_dir`/state.db and no runtime `uv sync` of app dependencies.
     In Flower 1.42 one HTTP(S) port serves the Fleet, Control and Runtime APIs."""
     check_host(host)
+    check_port(port)
     if insecure:
         check_insecure_address(host, "--host", allow_remote_insecure)
     command = [
@@ -136,6 +146,9 @@ def supernode_command(
     authentication key, and its own `--port` for the local ClientApp runtime API (one per SuperNode on a host).
     `insecure=True` (no TLS, no key) is only for a local test against an `--insecure` SuperLink on a loopback
     address (another one only with `allow_remote_insecure`)."""
+    parse_address(superlink, "--superlink")
+    check_port(port)
+    check_count(num_partitions, "--num-partitions")
     if insecure:
         check_insecure_address(split_address(superlink), "--superlink", allow_remote_insecure)
     command = [
@@ -179,6 +192,10 @@ def recipe(
     terminal). `insecure_local_test=True` gives the local-test-only variant without TLS and node authentication.
     Every path and name is shell-quoted: the lines can be pasted as they are, whatever the folder is called."""
     check_host(superlink_host)
+    check_count(nodes)
+    check_port(superlink_port)
+    check_port(first_node_port, "first SuperNode port")
+    check_port(first_node_port + nodes - 1, f"the last SuperNode's port (first {first_node_port} + --nodes - 1)")
     if budgets is not None and len(budgets) != nodes:
         raise ValueError(f"--budgets: {len(budgets)} values for --nodes {nodes}; give one budget per node")
     d = Path(deploy_dir)
@@ -210,7 +227,7 @@ def _insecure_recipe(
 ) -> list[str]:
     """The local-test-only lines: no certificates, no keys, no registration."""
     q = shlex.join
-    address = f"{superlink_host}:{superlink_port}"
+    address = join_address(superlink_host, superlink_port)
     lines = [
         "# LOCAL TEST ONLY: no TLS, no SuperNode authentication",
         q(["mkdir", "-p", "-m", "700", str(d / "insecure-superlink")]),
@@ -253,7 +270,7 @@ def _secure_recipe(
 ) -> list[str]:
     """The lines with TLS and SuperNode authentication: certificates, keys, SuperLink, registration, SuperNodes."""
     q = shlex.join
-    address = f"{superlink_host}:{superlink_port}"
+    address = join_address(superlink_host, superlink_port)
     host_option = [] if superlink_host in LOOPBACK_NAMES else ["--host", superlink_host]
     lines = [
         f"{RECIPE_TOOL} {q(['certs', '--out', str(d / 'certs'), *host_option])}",

@@ -18,11 +18,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from fl_app.deploy.addresses import LOOPBACK_NAMES, check_host
+from fl_app.deploy.addresses import LOOPBACK_NAMES, check_count, check_host
 from fl_app.deploy.files import install_file_set, refuse_existing
 
 CA_CERT, CA_KEY, SERVER_CERT, SERVER_KEY = "ca.crt", "ca.key", "server.pem", "server.key"
 MAX_CERT_DAYS = 3650  # certificate lifetime in days: at least one, at most ten years
+MAX_NODE_INDEX = 1_000_000  # the first index in key file names (a partition id)
 PRIVATE, PUBLIC = 0o600, 0o644
 
 
@@ -168,6 +169,9 @@ def make_node_keys(
 ) -> list[tuple[Path, Path]]:
     """`nodes` key pairs named <prefix>-<i> / <prefix>-<i>.pub, i = start .. start+nodes-1 (i = partition id),
     written as one set: all pairs or none."""
+    check_count(nodes)  # before any key is made: each pair costs a key generation and two files
+    if start < 0 or start > MAX_NODE_INDEX:
+        raise ValueError(f"--start {start}: allowed: a whole number from 0 to {MAX_NODE_INDEX}")
     if nodes < 1 or start < 0 or not re.fullmatch(r"[A-Za-z0-9_.-]+", prefix) or prefix.startswith("."):
         raise ValueError(
             f"--nodes {nodes}, --start {start}, --prefix {prefix!r}: need nodes >= 1, start >= 0 and a "

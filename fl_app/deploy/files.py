@@ -23,6 +23,7 @@ from pathlib import Path
 
 import tomli_w
 
+from fl_app.deploy.addresses import parse_address
 from fl_app.io.files import fsync_dir, write_new_file
 
 PRIVATE_DIR = 0o700
@@ -134,6 +135,7 @@ def check_connection_name(name: str) -> str:
 
 def connection_entry(address: str, root_certificates: str | Path | None = None, insecure: bool = False) -> dict:
     """The ``[superlink.<name>]`` keys: the address and an absolute ``root-certificates`` path, or ``insecure``."""
+    parse_address(address, "--address")  # before anything is written
     entry: dict = {"address": address}
     if insecure:
         entry["insecure"] = True

@@ -170,3 +170,15 @@ def existing_output(path: str | Path, option: str = "--out") -> str | None:
     if os.path.lexists(path):
         return f"{option} {path} already exists; choose a new file (nothing is ever overwritten)"
     return None
+
+
+def first_link(root: str | Path, path: str | Path) -> Path | None:
+    """The first symlink among the folders and files from ``root`` (exclusive) down to ``path``, or None: a
+    writer that keeps to its output folder follows no link inside it (the link may point anywhere)."""
+    root, path = Path(root), Path(path)
+    current = root
+    for part in path.relative_to(root).parts:
+        current = current / part
+        if os.path.islink(current):
+            return current
+    return None

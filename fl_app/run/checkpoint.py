@@ -67,33 +67,70 @@ INTEGRITY = "integrity"
 
 
 # -- verified files ------------------------------------------------------------------------------------------------
-def _feed(digest, value) -> None:
-    """Hash ``value`` canonically: dict keys sorted, tensors by dtype, shape and raw bytes."""
-    if isinstance(value, dict):
-        digest.update(b"d%d;" % len(value))
-        for key in sorted(value, key=repr):
-            _feed(digest, key)
-            _feed(digest, value[key])
-    elif isinstance(value, (list, tuple)):
-        digest.update(b"l%d;" % len(value))
-        for item in value:
-            _feed(digest, item)
-    elif isinstance(value, (torch.Tensor, np.ndarray)):
-        tensor = torch.as_tensor(value).detach().cpu().contiguous()
-        digest.update(f"t{tensor.dtype}{tuple(tensor.shape)};".encode())
-        raw = tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor
-        digest.update(raw.numpy().tobytes())
-    elif value is None or isinstance(value, (bool, int, float, str, np.generic)):
-        digest.update(f"{type(value).__name__}:{value!r};".encode())
-    else:
-        raise TypeError(f"a checkpoint holds containers, numbers, strings and tensors, not {type(value).__name__}")
+# Bounds on the walk over a loaded blob, so a small crafted file cannot make hashing run forever (shared nested
+# lists: 2^depth paths) or overflow the stack (lists nested 200,000 deep). An honest checkpoint is a few levels deep.
+MAX_DEPTH = 64
+MAX_NODES = 10_000_000  # containers and values, each shared container counted once
 
 
-def content_hash(record: dict) -> str:
-    """SHA-256 of everything in ``record`` but the hash itself (the fingerprint is covered too)."""
+def _feed(digest, value, what: str = "the checkpoint") -> None:
+    """Hash ``value`` canonically: dict keys sorted, tensors by dtype, shape and raw bytes. The walk is iterative and
+    bounded (``MAX_DEPTH``, ``MAX_NODES``); a container met again (shared, or a cycle) is fed as a reference to its
+    first visit, so each is walked once. A tree without sharing hashes exactly as it always did."""
+    seen: dict[int, int] = {}  # id of a container walked -> its ordinal
+    nodes = 0
+    stack: list = [(value, 0, None)]  # (value, depth, field path as (parent, key) links)
+    while stack:
+        value, depth, field = stack.pop()
+        nodes += 1
+        if nodes > MAX_NODES or depth > MAX_DEPTH:
+            limit = f"more than {MAX_NODES} values" if nodes > MAX_NODES else f"nested deeper than {MAX_DEPTH} levels"
+            raise ValueError(f"{what}: field {_field_name(field)} is {limit}; an app checkpoint never is")
+        if isinstance(value, (dict, list, tuple)):
+            if id(value) in seen:
+                digest.update(b"s%d;" % seen[id(value)])
+                continue
+            seen[id(value)] = len(seen)
+            if isinstance(value, dict):
+                digest.update(b"d%d;" % len(value))
+                items = []
+                for key in sorted(value, key=repr):
+                    items += [(key, depth + 1, (field, "<key>")), (value[key], depth + 1, (field, key))]
+            else:
+                digest.update(b"l%d;" % len(value))
+                items = [(item, depth + 1, (field, i)) for i, item in enumerate(value)]
+            stack.extend(reversed(items))
+        elif isinstance(value, (torch.Tensor, np.ndarray)):
+            tensor = torch.as_tensor(value).detach().cpu().contiguous()
+            digest.update(f"t{tensor.dtype}{tuple(tensor.shape)};".encode())
+            raw = tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor
+            digest.update(raw.numpy().tobytes())
+        elif value is None or isinstance(value, (bool, int, float, str, np.generic)):
+            digest.update(f"{type(value).__name__}:{value!r};".encode())
+        else:
+            raise TypeError(
+                f"{what}: field {_field_name(field)}: a checkpoint holds containers, numbers, strings and tensors, "
+                f"not {type(value).__name__}"
+            )
+
+
+def _field_name(field) -> str:
+    keys = []
+    while field is not None:
+        field, key = field
+        keys.append(key)
+    shown = [repr(k)[:40] for k in reversed(keys)]
+    if len(shown) > 6:
+        shown = shown[:3] + [f"...{len(shown) - 5} more..."] + shown[-2:]
+    return "[" + "][".join(shown) + "]" if shown else "(the whole blob)"
+
+
+def content_hash(record: dict, what: str = "the checkpoint") -> str:
+    """SHA-256 of everything in ``record`` but the hash itself (the fingerprint is covered too). A blob past the
+    walk's bounds raises ``ValueError`` naming ``what`` and the field."""
     integrity = {k: v for k, v in record.get(INTEGRITY, {}).items() if k != "sha256"}
     digest = hashlib.sha256()
-    _feed(digest, {**record, INTEGRITY: integrity})
+    _feed(digest, {**record, INTEGRITY: integrity}, what)
     return digest.hexdigest()
 
 
@@ -166,9 +203,9 @@ def load_verified(path: str | Path, fingerprint: dict | None = None, what: str |
             f"{what}: not a verified checkpoint of this app (no integrity record of format {FORMAT_VERSION})"
         )
     try:
-        actual = content_hash(blob)
+        actual = content_hash(blob, what)
     except TypeError as error:
-        raise ValueError(f"{what}: {error}") from None
+        raise ValueError(str(error)) from None
     if actual != integrity.get("sha256"):
         raise ValueError(
             f"{what}: content hash mismatch (recorded {str(integrity.get('sha256'))[:16]}..., "
