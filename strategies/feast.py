@@ -17,18 +17,15 @@ from fl_app.supernet.subnets import SubnetCache
 from strategies.robust import AGGREGATIONS
 from strategies.screening import (
     CLIENT_SECONDS,
-    SLICE_RELATIVE_BOUND,
+    SLICE_BOUND_BASIS,
     TRAIN_LOSS,
     MetricSpec,
     examples_spec,
     labels_spec,
-    magnitude_bound,
+    slice_relative_bound,
 )
 from strategies.skeleton import RoundSkeleton
 from strategies.sparse import update_problem
-
-# a refusal says where the supernet family's bound comes from
-SLICE_BASIS = f" ({SLICE_RELATIVE_BOUND:g}x the max-abs of the global slice it updates, or {SLICE_RELATIVE_BOUND:g})"
 
 
 class FeastStrategy(RoundSkeleton):
@@ -180,13 +177,12 @@ class FeastStrategy(RoundSkeleton):
         return expected
 
     def decoded_problem(self, server_round: int, partition_id: int, decoded: RecordState) -> str | None:
-        """Tensors finite, prefix slices of the global tensor they update, within ``SLICE_RELATIVE_BOUND`` times the
-        scale of the global slice they were sent (``screening.magnitude_bound``), running variances not negative
-        (``sparse.update_problem``)."""
+        """Tensors finite, prefix slices of the global tensor they update, within the bound of the global slice they
+        were sent (``screening.slice_relative_bound``), running variances not negative (``sparse.update_problem``)."""
         view = self._round_view(server_round)
         shapes = self.reply_shapes(partition_id)
         bounds = self._magnitude_bounds(server_round, view, shapes)
-        return update_problem(view, decoded, 1.0, shapes, bounds, SLICE_BASIS)
+        return update_problem(view, decoded, 1.0, shapes, bounds, SLICE_BOUND_BASIS)
 
     def _magnitude_bounds(self, server_round: int, view: dict, shapes: dict[str, tuple]) -> dict[str, float]:
         """The bound of each routed slice, computed once per round for each (tensor, shape) routed."""
@@ -196,7 +192,7 @@ class FeastStrategy(RoundSkeleton):
         for name, shape in shapes.items():
             key = (name, tuple(shape))
             if key not in cached and name in view:
-                cached[key] = magnitude_bound(view[name][prefix_region(shape)], SLICE_RELATIVE_BOUND)
+                cached[key] = slice_relative_bound(name, view[name][prefix_region(shape)])
         return {name: cached[(name, tuple(shape))] for name, shape in shapes.items() if name in view}
 
     def merge(self, server_round: int, accepted: list[tuple[int, RecordState, MetricRecord]]) -> ArrayRecord:
