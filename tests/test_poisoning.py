@@ -319,3 +319,52 @@ def test_the_attack_hurts_the_plain_average(flower_ids, honest_accuracy):
 @pytest.mark.parametrize("robust", ["clip", "trimmed-mean", "median"])
 def test_a_robust_merge_keeps_accuracy_within_two_points(flower_ids, honest_accuracy, robust):
     assert _accuracy(robust, poisoned=True) >= honest_accuracy - 2
+
+
+def _at_the_bound(payload: str) -> Corruption:
+    """Every element at 99% of its tensor's bound, with the sign of the honest value: the most one reply may move
+    the model in one round, sent every round."""
+
+    def corrupt(content: RecordDict, msg: Message) -> RecordDict:
+        sent = record_to_state(msg.content.array_records["arrays"], payload)
+        trained = record_to_state(content.array_records["arrays"], payload)
+        bound = {k: 0.99 * slice_relative_bound(k, sent[k][prefix_region(v.shape)]) for k, v in trained.items()}
+        signs = {k: np.where((v < 0) & ~k.endswith("running_var"), -1.0, 1.0) for k, v in trained.items()}
+        copy = RecordDict(dict(content))
+        copy["arrays"] = state_to_record({k: (signs[k] * bound[k]).astype(np.float32) for k in trained}, payload)
+        return copy
+
+    return Corruption("at-the-bound", corrupt)
+
+
+def _largest_after_six_rounds(method: str, robust: str, hostile: bool) -> float:
+    from tests.test_hostile_feast import BUDGETS as THREE
+    from tests.test_hostile_feast import EXAMPLES as SIZES
+    from tests.test_hostile_feast import LABELS as HELD
+
+    _, initial, honest, payload = supernet_setup(method)
+
+    def make_strategy(min_reply_fraction):
+        run = validate_run_config(
+            {"method": method, "seed": 0, "num-server-rounds": 6, "clients-per-round": 3}
+            | {"payload-dtype": payload, "robust-aggregation": robust}
+        )
+        fed = SimpleNamespace(cfg=TINY, cache=CACHE)
+        return make_supernet_strategy(run, fed, THREE, {p: node_of(p) for p in THREE}, SIZES, HELD)
+
+    attack = dict(hostile=0, corruption=_at_the_bound(payload)) if hostile else {}
+    strategy = run_rounds(make_strategy, initial, honest, (0, 1, 2), 6, 1.0, **attack)
+    trained = [k for k in strategy.global_state if not k.endswith(("running_mean", "running_var"))]
+    return max(float(np.abs(strategy.global_state[k]).max()) for k in trained)
+
+
+@pytest.mark.parametrize("method, robust", [("fedavg-min", "median"), ("fedavg-min", "clip"), ("heterofl", "clip")])
+def test_a_client_at_the_bound_every_round_compounds_unless_the_merge_is_robust(flower_ids, method, robust):
+    """The relative screen bounds one round's step, not six in a row: a client always at 99% of it still grows the
+    plain average's weights round after round (FedAvg-min's went from 1 to 3.7e5 in six rounds under the absolute
+    bound alone). The median of the three replies covering each element, or updates clipped to the median update
+    size, keep them where the honest run has them. (HeteroFL counts a classifier row only for the clients holding
+    its label: rows held by two clients, the poisoner one of them, have no median to protect them; clipping does.)"""
+    honest = _largest_after_six_rounds(method, "none", hostile=False)
+    assert _largest_after_six_rounds(method, "none", hostile=True) > 100 * honest
+    assert _largest_after_six_rounds(method, robust, hostile=True) < 2 * honest
