@@ -13,7 +13,8 @@ slice it returned, narrowed by its mask; uncovered elements keep the global valu
 - ``median``: each element is the median of the values of the replies covering it.
 
 The coordinate-wise merges weigh every covering reply alike: a num-examples weight is what a poisoning client would
-inflate first.
+inflate first. They can exclude one outlier only where at least 3 (median) or 5 (trimmed mean) replies cover an
+element; fewer are merged like the mean (HeteroFL's classifier rows held by two clients). Clipping has no such floor.
 """
 
 from __future__ import annotations
