@@ -136,6 +136,7 @@ def make_supernet_strategy(
         **round_options(run, len(budgets)),
         routing=run["routing"],
         weighting=run["aggregation-weights"],
+        robust_aggregation=run["robust-aggregation"],
         examples_of_partition=examples_of_partition,
         labels_of_partition=labels_of_partition,
         train_subnets=run.train_subnets,

@@ -10,13 +10,22 @@ from flwr.common.logger import log
 
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.models.supernet_space import Subnet, SupernetConfig, count_macs
+from fl_app.run.config import check_choice
 from fl_app.run.payload import RecordState, record_to_state, state_to_record
-from fl_app.supernet.slicing import slice_state, state_numel, subnet_shapes
+from fl_app.supernet.slicing import prefix_region, slice_state, state_numel, subnet_shapes
 from fl_app.supernet.subnets import SubnetCache, plan_subnets
 from fl_app.supernet.training_costs import LocalTraining, plan_step_macs
-from strategies.screening import MetricSpec, examples_spec, labels_spec, magnitude_bound, reply_cost_specs
+from strategies.robust import AGGREGATIONS
+from strategies.screening import (
+    SLICE_BOUND_BASIS,
+    MetricSpec,
+    examples_spec,
+    labels_spec,
+    reply_cost_specs,
+    slice_relative_bound,
+)
 from strategies.skeleton import RoundSkeleton
-from strategies.sparse import sparse_average, update_problem
+from strategies.sparse import update_problem
 
 
 class FeastStrategy(RoundSkeleton):
@@ -42,6 +51,7 @@ class FeastStrategy(RoundSkeleton):
         routing: bool = True,
         payload_dtype: str = "float32",
         weighting: str = "num-examples",
+        robust_aggregation: str = "none",
         min_reply_fraction: float = 1.0,
         lr_of_round=None,
         examples_of_partition: dict[int, int] | None = None,
@@ -62,6 +72,8 @@ class FeastStrategy(RoundSkeleton):
         self.train_subnets = train_subnets  # what a client told to plan its own step trains (run's train-subnets)
         self.cfg, self.cache, self.budgets = cfg, cache, budgets
         self.routing, self.weighting = routing, weighting
+        check_choice("robust-aggregation", robust_aggregation)
+        self.robust_aggregation = robust_aggregation
         # what each client must report as num-examples (its partition size), when the server can know it
         self.examples_of_partition = examples_of_partition
         # the labels each client's partition holds (what it must report as labels), when the server can know them
@@ -70,7 +82,7 @@ class FeastStrategy(RoundSkeleton):
         self.routed: dict[int, tuple[Subnet, Subnet | None]] = {}  # partition id -> (bounds, arch) this round
         self._returned: ArrayRecord | None = None  # the record merge handed back (decoded: global_state)
         self._view: tuple[int, dict] | None = None  # (round, wire view of global_state) built by begin_round
-        self._bounds: tuple[int, dict] | None = None  # (round, magnitude bound per tensor of that view)
+        self._bounds: tuple[int, dict] | None = None  # (round, magnitude bound per (tensor, routed shape) of that view)
 
     # -- what each client gets ------------------------------------------------------------------------------------
     @property
@@ -178,26 +190,31 @@ class FeastStrategy(RoundSkeleton):
         return expected
 
     def decoded_problem(self, server_round: int, partition_id: int, decoded: RecordState) -> str | None:
-        """Tensors finite, within the magnitude bound of the global tensor they update, prefix slices of it, running
-        variances not negative (``sparse.update_problem``)."""
+        """Tensors finite, prefix slices of the global tensor they update, within the bound of the global slice they
+        were sent (``screening.slice_relative_bound``), running variances not negative (``sparse.update_problem``)."""
         view = self._round_view(server_round)
-        return update_problem(
-            view, decoded, 1.0, self.reply_shapes(partition_id), self._magnitude_bounds(server_round, view)
-        )
+        shapes = self.reply_shapes(partition_id)
+        bounds = self._magnitude_bounds(server_round, view, shapes)
+        return update_problem(view, decoded, 1.0, shapes, bounds, SLICE_BOUND_BASIS)
 
-    def _magnitude_bounds(self, server_round: int, view: dict) -> dict[str, float]:
+    def _magnitude_bounds(self, server_round: int, view: dict, shapes: dict[str, tuple]) -> dict[str, float]:
+        """The bound of each routed slice, computed once per round for each (tensor, shape) routed."""
         if self._bounds is None or self._bounds[0] != server_round:
-            self._bounds = (server_round, {name: magnitude_bound(tensor) for name, tensor in view.items()})
-        return self._bounds[1]
+            self._bounds = (server_round, {})
+        cached = self._bounds[1]
+        for name, shape in shapes.items():
+            key = (name, tuple(shape))
+            if key not in cached and name in view:
+                cached[key] = slice_relative_bound(name, view[name][prefix_region(shape)])
+        return {name: cached[(name, tuple(shape))] for name, shape in shapes.items() if name in view}
 
     def merge(self, server_round: int, accepted: list[tuple[int, RecordState, MetricRecord]]) -> ArrayRecord:
         view = self._round_view(server_round)
         weights = self.reply_weights(server_round, [(pid, metrics) for pid, _, metrics in accepted])
         updates = [(state, w) for (_, state, _), w in zip(accepted, weights)]
         masks = [self.reply_mask(pid, metrics) for pid, _, metrics in accepted]
-        self.global_state = self.from_wire_view(
-            sparse_average(view, updates, masks, tensors_checked=True), server_round
-        )
+        merged = AGGREGATIONS[self.robust_aggregation](view, updates, masks)  # "none": sparse_average
+        self.global_state = self.from_wire_view(merged, server_round)
         self._view = None
         self._returned = state_to_record(self.global_state)
         return self._returned

@@ -33,6 +33,14 @@ Arrays, in two stages:
 
    tests/test_hostile_feast.py measures honest training against it: 1.9x at most, at ten times the default lr.
 
+   The supernet family bounds a reply tensor by the routed slice of the global tensor it updates
+   (``slice_relative_bound``): a trained tensor by ``magnitude_bound(global_slice, SLICE_RELATIVE_BOUND)``, i.e. 20
+   times the slice's max-abs (or 20, for a slice still near zero). One shared formula, two multiples: 1,000 stops
+   values that would overflow a sum; 20 stops a client that scales the model it was sent (999x the global was
+   accepted), and still leaves honest training (1.9x) a tenfold margin. BatchNorm running statistics keep 1,000:
+   they measure the activations of the weights just trained, not the global statistics (honest local training at
+   ten times the default lr on the bundled images takes the stem's running variance from 1 to 80 in one round).
+
    ``variance_problem(name, tensor)``: BatchNorm running variances are never negative.
 
 What the server derives, it checks exactly: each partition's per-class training counts follow from the seed (the
@@ -68,6 +76,7 @@ from flwr.app import Array, ArrayRecord, MetricRecord
 from fl_app.run.payload import NUMPY_STYPE, npy_bytes
 
 RELATIVE_BOUND = 1e3  # a reply's max-abs may be this many times the global tensor's (or 1, if that is smaller)
+SLICE_RELATIVE_BOUND = 20.0  # the supernet family: this many times the routed global slice's (or 1, if smaller)
 MAX_ABS = 1e6  # and never larger than this
 MAX_WEIGHT = 2**31 - 1  # the largest aggregation weight (num-examples) a reply may claim
 WIRE_DTYPES = {"float32": "float32", "bfloat16": "int16"}  # payload dtype -> dtype of the arrays on the wire
@@ -124,21 +133,38 @@ def record_problem(record: Any, expected_shapes: Mapping[str, tuple], payload_dt
 
 
 # -- arrays, decoded ---------------------------------------------------------------------------------------------
-def magnitude_bound(reference: np.ndarray | None) -> float:
-    """Largest max-abs a reply tensor updating ``reference`` may have (see the module docstring)."""
+def magnitude_bound(reference: np.ndarray | None, relative: float = RELATIVE_BOUND) -> float:
+    """Largest max-abs a reply tensor updating ``reference`` may have: ``relative`` times its scale, at least 1
+    (see the module docstring)."""
     scale = float(np.max(np.abs(reference))) if reference is not None and np.size(reference) else 0.0
-    return min(MAX_ABS, RELATIVE_BOUND * max(1.0, scale if math.isfinite(scale) else MAX_ABS))
+    return min(MAX_ABS, relative * max(1.0, scale if math.isfinite(scale) else MAX_ABS))
 
 
-def tensor_problem(name: str, tensor: np.ndarray, max_abs: float) -> str | None:
-    """Why a decoded tensor cannot be used: a NaN/Inf element or one beyond ``max_abs`` (one pass over it)."""
+MEASURED_SUFFIXES = ("running_mean", "running_var")  # BatchNorm statistics: measured by a client, not trained
+
+
+def slice_relative_bound(name: str, global_slice: np.ndarray | None) -> float:
+    """The supernet family's bound of a reply tensor ``name`` updating ``global_slice`` (see the module docstring)."""
+    measured = name.endswith(MEASURED_SUFFIXES)
+    return magnitude_bound(global_slice, RELATIVE_BOUND if measured else SLICE_RELATIVE_BOUND)
+
+
+SLICE_BOUND_BASIS = (
+    f" ({SLICE_RELATIVE_BOUND:g}x the max-abs of the global slice it updates, {RELATIVE_BOUND:g}x for BatchNorm "
+    "statistics; at least that many)"
+)
+
+
+def tensor_problem(name: str, tensor: np.ndarray, max_abs: float, basis: str = "") -> str | None:
+    """Why a decoded tensor cannot be used: a NaN/Inf element or one beyond ``max_abs`` (one pass over it);
+    ``basis`` says where the bound comes from."""
     if not np.size(tensor):
         return None
     largest = float(np.max(np.abs(tensor)))  # NaN propagates, Inf stays Inf
     if not math.isfinite(largest):
         return f"'{name}' contains NaN or Inf"
     if largest > max_abs:
-        return f"'{name}' has magnitude {largest:.3g}, allowed at most {max_abs:.3g}"
+        return f"'{name}' has magnitude {largest:.3g}, allowed at most {max_abs:.3g}{basis}"
     return None
 
 

@@ -21,13 +21,14 @@ def update_problem(
     weight: float,
     expected_shapes: Mapping[str, tuple] | None = None,
     magnitude_bounds: Mapping[str, float] | None = None,
+    bound_basis: str = "",
 ) -> str | None:
     """Why ``state`` cannot be aggregated into ``global_state`` (None when it can).
 
     ``expected_shapes``, when given, are the exact slices the client was sent: an update must return those. Every
     tensor must be finite and within ``magnitude_bounds[name]`` (default: ``screening.magnitude_bound`` of the
     global tensor), which also keeps the float32 sums below finite; BatchNorm running variances are not negative;
-    weights are at most ``screening.MAX_WEIGHT``.
+    weights are at most ``screening.MAX_WEIGHT``. ``bound_basis`` says in a refusal where the bounds come from.
     """
     if not (isinstance(weight, (int, float)) and math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
         return f"weight {weight!r} is not a finite number in (0, {MAX_WEIGHT}]"
@@ -44,7 +45,7 @@ def update_problem(
         if expected_shapes is not None and shape != tuple(expected_shapes[name]):
             return f"'{name}' has shape {shape}, but {tuple(expected_shapes[name])} was routed"
         bound = magnitude_bounds[name] if magnitude_bounds is not None else magnitude_bound(global_state[name])
-        problem = tensor_problem(name, tensor, bound) or variance_problem(name, tensor)
+        problem = tensor_problem(name, tensor, bound, bound_basis) or variance_problem(name, tensor)
         if problem:
             return problem
     return None

@@ -26,6 +26,8 @@ TRAIN_SUBNETS = ("max", "min", "random")
 TOPO_WEIGHTINGS = ("support", "mean")
 TOPO_SOURCES = ("prototypes", "logits")
 TGP_MARGINS = ("class-gap", "max-pair")
+# supernet family: a merge that limits what one reply can do (strategies.robust), or the plain sparse average
+ROBUST_AGGREGATIONS = ("none", "clip", "trimmed-mean", "median")
 # which affordable tier scores a client in the population-weighted accuracy (fl_app.supernet.evaluation)
 POPULATION_TIERS = ("largest", "best-validation")
 # how a baseline maps budgets: as the project does (its tiers) or as the FEAST repository does
@@ -212,6 +214,12 @@ KEYS: dict[str, Key] = {
         parse=parse_tiers,
     ),
     "aggregation-weights": Key("num-examples", "weights of the sparse average", ("num-examples", "uniform")),
+    "robust-aggregation": Key(
+        "none",
+        "supernet methods: 'none' = the sparse average; 'clip' = each update scaled to at most the round's median "
+        "update RMS; 'trimmed-mean' / 'median' = each element over the replies covering it (unweighted)",
+        ROBUST_AGGREGATIONS,
+    ),
     "payload-dtype": Key("float32", "dtype of arrays in messages", PAYLOAD_DTYPES),
     "eval-every": Key(5, "evaluate the tiers every N rounds (and after the last)", check=ROUNDS),
     "val-size": Key(1000, "training images held out for validation", check=Range(0, 10_000_000)),
