@@ -15,7 +15,9 @@ Kinds:
 - "shared-latent": the source maps all its layers into one latent vector per token, and every target layer
   decodes its K/V from that latent (one encoder per source model, one decoder per target model);
 - "mot-latent": the shared-latent encoder with mot's experts and router per target layer (the experts decode
-  from the latent).
+  from the latent);
+- "no-source": the control every kind must beat: shared-latent's architecture and parameter count with the source
+  features replaced by zeros, so it writes the target cache from the target's own embedding window alone.
 With `src_window` > 1 each target token also reads the source part (per-layer K/V, or the latent) of its
 `src_window` - 1 predecessors, as the embedding window does for the target's lookups.
 All target layers are computed in batched matrix products, which keeps the translator cheaper than a prefill.
@@ -37,9 +39,10 @@ from .align import layer_map
 from .cache import KV
 from .models import family_of, positions_from_mask
 
-KINDS = ("mot", "single", "shared-latent", "mot-latent")
+KINDS = ("mot", "single", "shared-latent", "mot-latent", "no-source")
 MIXTURE_KINDS = ("mot", "mot-latent")  # M experts and a router per target layer
-LATENT_KINDS = ("shared-latent", "mot-latent")  # one encoder of all source layers into a latent per token
+LATENT_KINDS = ("shared-latent", "mot-latent", "no-source")  # one encoder of all source layers into a latent per token
+NO_SOURCE_KINDS = ("no-source",)  # never read the source: its features are zeroed before the encoder
 GATINGS = ("softmax", "topk")
 # a saved translator: a folder with these two files (as transformers saves a model)
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
@@ -174,6 +177,8 @@ class KVTranslator(nn.Module):
         Returns target pre-RoPE kv (list of (K, V) [B, H_t, T, D_t]) and aux {"balance", "gates"}."""
         B, T = tgt_embed.shape[:2]
         L, N, M, H = self.layers, B * T, self.n_experts, self.hidden
+        if self.kind in NO_SOURCE_KINDS:
+            src_feats = torch.zeros_like(src_feats)  # same shapes and budget, no information from the source
         if self.kind in LATENT_KINDS:
             z = self.source_window(self.encoder(src_feats.flatten(2)), mask).reshape(1, N, -1)  # [1, N, Z]
             a = torch.matmul(self.src_norm(z), self.w_src)  # [L, N, W]

@@ -807,6 +807,7 @@ KIND_WORDS = {
     "mot-latent": "a mixture of translators on a shared latent space",
     "shared-latent": "a plain shared latent space",
     "single": "a single projector",
+    "no-source": "a translator that never reads the source (shared latent, source zeroed)",
 }
 
 
