@@ -38,6 +38,7 @@ from transformers import PreTrainedModel
 from .align import layer_map
 from .cache import KV
 from .models import family_of, positions_from_mask
+from .routing import BALANCE_TERMS, switch_balance
 
 KINDS = ("mot", "single", "shared-latent", "mot-latent", "no-source")
 MIXTURE_KINDS = ("mot", "mot-latent")  # M experts and a router per target layer
@@ -125,6 +126,9 @@ class KVTranslator(nn.Module):
             src_window=src_window,
         )
         self.kind, self.gating, self.top_k, self.window, self.src_window = kind, gating, top_k, window, src_window
+        # evaluation ablation: every expert weighted 1/M (does the router's choice matter?); not saved
+        self.uniform_gates = False
+        self.balance_term = "switch"  # routing.BALANCE_TERMS key the training loss reads as aux["balance"]
         self.n_experts = n_experts if kind in MIXTURE_KINDS else 1
         L_t, L_s = target_geom["layers"], source_geom["layers"]
         self.layers, self.hidden = L_t, hidden
@@ -174,7 +178,8 @@ class KVTranslator(nn.Module):
     def forward(self, src_feats: Tensor, tgt_embed: Tensor, mask: Tensor | None = None) -> tuple[KV, dict[str, Tensor]]:
         """src_feats [B, T, L_s, F_s] (already aligned to target tokens), tgt_embed [B, T, E] (the target's
         embedding lookups, one per token: the window is built here), mask [B, T].
-        Returns target pre-RoPE kv (list of (K, V) [B, H_t, T, D_t]) and aux {"balance", "gates"}."""
+        Returns target pre-RoPE kv (list of (K, V) [B, H_t, T, D_t]) and aux {"balance", "gates", "router_probs"}
+        (the last two for mixture kinds; gates are the weights used, router_probs the router's softmax)."""
         B, T = tgt_embed.shape[:2]
         L, N, M, H = self.layers, B * T, self.n_experts, self.hidden
         if self.kind in NO_SOURCE_KINDS:
@@ -194,8 +199,11 @@ class KVTranslator(nn.Module):
         aux = {"balance": torch.zeros((), device=h.device)}
         if self.router_out:
             gates, probs = self.route(a[..., H:])  # [L, N, M]
+            aux["balance"] = BALANCE_TERMS[self.balance_term](probs, mask)
+            aux["router_probs"] = probs
+            if self.uniform_gates:
+                gates = torch.full_like(gates, 1.0 / M)
             aux["gates"] = gates
-            aux["balance"] = balance_loss(probs, mask)
             u = u * gates[..., None]
             bias = torch.bmm(gates, self.expert_out_bias)  # [L, N, O]
         else:
@@ -265,11 +273,5 @@ def read_config(folder: str) -> dict[str, Any]:
 
 
 def balance_loss(probs: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Switch-Transformer load balancing: M * sum_m (fraction routed to m) * (mean router prob of m)."""
-    L, N, M = probs.shape
-    weight = torch.ones(N, device=probs.device) if mask is None else mask.reshape(-1).float()
-    weight = weight / weight.sum().clamp(min=1)
-    top1 = F.one_hot(probs.argmax(-1), M).float()
-    frac = torch.einsum("lnm,n->lm", top1, weight)
-    mean_prob = torch.einsum("lnm,n->lm", probs, weight)
-    return M * (frac * mean_prob).sum(-1).mean()
+    """Switch-Transformer load balancing (routing.switch_balance; kept under its old name)."""
+    return switch_balance(probs, mask)

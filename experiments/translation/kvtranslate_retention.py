@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from kvtranslate.cli import HelpFormatter, comma_list, int_list, print_table  # noqa: E402
 from kvtranslate.corpus import make_dataset  # noqa: E402
-from kvtranslate.evaluate import PROBE_MODES, qa_scores  # noqa: E402
+from kvtranslate.evaluate import PROBE_MODES, qa_scores, routing_diagnostics  # noqa: E402
 from kvtranslate.models import DTYPES, ModelPair, load_pair, pick_device, set_threads  # noqa: E402
 from kvtranslate.pipeline import (  # noqa: E402
     EncodedItem,
@@ -439,6 +439,14 @@ def main(argv: list[str] | None = None) -> None:
             for mode in PROBE_MODES if args.probe and k in PROBE_SETS else ():
                 probe = qa_scores(d, mode, pair, translator)[0]
                 row[probe_metric(k, mode)] = probe["f1"] / max(direct[k]["f1"], 1e-9)
+            routing = routing_diagnostics(d, pair, translator)
+            if routing is not None:  # a mixture: gate entropy, top gate, expert usage (kvtranslate/routing.py)
+                row[f"{k}_routing"] = routing
+                if args.uniform_gates:  # the ablation: every expert weighted 1/M
+                    translator.uniform_gates = True
+                    uniform = qa_scores(d, "translated", pair, translator)[0]
+                    translator.uniform_gates = False
+                    row[f"{k}_uniform_gates_retention"] = uniform["f1"] / max(direct[k]["f1"], 1e-9)
     summarise(args.out, args.baselines)
 
 
