@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from .cli import HelpFormatter, comma_list, print_table
+from .files import output_folder, write_json
 
 PROG = "python -m kvtranslate"
 FORMATTER = HelpFormatter
@@ -182,8 +183,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     translator, history, cfg = train_translator(pair, **train_overrides(args))
     cfg.update(source=args.source, target=args.target)
     save_translator(translator, cfg, args.out)
-    with open(os.path.join(args.out, "history.json"), "w") as f:
-        json.dump(history, f, indent=1)
+    write_json(os.path.join(args.out, "history.json"), history)  # files.py: never through a link, nothing overwritten
     print(json.dumps(dict(saved=args.out, first=history[0], last=history[-1])))
     terms = [k for k in history[-1] if k not in ("step", "seconds")]
     print_table(["step", "seconds"] + terms, [[h["step"], h["seconds"]] + [h.get(k) for k in terms] for h in history])
@@ -207,9 +207,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     routing = routing_diagnostics(data, pair, translator) if translator is not None else None
     if routing is not None:  # mixture kinds: gate entropy, top gate, expert usage (kvtranslate/routing.py)
         results["routing"] = routing
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "eval.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    write_json(os.path.join(output_folder(args.out), "eval.json"), results)
     print(json.dumps(results))
     metrics = ("acc", "binding_acc", "f1", "em")
     rows = [[mode] + [r[m] for m in metrics] for mode, r in results.items() if mode != "routing"]

@@ -31,12 +31,15 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as save_tensors
 from torch import Tensor
 from transformers import PreTrainedModel
 
 from .align import layer_map
 from .cache import KV
+from .config_check import DTYPE_NAMES, check_config
+from .files import output_folder, write_file, write_json
 from .models import family_of, positions_from_mask
 from .routing import BALANCE_TERMS, switch_balance
 
@@ -235,24 +238,38 @@ class KVTranslator(nn.Module):
             self.out_std[j, 0] = data.std(0).clamp(min=1e-3)
 
     def save_pretrained(self, folder: str, training: dict[str, Any] | None = None) -> None:
-        """`folder`/config.json (the constructor's arguments, model_type, and `training`: the settings it was
-        trained with) and `folder`/model.safetensors (every weight and buffer)."""
-        os.makedirs(folder, exist_ok=True)
-        config = dict(model_type=MODEL_TYPE, **self.config, training=training or {})
-        with open(os.path.join(folder, CONFIG_NAME), "w") as f:
-            json.dump(config, f, indent=1)
+        """`folder`/config.json (the constructor's arguments, model_type, the weights' dtype, and `training`: the
+        settings it was trained with) and `folder`/model.safetensors (every weight and buffer), written by
+        files.write_file (never through a link; another run's files are kept)."""
+        dtype = str(self.w_src.dtype).removeprefix("torch.")
+        config = dict(model_type=MODEL_TYPE, **self.config, dtype=dtype, training=training or {})
         state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        save_file(state, os.path.join(folder, WEIGHTS_NAME), metadata={"format": "pt"})
+        output_folder(folder)
+        write_json(os.path.join(folder, CONFIG_NAME), config)
+        write_file(os.path.join(folder, WEIGHTS_NAME), save_tensors(state, metadata={"format": "pt"}))
 
     @classmethod
-    def from_pretrained(cls, folder: str, device: str | torch.device = "cpu") -> "KVTranslator":
-        """A translator saved by `save_pretrained`, in eval mode on `device`; its training settings are in
-        `.training_settings`. (A folder of translator.pt from older versions loads with pipeline.load_translator.)"""
+    def from_pretrained(
+        cls, folder: str, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None
+    ) -> "KVTranslator":
+        """A translator saved by `save_pretrained`, in eval mode on `device`, in `dtype` (a torch dtype or its name;
+        None: the dtype it was saved in, float32 for folders that recorded none); its training settings are in
+        `.training_settings`. config.json is checked (config_check.py: keys, ranges, parameter count and bytes)
+        before anything is built. (A folder of translator.pt from older versions loads with
+        pipeline.load_translator.)"""
         config = read_config(folder)
-        translator = cls(**{k: v for k, v in config.items() if k not in ("model_type", "training")})
+        args = check_config(folder, config)
+        saved = DTYPE_NAMES[config.get("dtype", "float32")]
+        if dtype is None:
+            dtype = saved
+        elif isinstance(dtype, str):
+            if dtype not in DTYPE_NAMES:
+                raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)} or a torch dtype, got {dtype!r}")
+            dtype = DTYPE_NAMES[dtype]
+        translator = cls(**args).to(saved)
         translator.load_state_dict(load_file(os.path.join(folder, WEIGHTS_NAME)))
         translator.training_settings = config.get("training", {})
-        return translator.to(device).eval()
+        return translator.to(device=device, dtype=dtype).eval()
 
 
 def read_config(folder: str) -> dict[str, Any]:
