@@ -52,10 +52,17 @@ def add_flags(p: argparse.ArgumentParser, helps: dict[str, str], defaults: dict[
 def add_train_args(p: argparse.ArgumentParser) -> None:
     from .routing import BALANCES
     from .train import TRAIN_DEFAULTS as D
-    from .translators import GATINGS, KINDS
+    from .translators import GATINGS, KINDS, TARGET_INPUTS
 
     p.add_argument("--kind", choices=KINDS, default=D["kind"], help="translator type")
     p.add_argument("--gating", choices=GATINGS, default=D["gating"], help="router of the mot experts")
+    p.add_argument(
+        "--target-input",
+        choices=TARGET_INPUTS,
+        default=D["target_input"],
+        help="what the translator reads from the target: its embedding lookups, or only its positions (then the "
+        "tokens must come from the source cache)",
+    )
     p.add_argument(
         "--balance",
         choices=BALANCES,

@@ -35,7 +35,7 @@ def check_config(folder: str, config: dict[str, Any]) -> dict[str, Any]:
     """The constructor's arguments of config.json (read from `folder`), checked; raises ValueError naming the
     file and the key (unknown keys, missing keys, types, ranges, choices, and sizes over MAX_PARAMETERS /
     MAX_BYTES)."""
-    from .translators import GATINGS, KINDS, KVTranslator
+    from .translators import GATINGS, KINDS, TARGET_INPUTS, KVTranslator
 
     path = os.path.join(folder, "config.json")
     if not isinstance(config, dict):
@@ -56,10 +56,11 @@ def check_config(folder: str, config: dict[str, Any]) -> dict[str, Any]:
             fail(path, side, f"must be an object with {', '.join(GEOMETRY_KEYS)}, got {geom!r}")
         for k, v in geom.items():
             positive_int(path, f"{side}.{k}", v)
+    choices_of = {"kind": KINDS, "gating": GATINGS, "target_input": TARGET_INPUTS}
     for key in allowed:
-        if key not in ("source_geom", "target_geom", "kind", "gating"):
+        if key not in ("source_geom", "target_geom", *choices_of):
             positive_int(path, key, args[key])
-    for key, choices in (("kind", KINDS), ("gating", GATINGS)):
+    for key, choices in choices_of.items():
         if args[key] not in choices:
             fail(path, key, f"must be one of {', '.join(choices)}, got {args[key]!r}")
     dtype = config.get("dtype", "float32")

@@ -35,6 +35,7 @@ ARCHITECTURE = (
     "window",
     "embed_dim",
     "src_window",
+    "target_input",
 )
 
 

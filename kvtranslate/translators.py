@@ -48,6 +48,11 @@ MIXTURE_KINDS = ("mot", "mot-latent")  # M experts and a router per target layer
 LATENT_KINDS = ("shared-latent", "mot-latent", "no-source")  # one encoder of all source layers into a latent per token
 NO_SOURCE_KINDS = ("no-source",)  # never read the source: its features are zeroed before the encoder
 GATINGS = ("softmax", "topk")
+# what the translator reads from the target side: its embedding lookups (token + learned position), or only the
+# target's positions (a sinusoidal code of them, as wide as the embeddings), so that everything about the tokens
+# must come from the source cache: the setting where translation needs the source (issue: the target's own
+# embedding window rebuilt most of the cache without it)
+TARGET_INPUTS = ("embeddings", "positions")
 # a saved translator: a folder with these two files (as transformers saves a model)
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 MODEL_TYPE = "kvtranslate-translator"  # config.json's model_type
@@ -72,6 +77,15 @@ def target_embeddings(model: PreTrainedModel, ids: Tensor, mask: Tensor, window:
     else:
         emb = model.model.embed_tokens(ids)
     return embedding_window(emb * mask[..., None].to(emb.dtype), window)
+
+
+def position_features(mask: Tensor, width: int) -> Tensor:
+    """[B, T] mask -> [B, T, width]: a sinusoidal code of each real token's position (zeros at padding); no token
+    identity, for translators with target_input "positions"."""
+    positions = positions_from_mask(mask).float()[..., None]  # [B, T, 1]
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(0, width, 2, device=mask.device).float() / width)
+    code = torch.cat([torch.sin(positions * freqs), torch.cos(positions * freqs)], -1)[..., :width]
+    return code * mask[..., None].float()
 
 
 def embedding_window(emb: Tensor, window: int) -> Tensor:
@@ -102,12 +116,15 @@ class KVTranslator(nn.Module):
         window: int = 1,
         embed_dim: int = 128,
         src_window: int = 1,
+        target_input: str = "embeddings",
     ) -> None:
         super().__init__()
         if window < 1 or src_window < 1:
             raise ValueError(f"window and src_window must be >= 1, got window={window} src_window={src_window}")
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        if target_input not in TARGET_INPUTS:
+            raise ValueError(f"target_input must be one of {TARGET_INPUTS}, got {target_input!r}")
         if gating not in GATINGS:
             raise ValueError(f"gating must be one of {GATINGS}, got {gating!r}")
         if kind in MIXTURE_KINDS and not 1 <= top_k <= n_experts:
@@ -128,6 +145,9 @@ class KVTranslator(nn.Module):
             embed_dim=embed_dim,
             src_window=src_window,
         )
+        if target_input != "embeddings":  # recorded only when set: configs saved before it stay as they were
+            self.config["target_input"] = target_input
+        self.target_input = target_input
         self.kind, self.gating, self.top_k, self.window, self.src_window = kind, gating, top_k, window, src_window
         # evaluation ablation: every expert weighted 1/M (does the router's choice matter?); not saved
         self.uniform_gates = False

@@ -156,6 +156,10 @@ def translator_folder(root: str, variant: str, seed: int) -> str:
     return os.path.join(root, variant.replace(":", "__").replace("=", "-"), f"seed{seed}")
 
 
+# settings added after translators were committed: those translators were trained with these values
+ADDED_SETTINGS = dict(balance="switch", target_input="embeddings")
+
+
 def comparable(settings: dict[str, Any]) -> dict[str, Any]:
     """Training settings as config.json stores them (tuples as lists), for comparing a saved translator's."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}
@@ -171,7 +175,7 @@ def obtain_translator(
     wanted = comparable({**TRAIN_DEFAULTS, **settings})
     if folder is not None and os.path.isfile(os.path.join(folder, CONFIG_NAME)):
         translator, saved = load_translator(pair, folder)
-        saved = comparable(saved)
+        saved = comparable({**ADDED_SETTINGS, **saved})
         differ = sorted(k for k in wanted if saved.get(k) != wanted[k])
         if differ:
             raise ValueError(
