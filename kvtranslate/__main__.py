@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from .cli import HelpFormatter, comma_list, print_table
+from .files import output_folder, write_json
 
 PROG = "python -m kvtranslate"
 FORMATTER = HelpFormatter
@@ -49,11 +50,25 @@ def add_flags(p: argparse.ArgumentParser, helps: dict[str, str], defaults: dict[
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
+    from .routing import BALANCES
     from .train import TRAIN_DEFAULTS as D
-    from .translators import GATINGS, KINDS
+    from .translators import GATINGS, KINDS, TARGET_INPUTS
 
     p.add_argument("--kind", choices=KINDS, default=D["kind"], help="translator type")
     p.add_argument("--gating", choices=GATINGS, default=D["gating"], help="router of the mot experts")
+    p.add_argument(
+        "--target-input",
+        choices=TARGET_INPUTS,
+        default=D["target_input"],
+        help="what the translator reads from the target: its embedding lookups, or only its positions (then the "
+        "tokens must come from the source cache)",
+    )
+    p.add_argument(
+        "--balance",
+        choices=BALANCES,
+        default=D["balance"],
+        help="router balance term: switch (Switch Transformer) or sharp (+ gate entropy; kvtranslate/routing.py)",
+    )
     add_flags(p, TRAIN_FLAGS, D)
 
 
@@ -175,8 +190,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     translator, history, cfg = train_translator(pair, **train_overrides(args))
     cfg.update(source=args.source, target=args.target)
     save_translator(translator, cfg, args.out)
-    with open(os.path.join(args.out, "history.json"), "w") as f:
-        json.dump(history, f, indent=1)
+    write_json(os.path.join(args.out, "history.json"), history)  # files.py: never through a link, nothing overwritten
     print(json.dumps(dict(saved=args.out, first=history[0], last=history[-1])))
     terms = [k for k in history[-1] if k not in ("step", "seconds")]
     print_table(["step", "seconds"] + terms, [[h["step"], h["seconds"]] + [h.get(k) for k in terms] for h in history])
@@ -184,23 +198,27 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> None:
     from .corpus import make_dataset
-    from .evaluate import TRANSLATOR_MODES, qa_scores
+    from .evaluate import TRANSLATOR_MODES, qa_scores, routing_diagnostics
     from .models import load_pair
     from .pipeline import encode_pair_items, load_translator
 
     pair = load_pair(args.source, args.target, args.device, args.dtype)
     translator = load_translator(pair, args.translator)[0] if args.translator else None
+    if translator is not None:
+        translator.uniform_gates = args.uniform_gates
     data = encode_pair_items(pair, make_dataset(args.n, seed=args.seed, split="eval"))
-    results = {}
+    results: dict[str, Any] = {}
     for mode in args.modes:
         tr = translator if mode in TRANSLATOR_MODES else None
         results[mode] = qa_scores(data, mode, pair, tr, args.frac)[0]
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "eval.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    routing = routing_diagnostics(data, pair, translator) if translator is not None else None
+    if routing is not None:  # mixture kinds: gate entropy, top gate, expert usage (kvtranslate/routing.py)
+        results["routing"] = routing
+    write_json(os.path.join(output_folder(args.out), "eval.json"), results)
     print(json.dumps(results))
     metrics = ("acc", "binding_acc", "f1", "em")
-    print_table(["mode", *metrics], [[mode] + [r[m] for m in metrics] for mode, r in results.items()])
+    rows = [[mode] + [r[m] for m in metrics] for mode, r in results.items() if mode != "routing"]
+    print_table(["mode", *metrics], rows)
 
 
 DEMO_SIZES = {
@@ -317,6 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--frac", type=float, default=1.0, help="injection point as a fraction of the context")
     p.add_argument("--n", type=int, default=300, help="evaluation passages")
     p.add_argument("--seed", type=int, default=7, help="seed of the evaluation passages")
+    p.add_argument(
+        "--uniform-gates",
+        action="store_true",
+        help="ablation: a mixture translator weights every expert 1/M (does the router's choice matter?)",
+    )
     p.add_argument("--out", required=True, help="folder for eval.json")
     add_device_args(p)
     p.set_defaults(func=cmd_eval)

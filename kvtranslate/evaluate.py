@@ -25,6 +25,7 @@ from .align import align_offsets, char_offsets
 from .cache import KV, extract_kv, inject_kv, prefill_kv, prefix_kv
 from .models import ModelPair, forward, kv_geometry
 from .pipeline import EncodedItem, collate, translate_batch
+from .routing import gate_diagnostics, merge_diagnostics
 from .scoring import binding_accuracy, f1_em, greedy_answers, option_logprobs, pad_right
 from .translators import KVTranslator
 
@@ -96,6 +97,22 @@ def context_batches(
     for i in range(0, len(data), batch):
         chunk = data[i : i + batch]
         yield (chunk, *prefix_and_tails(mode, chunk, pair, translator, frac, layers))
+
+
+@torch.no_grad()
+def routing_diagnostics(
+    data: list[EncodedItem], pair: ModelPair, translator: KVTranslator, batch: int = 32
+) -> dict[str, Any] | None:
+    """routing.gate_diagnostics of the gates the translator uses on `data`'s contexts (token-weighted over
+    batches; uniform with `translator.uniform_gates`), None for a kind without a router."""
+    parts = []
+    for i in range(0, len(data), batch):
+        b = collate(pair, data[i : i + batch])
+        _, aux = translate_batch(translator, pair, b)
+        if "gates" not in aux:
+            return None
+        parts.append((gate_diagnostics(aux["gates"], b["tgt_mask"]), b["tgt_mask"].sum().item()))
+    return dict(merge_diagnostics(parts), uniform_gates=translator.uniform_gates) if parts else None
 
 
 @torch.no_grad()

@@ -19,7 +19,7 @@ from .corpus import QAItem, has_same_type_distractor, make_long_dataset
 from .models import ModelPair, kv_geometry
 from .scoring import pad_left
 from .tokenization import encode_item
-from .translators import CONFIG_NAME, KVTranslator, source_features, target_embeddings
+from .translators import CONFIG_NAME, KVTranslator, position_features, source_features, target_embeddings
 
 # the translator's architecture (train.TRAIN_DEFAULTS adds the training settings)
 TRANSLATOR_DEFAULTS: dict[str, Any] = dict(
@@ -33,6 +33,7 @@ TRANSLATOR_DEFAULTS: dict[str, Any] = dict(
     window=8,
     embed_dim=128,
     src_window=1,
+    target_input="embeddings",
 )
 
 Batch = dict[str, Tensor]  # src_ids, src_mask, tgt_ids, tgt_mask [B, T] and index [B, T_target]
@@ -125,7 +126,11 @@ def translate_batch(
     dtype = translator.w_src.dtype  # models in bfloat16 / float16 feed a float32 translator (no copy when equal)
     feats = aligned_features(source_kv, batch["index"]).to(dtype)
     with torch.no_grad():
-        emb = target_embeddings(pair.target, batch["tgt_ids"], batch["tgt_mask"])  # the translator builds the window
+        if translator.target_input == "positions":  # the target's positions only, no token identity
+            emb = position_features(batch["tgt_mask"], translator.config["target_embed_dim"])
+        else:
+            # the translator builds the window
+            emb = target_embeddings(pair.target, batch["tgt_ids"], batch["tgt_mask"])
     return translator(feats, emb.to(dtype), batch["tgt_mask"])
 
 
@@ -147,6 +152,7 @@ def build_translator(pair: ModelPair, cfg: dict[str, Any]) -> KVTranslator:
         window=cfg["window"],
         embed_dim=cfg["embed_dim"],
         src_window=cfg["src_window"],
+        target_input=cfg.get("target_input", "embeddings"),
     ).to(pair.device)
 
 

@@ -19,6 +19,7 @@ WIDTH_KNOBS = {
     "single": ("hidden",),
     "shared-latent": ("hidden", "latent"),
     "mot-latent": ("hidden", "latent"),
+    "no-source": ("hidden", "latent"),
 }
 WIDTH_RANGE = (8, 4096)  # below 8 a layer's MLP is degenerate; above 4096 the tiny pairs' translators pass 100M
 SIZE_TOLERANCE = 0.02  # relative distance from the target count that sizing accepts
@@ -34,6 +35,7 @@ ARCHITECTURE = (
     "window",
     "embed_dim",
     "src_window",
+    "target_input",
 )
 
 

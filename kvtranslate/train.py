@@ -29,6 +29,7 @@ from .pipeline import (
     position_limit,
     translate_batch,
 )
+from .routing import BALANCES, gate_diagnostics
 from .translators import KVTranslator
 
 TRAIN_DEFAULTS: dict[str, Any] = dict(
@@ -42,6 +43,7 @@ TRAIN_DEFAULTS: dict[str, Any] = dict(
     w_hidden=1.0,
     w_kl=1.0,
     w_balance=0.01,
+    balance="switch",
     ccl_start=0.5,
     injection_points=(0.25, 0.5, 0.75, 1.0),
     n_train=3000,
@@ -64,6 +66,10 @@ def training_loss(
     rec = kv_reconstruction_loss(pred_kv, native_kv, batch["tgt_mask"], translator.out_std, cfg["w_key"])
     loss = cfg["w_rec"] * rec + cfg["w_balance"] * aux["balance"]
     parts = {"rec": rec.item(), "balance": aux["balance"].item()}
+    if "gates" in aux:  # routing diagnostics of the mixture kinds (routing.py), usage per expert
+        diag = gate_diagnostics(aux["gates"], batch["tgt_mask"])
+        usage = diag.pop("expert_usage")
+        parts.update(diag, **{f"usage_{m}": u for m, u in enumerate(usage)})
     if cfg["w_ccl"] > 0:
         lengths = [max(1, round(frac * len(e["tgt"]))) for e in examples]
         pred_prefix, cache_mask = prefix_kv(pred_kv, batch["tgt_mask"], lengths)
@@ -119,12 +125,15 @@ def train_translator(
             f"long_mix must be in [0, 1], long_batch >= 1 and long_facts >= 7, got long_mix={cfg['long_mix']} "
             f"long_batch={cfg['long_batch']} long_facts={cfg['long_facts']}"
         )
+    if cfg["balance"] not in BALANCES:
+        raise ValueError(f"balance must be one of {BALANCES}, got {cfg['balance']!r}")
     torch.manual_seed(cfg["seed"])
     rng = random.Random(cfg["seed"])
     items = make_dataset(cfg["n_train"], seed=cfg["seed"] + 1000, split="train", phrase_mix=cfg["phrase_mix"])
     data = encode_pair_items(pair, items)
     long_data = long_training_data(pair, cfg) if cfg["long_mix"] > 0 else []
     translator = build_translator(pair, cfg)
+    translator.balance_term = cfg["balance"]
     for p in list(pair.source.parameters()) + list(pair.target.parameters()):
         p.requires_grad_(False)
     # output statistics from a few batches of native target KV

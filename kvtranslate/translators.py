@@ -15,7 +15,9 @@ Kinds:
 - "shared-latent": the source maps all its layers into one latent vector per token, and every target layer
   decodes its K/V from that latent (one encoder per source model, one decoder per target model);
 - "mot-latent": the shared-latent encoder with mot's experts and router per target layer (the experts decode
-  from the latent).
+  from the latent);
+- "no-source": the control every kind must beat: shared-latent's architecture and parameter count with the source
+  features replaced by zeros, so it writes the target cache from the target's own embedding window alone.
 With `src_window` > 1 each target token also reads the source part (per-layer K/V, or the latent) of its
 `src_window` - 1 predecessors, as the embedding window does for the target's lookups.
 All target layers are computed in batched matrix products, which keeps the translator cheaper than a prefill.
@@ -29,18 +31,28 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as save_tensors
 from torch import Tensor
 from transformers import PreTrainedModel
 
 from .align import layer_map
 from .cache import KV
+from .config_check import DTYPE_NAMES, check_config
+from .files import output_folder, write_file, write_json
 from .models import family_of, positions_from_mask
+from .routing import BALANCE_TERMS, switch_balance
 
-KINDS = ("mot", "single", "shared-latent", "mot-latent")
+KINDS = ("mot", "single", "shared-latent", "mot-latent", "no-source")
 MIXTURE_KINDS = ("mot", "mot-latent")  # M experts and a router per target layer
-LATENT_KINDS = ("shared-latent", "mot-latent")  # one encoder of all source layers into a latent per token
+LATENT_KINDS = ("shared-latent", "mot-latent", "no-source")  # one encoder of all source layers into a latent per token
+NO_SOURCE_KINDS = ("no-source",)  # never read the source: its features are zeroed before the encoder
 GATINGS = ("softmax", "topk")
+# what the translator reads from the target side: its embedding lookups (token + learned position), or only the
+# target's positions (a sinusoidal code of them, as wide as the embeddings), so that everything about the tokens
+# must come from the source cache: the setting where translation needs the source (issue: the target's own
+# embedding window rebuilt most of the cache without it)
+TARGET_INPUTS = ("embeddings", "positions")
 # a saved translator: a folder with these two files (as transformers saves a model)
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 MODEL_TYPE = "kvtranslate-translator"  # config.json's model_type
@@ -65,6 +77,15 @@ def target_embeddings(model: PreTrainedModel, ids: Tensor, mask: Tensor, window:
     else:
         emb = model.model.embed_tokens(ids)
     return embedding_window(emb * mask[..., None].to(emb.dtype), window)
+
+
+def position_features(mask: Tensor, width: int) -> Tensor:
+    """[B, T] mask -> [B, T, width]: a sinusoidal code of each real token's position (zeros at padding); no token
+    identity, for translators with target_input "positions"."""
+    positions = positions_from_mask(mask).float()[..., None]  # [B, T, 1]
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(0, width, 2, device=mask.device).float() / width)
+    code = torch.cat([torch.sin(positions * freqs), torch.cos(positions * freqs)], -1)[..., :width]
+    return code * mask[..., None].float()
 
 
 def embedding_window(emb: Tensor, window: int) -> Tensor:
@@ -95,12 +116,15 @@ class KVTranslator(nn.Module):
         window: int = 1,
         embed_dim: int = 128,
         src_window: int = 1,
+        target_input: str = "embeddings",
     ) -> None:
         super().__init__()
         if window < 1 or src_window < 1:
             raise ValueError(f"window and src_window must be >= 1, got window={window} src_window={src_window}")
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        if target_input not in TARGET_INPUTS:
+            raise ValueError(f"target_input must be one of {TARGET_INPUTS}, got {target_input!r}")
         if gating not in GATINGS:
             raise ValueError(f"gating must be one of {GATINGS}, got {gating!r}")
         if kind in MIXTURE_KINDS and not 1 <= top_k <= n_experts:
@@ -121,7 +145,13 @@ class KVTranslator(nn.Module):
             embed_dim=embed_dim,
             src_window=src_window,
         )
+        if target_input != "embeddings":  # recorded only when set: configs saved before it stay as they were
+            self.config["target_input"] = target_input
+        self.target_input = target_input
         self.kind, self.gating, self.top_k, self.window, self.src_window = kind, gating, top_k, window, src_window
+        # evaluation ablation: every expert weighted 1/M (does the router's choice matter?); not saved
+        self.uniform_gates = False
+        self.balance_term = "switch"  # routing.BALANCE_TERMS key the training loss reads as aux["balance"]
         self.n_experts = n_experts if kind in MIXTURE_KINDS else 1
         L_t, L_s = target_geom["layers"], source_geom["layers"]
         self.layers, self.hidden = L_t, hidden
@@ -171,9 +201,12 @@ class KVTranslator(nn.Module):
     def forward(self, src_feats: Tensor, tgt_embed: Tensor, mask: Tensor | None = None) -> tuple[KV, dict[str, Tensor]]:
         """src_feats [B, T, L_s, F_s] (already aligned to target tokens), tgt_embed [B, T, E] (the target's
         embedding lookups, one per token: the window is built here), mask [B, T].
-        Returns target pre-RoPE kv (list of (K, V) [B, H_t, T, D_t]) and aux {"balance", "gates"}."""
+        Returns target pre-RoPE kv (list of (K, V) [B, H_t, T, D_t]) and aux {"balance", "gates", "router_probs"}
+        (the last two for mixture kinds; gates are the weights used, router_probs the router's softmax)."""
         B, T = tgt_embed.shape[:2]
         L, N, M, H = self.layers, B * T, self.n_experts, self.hidden
+        if self.kind in NO_SOURCE_KINDS:
+            src_feats = torch.zeros_like(src_feats)  # same shapes and budget, no information from the source
         if self.kind in LATENT_KINDS:
             z = self.source_window(self.encoder(src_feats.flatten(2)), mask).reshape(1, N, -1)  # [1, N, Z]
             a = torch.matmul(self.src_norm(z), self.w_src)  # [L, N, W]
@@ -189,8 +222,11 @@ class KVTranslator(nn.Module):
         aux = {"balance": torch.zeros((), device=h.device)}
         if self.router_out:
             gates, probs = self.route(a[..., H:])  # [L, N, M]
+            aux["balance"] = BALANCE_TERMS[self.balance_term](probs, mask)
+            aux["router_probs"] = probs
+            if self.uniform_gates:
+                gates = torch.full_like(gates, 1.0 / M)
             aux["gates"] = gates
-            aux["balance"] = balance_loss(probs, mask)
             u = u * gates[..., None]
             bias = torch.bmm(gates, self.expert_out_bias)  # [L, N, O]
         else:
@@ -222,24 +258,38 @@ class KVTranslator(nn.Module):
             self.out_std[j, 0] = data.std(0).clamp(min=1e-3)
 
     def save_pretrained(self, folder: str, training: dict[str, Any] | None = None) -> None:
-        """`folder`/config.json (the constructor's arguments, model_type, and `training`: the settings it was
-        trained with) and `folder`/model.safetensors (every weight and buffer)."""
-        os.makedirs(folder, exist_ok=True)
-        config = dict(model_type=MODEL_TYPE, **self.config, training=training or {})
-        with open(os.path.join(folder, CONFIG_NAME), "w") as f:
-            json.dump(config, f, indent=1)
+        """`folder`/config.json (the constructor's arguments, model_type, the weights' dtype, and `training`: the
+        settings it was trained with) and `folder`/model.safetensors (every weight and buffer), written by
+        files.write_file (never through a link; another run's files are kept)."""
+        dtype = str(self.w_src.dtype).removeprefix("torch.")
+        config = dict(model_type=MODEL_TYPE, **self.config, dtype=dtype, training=training or {})
         state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        save_file(state, os.path.join(folder, WEIGHTS_NAME), metadata={"format": "pt"})
+        output_folder(folder)
+        write_json(os.path.join(folder, CONFIG_NAME), config)
+        write_file(os.path.join(folder, WEIGHTS_NAME), save_tensors(state, metadata={"format": "pt"}))
 
     @classmethod
-    def from_pretrained(cls, folder: str, device: str | torch.device = "cpu") -> "KVTranslator":
-        """A translator saved by `save_pretrained`, in eval mode on `device`; its training settings are in
-        `.training_settings`. (A folder of translator.pt from older versions loads with pipeline.load_translator.)"""
+    def from_pretrained(
+        cls, folder: str, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None
+    ) -> "KVTranslator":
+        """A translator saved by `save_pretrained`, in eval mode on `device`, in `dtype` (a torch dtype or its name;
+        None: the dtype it was saved in, float32 for folders that recorded none); its training settings are in
+        `.training_settings`. config.json is checked (config_check.py: keys, ranges, parameter count and bytes)
+        before anything is built. (A folder of translator.pt from older versions loads with
+        pipeline.load_translator.)"""
         config = read_config(folder)
-        translator = cls(**{k: v for k, v in config.items() if k not in ("model_type", "training")})
+        args = check_config(folder, config)
+        saved = DTYPE_NAMES[config.get("dtype", "float32")]
+        if dtype is None:
+            dtype = saved
+        elif isinstance(dtype, str):
+            if dtype not in DTYPE_NAMES:
+                raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)} or a torch dtype, got {dtype!r}")
+            dtype = DTYPE_NAMES[dtype]
+        translator = cls(**args).to(saved)
         translator.load_state_dict(load_file(os.path.join(folder, WEIGHTS_NAME)))
         translator.training_settings = config.get("training", {})
-        return translator.to(device).eval()
+        return translator.to(device=device, dtype=dtype).eval()
 
 
 def read_config(folder: str) -> dict[str, Any]:
@@ -260,11 +310,5 @@ def read_config(folder: str) -> dict[str, Any]:
 
 
 def balance_loss(probs: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Switch-Transformer load balancing: M * sum_m (fraction routed to m) * (mean router prob of m)."""
-    L, N, M = probs.shape
-    weight = torch.ones(N, device=probs.device) if mask is None else mask.reshape(-1).float()
-    weight = weight / weight.sum().clamp(min=1)
-    top1 = F.one_hot(probs.argmax(-1), M).float()
-    frac = torch.einsum("lnm,n->lm", top1, weight)
-    mean_prob = torch.einsum("lnm,n->lm", probs, weight)
-    return M * (frac * mean_prob).sum(-1).mean()
+    """Switch-Transformer load balancing (routing.switch_balance; kept under its old name)."""
+    return switch_balance(probs, mask)

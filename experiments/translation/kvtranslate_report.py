@@ -807,6 +807,7 @@ KIND_WORDS = {
     "mot-latent": "a mixture of translators on a shared latent space",
     "shared-latent": "a plain shared latent space",
     "single": "a single projector",
+    "no-source": "a translator that never reads the source (shared latent, source zeroed)",
 }
 
 
@@ -824,29 +825,47 @@ def relation(entry, baseline, kind):
     return f"{words[0]} {KIND_WORDS.get(kind, kind)} on {first} and {words[1]} it on {second}"
 
 
-def headline(summary, real, study=None, link="experiments/results/kvtranslate/README.md"):
-    """One readable sentence and a link to the study log (`link`, relative to the README it goes in): the best
+def headline(summary, real, study=None, link="experiments/results/kvtranslate/README.md", confirmation=None):
+    """One readable sentence and a link to the study log (`link`, relative to the README it goes in): the
     translator's retention over seeds, whether the mixture of translators is ahead of the strongest other kind
-    under the same recipe, and the real-shape cost ratio. Falls back to the demo's single seed without a study."""
+    under the same recipe, and the real-shape cost ratio. With a confirmation study the numbers are its own: the
+    kind the screening study (`study`, on which the recipe was chosen) ranked first, scored on the confirmation
+    set, which served no choice; without one, the screening study's best (said so); without a study, the demo's
+    single seed."""
     parts = []
-    if study:
+    chosen = confirmed_choice(study, confirmation) if study and confirmation else None
+    if chosen:
+        kind, v, kinds = chosen
+        seeds = ", ".join(str(s) for s in confirmation.get("eval_seeds", []))
+        parts.append(
+            f"On the main cross-tokenizer pair ({confirmation['source']} to {confirmation['target']}), the translator "
+            f"the screening study ranked first ({KIND_WORDS.get(kind, kind)}) keeps about "
+            f"{fmt(v['heldout_phrasing_retention']['mean'], 2)} of the target's F1 on held-out phrasings and about "
+            f"{fmt(v['long_retention']['mean'], 2)} on long passages on the confirmation set ({len(v['seeds'])} "
+            f"seeds, evaluation seed {seeds}, never used for a choice)"
+        )
+    elif study:
+        kinds = recipe_kinds(study)
         scored = [v for v in study["variants"].values() if all(k in v for k in RECIPE_SETS)]
         v = max(scored, key=lambda v: v["heldout_phrasing_retention"]["mean"])
         parts.append(
             f"On the main cross-tokenizer pair ({study['source']} to {study['target']}), translated caches keep about "
             f"{fmt(v['heldout_phrasing_retention']['mean'], 2)} of the target's F1 on held-out phrasings and about "
-            f"{fmt(v['long_retention']['mean'], 2)} on long passages (the best translator, {len(v['seeds'])} seeds)"
+            f"{fmt(v['long_retention']['mean'], 2)} on long passages (the best translator of the screening set the "
+            f"recipe was chosen on, {len(v['seeds'])} seeds; no confirmation set yet)"
         )
-        kinds = recipe_kinds(study)
+    if study:
         differences = mixture_differences(kinds)
         if differences:
             mixture = max(differences, key=lambda d: len(d[1]["seeds"]))[0]  # the first of the most seeded
+            # against the strongest kind that is not itself a mixture (on the set the sentence reports)
             strongest = max(
-                (d for d in differences if d[0] == mixture),
+                (d for d in differences if d[0] == mixture and d[2] not in MIXTURES),
                 key=lambda d: kinds[d[2]][1]["heldout_phrasing_retention"]["mean"],
             )
             _, va, b, nb = strongest
-            parts.append(f"{KIND_WORDS.get(mixture, mixture)} is {relation(va, nb, b)}")
+            where = " on the confirmation set" if chosen else ""
+            parts.append(f"{KIND_WORDS.get(mixture, mixture)} is {relation(va, nb, b)}{where}")
     elif summary:
         main_pair = next(iter(summary["pairs"]))
         r = summary["pairs"][main_pair]
@@ -868,6 +887,19 @@ def headline(summary, real, study=None, link="experiments/results/kvtranslate/RE
     return f"{sentence} ([results and study log]({link}))."
 
 
+def confirmed_choice(screening, confirmation):
+    """(kind, its confirmation entry, the confirmation's recipe kinds) for the recipe kind the screening study
+    ranked first on held-out phrasings, when the confirmation study scored that kind on both sets; else None."""
+    screened, confirmed = recipe_kinds(screening), recipe_kinds(confirmation)
+    scored = {k: v for k, (_, v) in screened.items() if all(s in v for s in RECIPE_SETS)}
+    if not scored:
+        return None
+    kind = max(scored, key=lambda k: scored[k]["heldout_phrasing_retention"]["mean"])
+    if kind not in confirmed or not all(s in confirmed[kind][1] for s in RECIPE_SETS):
+        return None
+    return kind, confirmed[kind][1], confirmed
+
+
 # a retention study's blocks: retention-KIND + the study's suffix
 STUDY_BLOCKS = dict(study=retention_study_table, verdict=retention_verdict, probe=probe_table, recipe=recipe_table)
 
@@ -886,9 +918,10 @@ def render(demo=DEMO):
     studies = {name: load(os.path.join(EXPERIMENTS, f"{stem}_summary.json")) for name, (stem, _) in STUDIES.items()}
     latest = next((s for s in reversed(list(studies.values())) if s), None)
     real = load(os.path.join(EXPERIMENTS, "bench_translate_real.json"))
+    confirmation = load(os.path.join(EXPERIMENTS, f"{CONFIRMATION}_summary.json"))
     for name, readme in HEADLINES.items():
         link = os.path.relpath(STUDIES_README, os.path.dirname(readme))
-        blocks[name] = headline(summary, real, latest, link)
+        blocks[name] = headline(summary, real, latest, link, confirmation)
     blocks["checkpoints"] = checkpoints_table()
     blocks["translator-trials"] = translator_trials_table(
         os.path.join(EXPERIMENTS, "history", "translator_trials.jsonl")
@@ -899,7 +932,6 @@ def render(demo=DEMO):
             blocks[f"retention-{kind}{name}"] = STUDY_BLOCKS[kind](study)
     blocks["longcontext-probe"] = longcontext_table(os.path.join(EXPERIMENTS, "longcontext_probe.jsonl"))
     # the checks of the recipe: only once their runs are committed (no table of nothing)
-    confirmation = load(os.path.join(EXPERIMENTS, f"{CONFIRMATION}_summary.json"))
     if confirmation:
         blocks["confirmation"] = confirmation_table(confirmation, studies["-1000-steps"])
     equal = load(os.path.join(EXPERIMENTS, f"{EQUAL_CAPACITY}_summary.json"))

@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from kvtranslate.cli import HelpFormatter, comma_list, int_list, print_table  # noqa: E402
 from kvtranslate.corpus import make_dataset  # noqa: E402
-from kvtranslate.evaluate import PROBE_MODES, qa_scores  # noqa: E402
+from kvtranslate.evaluate import PROBE_MODES, qa_scores, routing_diagnostics  # noqa: E402
 from kvtranslate.models import DTYPES, ModelPair, load_pair, pick_device, set_threads  # noqa: E402
 from kvtranslate.pipeline import (  # noqa: E402
     EncodedItem,
@@ -156,6 +156,10 @@ def translator_folder(root: str, variant: str, seed: int) -> str:
     return os.path.join(root, variant.replace(":", "__").replace("=", "-"), f"seed{seed}")
 
 
+# settings added after translators were committed: those translators were trained with these values
+ADDED_SETTINGS = dict(balance="switch", target_input="embeddings")
+
+
 def comparable(settings: dict[str, Any]) -> dict[str, Any]:
     """Training settings as config.json stores them (tuples as lists), for comparing a saved translator's."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}
@@ -171,7 +175,7 @@ def obtain_translator(
     wanted = comparable({**TRAIN_DEFAULTS, **settings})
     if folder is not None and os.path.isfile(os.path.join(folder, CONFIG_NAME)):
         translator, saved = load_translator(pair, folder)
-        saved = comparable(saved)
+        saved = comparable({**ADDED_SETTINGS, **saved})
         differ = sorted(k for k in wanted if saved.get(k) != wanted[k])
         if differ:
             raise ValueError(
@@ -439,6 +443,14 @@ def main(argv: list[str] | None = None) -> None:
             for mode in PROBE_MODES if args.probe and k in PROBE_SETS else ():
                 probe = qa_scores(d, mode, pair, translator)[0]
                 row[probe_metric(k, mode)] = probe["f1"] / max(direct[k]["f1"], 1e-9)
+            routing = routing_diagnostics(d, pair, translator)
+            if routing is not None:  # a mixture: gate entropy, top gate, expert usage (kvtranslate/routing.py)
+                row[f"{k}_routing"] = routing
+                if args.uniform_gates:  # the ablation: every expert weighted 1/M
+                    translator.uniform_gates = True
+                    uniform = qa_scores(d, "translated", pair, translator)[0]
+                    translator.uniform_gates = False
+                    row[f"{k}_uniform_gates_retention"] = uniform["f1"] / max(direct[k]["f1"], 1e-9)
     summarise(args.out, args.baselines)
 
 
