@@ -6,7 +6,9 @@ into a local test set and the rest into its local training set, both following t
 - ``"dirichlet"`` (default): a Dirichlet(``dirichlet-alpha``) share (the plain Dirichlet partitioner, whatever
   ``partitioner`` says: the γ-allocation is FEAST's).
 - ``"pathological"``: ``classes-per-client`` classes per client, as HtFLlib's ``partition = "pat"``
-  (``pathological_parts``).
+  (``pathological_parts``): classes dealt cyclically, so with k = 2 and 20 clients only 5 disjoint pairs occur.
+- ``"pathological-random"``: each client draws its ``classes-per-client`` classes at random (seeded, without
+  repeats), so class pairs are shared across many clients; a class nobody draws is left out.
 
 With ``client-data-fraction`` f < 1 each local training set is then subsampled (seeded, label-stratified) to
 round(f·n) of its n rows, at least one; the local test sets stay as they are, so accuracies at different fractions
@@ -25,12 +27,15 @@ import numpy as np
 from fl_app.data.images import DATASETS, ImageData, load_dataset, split_train, stratified_holdout
 from fl_app.data.partition import make_partitioner, partition_indices
 
-LOCAL_PARTITIONERS = ("dirichlet", "pathological")
+LOCAL_PARTITIONERS = ("dirichlet", "pathological", "pathological-random")
+PATHOLOGICAL_SPLITS = ("pathological", "pathological-random")  # the splits with classes-per-client classes each
 # a run config (``fl_app.run.config.RunConfig``) read by its keys; the data layer sits below the run layer
 RunSettings = Mapping[str, Any]
 
 
-def pathological_parts(labels: np.ndarray, num_partitions: int, classes_per_client: int, seed: int) -> list[np.ndarray]:
+def pathological_parts(
+    labels: np.ndarray, num_partitions: int, classes_per_client: int, seed: int, random_sets: bool = False
+) -> list[np.ndarray]:
     """Sorted indices into ``labels`` of every partition, each holding exactly ``classes_per_client`` (k) classes.
 
     As HtFLlib's ``separate_data(partition="pat")``, classes are dealt in order, k consecutive ones per client, and
@@ -40,7 +45,11 @@ def pathological_parts(labels: np.ndarray, num_partitions: int, classes_per_clie
     so clients holding the same classes are spread over the client ids (HtFLlib gives them to consecutive ids, which
     with backbone i % 8 keeps some class sets away from some backbones) and every class is held whenever n·k >= C;
     and a class's samples are shuffled and split equally (within one sample) among its holders, HtFLlib's
-    ``balance=True``: its default draws unequal shares, a quantity skew the Dirichlet splits here do not add."""
+    ``balance=True``: its default draws unequal shares, a quantity skew the Dirichlet splits here do not add.
+
+    With ``random_sets`` each client instead draws its k classes uniformly without repeats (seeded): the cyclic deal
+    gives C/gcd pairs that never mix (5 disjoint pairs at k = 2, C = 10), random sets share each pair among several
+    clients, which is what a relation merged over clients needs. A class nobody draws is left out."""
     labels = np.asarray(labels)
     classes = np.unique(labels)
     num_classes, k = len(classes), classes_per_client
@@ -54,11 +63,16 @@ def pathological_parts(labels: np.ndarray, num_partitions: int, classes_per_clie
             f"{num_classes} classes; allowed: classes-per-client >= {-(-num_classes // num_partitions)}"
         )
     rng = np.random.default_rng([seed, 59])
-    order = rng.permutation(classes)
-    held = [order[(c * k + np.arange(k)) % num_classes] for c in range(num_partitions)]
+    if random_sets:
+        held = [np.sort(rng.choice(classes, size=k, replace=False)) for _ in range(num_partitions)]
+    else:
+        order = rng.permutation(classes)
+        held = [order[(c * k + np.arange(k)) % num_classes] for c in range(num_partitions)]
     parts: list[list[np.ndarray]] = [[] for _ in range(num_partitions)]
     for label in classes:
         holders = [c for c in range(num_partitions) if label in held[c]]
+        if not holders:  # only a random deal leaves a class out (the cyclic one holds all, checked above)
+            continue
         rows = rng.permutation(np.nonzero(labels == label)[0])
         if len(rows) < len(holders):
             raise ValueError(
@@ -88,8 +102,9 @@ def _splits(
     pool = split_train(labels, 0, 0, seed).client_pool  # no server hold-out: evaluation is on clients
     if partitioner == "dirichlet":
         parts = partition_indices(labels[pool], make_partitioner("dirichlet", num_partitions, seed, alpha))
-    elif partitioner == "pathological":
-        parts = pathological_parts(labels[pool], num_partitions, classes_per_client, seed)
+    elif partitioner in PATHOLOGICAL_SPLITS:
+        random_sets = partitioner == "pathological-random"
+        parts = pathological_parts(labels[pool], num_partitions, classes_per_client, seed, random_sets)
     else:
         raise ValueError(f"local-partitioner='{partitioner}': allowed values are {list(LOCAL_PARTITIONERS)}")
     out = []
@@ -127,8 +142,9 @@ def client_rows(run: RunSettings, num_partitions: int) -> tuple[tuple[np.ndarray
 
 def split_description(run: RunSettings) -> str:
     """The clients' split in a few words, for the run's log."""
-    if run["local-partitioner"] == "pathological":
-        text = f"pathological, {run['classes-per-client']} classes per client"
+    if run["local-partitioner"] in PATHOLOGICAL_SPLITS:
+        sets = " (random class sets)" if run["local-partitioner"] == "pathological-random" else ""
+        text = f"pathological{sets}, {run['classes-per-client']} classes per client"
     else:
         text = f"Dirichlet α={run['dirichlet-alpha']}"
     fraction = run["client-data-fraction"]

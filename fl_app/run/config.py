@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fl_app.data.images import DATA_SOURCES, DATASETS
-from fl_app.data.local_splits import LOCAL_PARTITIONERS
+from fl_app.data.local_splits import LOCAL_PARTITIONERS, PATHOLOGICAL_SPLITS
 from fl_app.data.partition import PARTITIONERS
 from fl_app.models.multiarch import BACKBONES_PER_FAMILY, MODEL_FAMILIES
 from fl_app.run.payload import PAYLOAD_DTYPES
@@ -290,12 +290,14 @@ KEYS: dict[str, Key] = {
     "local-partitioner": Key(
         "dirichlet",
         "how the model-heterogeneous methods split the training set: 'dirichlet' = Dirichlet(dirichlet-alpha), "
-        "'pathological' = classes-per-client classes per client (HtFLlib's 'pat')",
+        "'pathological' = classes-per-client classes per client dealt cyclically (HtFLlib's 'pat'), "
+        "'pathological-random' = classes-per-client classes per client drawn at random (seeded; pairs overlap)",
         LOCAL_PARTITIONERS,
     ),
     "classes-per-client": Key(
         2,
-        "local-partitioner='pathological': classes each client holds (at most the dataset's classes)",
+        "local-partitioner='pathological' or 'pathological-random': classes each client holds (at most the "
+        "dataset's classes)",
         check=Range(1, MAX_CLASSES),
     ),
     "client-data-fraction": Key(
@@ -512,7 +514,7 @@ def model_size_problems(v: dict) -> list[str]:
 def _cross_checks(v: dict) -> list[str]:
     errors = model_size_problems(v)
     classes = DATASETS[v["dataset"]].num_classes
-    if v["local-partitioner"] == "pathological" and v["classes-per-client"] > classes:
+    if v["local-partitioner"] in PATHOLOGICAL_SPLITS and v["classes-per-client"] > classes:
         errors.append(
             f"classes-per-client={v['classes-per-client']}: allowed values are integers in [1, {classes}] "
             f"(dataset='{v['dataset']}' has {classes} classes)"
