@@ -102,7 +102,12 @@ MULTIARCH_METHOD_TABLE = {
         upload=ClientCall(
             fedtopo_upload, ("model", "train", "num_classes", "topo-source", "proto-max-samples", "round_seed")
         ),
-        strategy_options={"tau": "topo-tau", "weighting": "topo-weighting", "kappa": "topo-kappa"},
+        strategy_options={
+            "tau": "topo-tau",
+            "weighting": "topo-weighting",
+            "kappa": "topo-kappa",
+            "kappa_quantile": "topo-kappa-quantile",
+        },
     ),
     "local": MultiArchMethod(LocalStrategy, lambda c, d: {}),
     "lg-fedavg": MultiArchMethod(

@@ -315,6 +315,12 @@ KEYS: dict[str, Key] = {
         "κ: shrinkage of a pair's merged relation toward the typical one at low support W (W/(W+κ))",
         check=Range(0.0, 1e9),
     ),
+    "topo-kappa-quantile": Key(
+        0.0,
+        "κ scaled to the support seen: > 0 sets each round's κ to this quantile of the support W of the pairs "
+        "reported that round (0.5: the median pair is shrunk halfway); 0 = off, the fixed topo-kappa",
+        check=Range(0.0, 1.0),
+    ),
     "topo-beta": Key(
         0.5,
         "β: strength of topology-weighted negatives in the client loss (0 = plain CE ablation)",
