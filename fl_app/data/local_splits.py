@@ -162,3 +162,31 @@ def train_class_counts(run: RunSettings, rows: np.ndarray) -> np.ndarray:
     """Per-class counts of these training-set rows (what a client of that split reports as its counts)."""
     train, _ = load_dataset(run["dataset"], run["data-source"], run["data-path"])
     return np.bincount(train.labels.numpy()[rows], minlength=DATASETS[run["dataset"]].num_classes).astype(np.float32)
+
+
+def global_test_rows(run: RunSettings) -> np.ndarray:
+    """Rows of the dataset's test split every client model is also scored on (``global-test-per-class`` > 0):
+    ``global-test-per-class`` images of each class (all of a class that has fewer), a seeded sample, so the set is
+    class-balanced and the same for every client and for the server."""
+    per_class = run["global-test-per-class"]
+    if per_class <= 0:
+        return np.zeros(0, dtype=np.int64)
+    _, test = load_dataset(run["dataset"], run["data-source"], run["data-path"])
+    labels = test.labels.numpy()
+    rng = np.random.default_rng([run["seed"], 67])
+    picks = [
+        rng.permutation(np.nonzero(labels == c)[0])[:per_class] for c in range(DATASETS[run["dataset"]].num_classes)
+    ]
+    return np.sort(np.concatenate(picks)).astype(np.int64)
+
+
+def global_test_data(run: RunSettings) -> ImageData:
+    _, test = load_dataset(run["dataset"], run["data-source"], run["data-path"])
+    return test.subset(global_test_rows(run))
+
+
+def global_test_class_counts(run: RunSettings) -> np.ndarray:
+    """Per-class image counts of the global test set (what a client's global per-class totals must equal)."""
+    _, test = load_dataset(run["dataset"], run["data-source"], run["data-path"])
+    labels = test.labels.numpy()[global_test_rows(run)]
+    return np.bincount(labels, minlength=DATASETS[run["dataset"]].num_classes).astype(np.int64)

@@ -306,6 +306,12 @@ KEYS: dict[str, Key] = {
         "label-stratified subsample; the local test split is kept whole)",
         check=FRACTION,
     ),
+    "global-test-per-class": Key(
+        0,
+        "model-heterogeneous methods: images per class of the dataset's test split each client model is also scored "
+        "on at every evaluation (global_accuracy: class-balanced, the same seeded sample for all); 0 = off",
+        check=Range(0, 100_000),
+    ),
     # τ >= 1e-3 keeps cos/τ <= 1000: the softmax stays finite (1e-45 made the topology NaN)
     "topo-tau": Key(
         0.1, "τ: temperature of the server's softmax over merged prototype-cosine relations", check=Range(1e-3, 100.0)
