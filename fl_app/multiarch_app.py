@@ -35,6 +35,8 @@ from fl_app.data.images import DATASETS, load_dataset
 from fl_app.data.local_splits import (
     client_data,
     client_rows,
+    client_validation_data,
+    client_validation_rows,
     global_test_class_counts,
     global_test_data,
     split_description,
@@ -57,6 +59,7 @@ from fl_app.run.outputs import plot_accuracy_per_round
 from fl_app.run.payload import record_to_state, state_to_record
 from fl_app.run.seeds import derived_seed
 from fl_app.supernet.training_costs import model_train_costs
+from strategies.evaluation_scores import best_round_scores
 from strategies.fedtopo import FedTopoStrategy
 from strategies.fedtopo_baselines import FdStrategy, FedProtoStrategy, FedTgpStrategy, LgFedAvgStrategy, LocalStrategy
 from strategies.multiarch_base import MultiArchStrategy
@@ -189,6 +192,10 @@ def evaluate_multiarch(msg: Message, run: RunConfig, pid: int, num: int, context
         "class-correct": class_correct.tolist(),
         "class-total": class_total.tolist(),
     }
+    if run["validation-fraction"] > 0:
+        validation = client_validation_data(run, pid, num)
+        metrics["val-correct"] = int(evaluate_per_class(model, validation, num_classes)[0].sum())
+        metrics["num-val"] = len(validation)
     if run["global-test-per-class"] > 0:
         metrics["global-class-correct"] = evaluate_per_class(model, global_test_data(run), num_classes)[0].tolist()
     return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
@@ -272,6 +279,11 @@ def build_strategy(run: RunConfig, node_of_partition: dict[int, int]):
         # a local test split's rows are training-set rows too
         test_counts_of_partition={pid: train_class_counts(run, rows[pid][1]) for pid in node_of_partition},
         global_test_counts=global_test_class_counts(run) if run["global-test-per-class"] > 0 else None,
+        validation_size_of_partition=(
+            {pid: len(client_validation_rows(run, len(node_of_partition))[pid]) for pid in node_of_partition}
+            if run["validation-fraction"] > 0
+            else None
+        ),
         macs_of_partition={pid: client_forward_macs(run, pid, image_shape) for pid in node_of_partition},
     )
     return method.strategy(
@@ -345,6 +357,7 @@ class MultiArchFamily(MethodFamily):
             "balanced_accuracy": last.get("balanced_accuracy"),
             "global_accuracy": last.get("global_accuracy"),
             "accuracy_round": last.get("round"),
+            **best_round_scores(strategy.history),
             "client_accuracy": [strategy.client_accuracy.get(p) for p in range(self.num_clients)],
             "client_global_accuracy": [strategy.client_global_accuracy.get(p) for p in range(self.num_clients)],
             "bytes_up_per_round": sum(r.bytes_up for r in rounds.values()) / max(len(rounds), 1),

@@ -11,7 +11,9 @@ every client). From per-class counts (correct[c], total[c]) of each client:
   on its own test split; then the mean over clients. A minority class counts as much as the majority one, which a
   client's own-distribution accuracy hides (predicting the majority class alone scores 65-75 % at Dirichlet 0.1);
 - ``global_accuracy``: the mean over clients of each model's class-balanced accuracy on the global test set, classes
-  the client never saw included: what sharing could teach a client about the classes it lacks.
+  the client never saw included: what sharing could teach a client about the classes it lacks;
+- ``validation_accuracy`` (``validation-fraction`` > 0): the own-distribution mean on each client's validation split,
+  which picks the best round (``best_round_scores``), so no score is chosen on test.
 """
 
 from __future__ import annotations
@@ -55,3 +57,18 @@ def held_class_balanced_accuracy(
 def global_accuracy_of(class_correct: np.ndarray, class_total: np.ndarray) -> float:
     """One model's class-balanced accuracy on the global test set: its mean recall over every class there."""
     return balanced_recall(class_correct, class_total, np.ones(len(class_total), dtype=bool))
+
+
+SCORES = ("mean_client_accuracy", "pooled_accuracy", "balanced_accuracy", "global_accuracy")
+
+
+def best_round_scores(history: list[dict]) -> dict:
+    """The round with the highest ``validation_accuracy`` (the earliest of ties) and every score at it, for
+    summary.json: ``best_round`` and ``best_<score>``; all None without a validation split."""
+    scored = [row for row in history if not math.isnan(row.get("validation_accuracy", math.nan))]
+    best = max(scored, key=lambda row: row["validation_accuracy"], default={})
+    return {
+        "best_round": best.get("round"),
+        "best_validation_accuracy": best.get("validation_accuracy"),
+        **{f"best_{name}": best.get(name) for name in SCORES},
+    }

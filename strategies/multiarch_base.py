@@ -81,6 +81,7 @@ class MultiArchStrategy(RoundSkeleton):
         macs_of_partition: dict[int, float] | None = None,
         test_counts_of_partition: dict[int, np.ndarray] | None = None,
         global_test_counts: np.ndarray | None = None,
+        validation_size_of_partition: dict[int, int] | None = None,
     ):
         super().__init__(
             node_of_partition,
@@ -103,6 +104,7 @@ class MultiArchStrategy(RoundSkeleton):
         self.train_counts_of_partition = train_counts_of_partition
         # each local test split's per-class counts, and the global test set's (None: clients score no global set)
         self.test_counts_of_partition, self.global_test_counts = test_counts_of_partition, global_test_counts
+        self.validation_size_of_partition = validation_size_of_partition  # None: clients hold no validation split
         self.global_arrays: dict[str, np.ndarray] = {}
         self.eval_rounds: dict[int, RoundLog] = {}
         self.train_loss: dict[int, float] = {}
@@ -263,6 +265,13 @@ class MultiArchStrategy(RoundSkeleton):
             known = None if self.test_counts_of_partition is None else self.test_counts_of_partition[partition_id]
             if known is not None and not np.array_equal(total, np.asarray(known, dtype=np.int64)):
                 return "metric 'class-total' is not the client's test split's per-class counts"
+        if self.validation_size_of_partition is not None:
+            size = self.validation_size_of_partition[partition_id]
+            problem = metrics_problem(
+                metrics, {"val-correct": MetricSpec("int", low=0, high=size), "num-val": MetricSpec("int", size, size)}
+            )
+            if problem or metrics["val-correct"] > metrics["num-val"]:
+                return problem or f"val-correct={metrics['val-correct']} exceeds num-val={metrics['num-val']}"
         if self.global_test_counts is not None:
             if "global-class-correct" not in metrics:
                 return "metric 'global-class-correct' is missing"
@@ -285,7 +294,7 @@ class MultiArchStrategy(RoundSkeleton):
             lambda pid, reply: (self.evaluation_problem(pid, reply), None),
             "evaluation reply",
         )
-        per_client, per_class, global_correct = {}, {}, {}
+        per_client, per_class, global_correct, validation = {}, {}, {}, {}
         for pid, reply, _ in accepted:
             metrics = reply.content.metric_records[METRICS_RECORD]
             per_client[pid] = (int(metrics["correct"]), int(metrics["num-test"]))
@@ -293,6 +302,8 @@ class MultiArchStrategy(RoundSkeleton):
                 per_class[pid] = (np.array(metrics["class-correct"]), np.array(metrics["class-total"]))
             if self.global_test_counts is not None:
                 global_correct[pid] = np.array(metrics["global-class-correct"])
+            if self.validation_size_of_partition is not None:
+                validation[pid] = (int(metrics["val-correct"]), int(metrics["num-val"]))
         try:
             log_.close(server_round, len(per_client), self.min_reply_fraction)
             complete = True
@@ -300,7 +311,7 @@ class MultiArchStrategy(RoundSkeleton):
             log(WARNING, "evaluation: %s", error)
             complete = False
         row = self._evaluation_row(server_round, log_, per_client, complete)
-        row.update(self._sharing_scores(per_client, per_class, global_correct, complete))
+        row.update(self._sharing_scores(per_client, per_class, global_correct, validation, complete))
         self.history.append(row)
         if complete:
             self.client_accuracy = {p: (c / n if n else math.nan) for p, (c, n) in sorted(per_client.items())}
@@ -325,10 +336,13 @@ class MultiArchStrategy(RoundSkeleton):
             "eval_rejected": len(log_.rejected),
         }
 
-    def _sharing_scores(self, per_client: dict, per_class: dict, global_correct: dict, complete: bool) -> dict:
+    def _sharing_scores(
+        self, per_client: dict, per_class: dict, global_correct: dict, validation: dict, complete: bool
+    ) -> dict:
         """The scores that see what sharing changes (``strategies.evaluation_scores``): balanced over each client's
         held classes (NaN unless every counted client sent per-class counts) and on the global test set (NaN when
-        off); only from a complete evaluation."""
+        off) and the own-distribution mean on the validation splits (NaN without them); only from a complete
+        evaluation."""
         balanced = glob = math.nan
         if complete and per_class and len(per_class) == len(per_client):
             held = {
@@ -340,7 +354,8 @@ class MultiArchStrategy(RoundSkeleton):
             )
         if complete and global_correct:
             glob = float(np.mean([global_accuracy_of(g, self.global_test_counts) for g in global_correct.values()]))
-        return {"balanced_accuracy": balanced, "global_accuracy": glob}
+        valid = own_mean_accuracy(validation) if complete and validation else math.nan
+        return {"balanced_accuracy": balanced, "global_accuracy": glob, "validation_accuracy": valid}
 
     # -- checkpoints ------------------------------------------------------------------------------------------
     def checkpoint_state(self) -> dict:

@@ -13,10 +13,17 @@ from flwr.app import Message as FlowerMessage
 
 from experiments.runner.flower_internals import set_reply_source
 from experiments.runner.in_process_grid import InProcessGrid
-from fl_app.data.local_splits import client_data, global_test_class_counts, global_test_rows
+from fl_app.data.local_splits import (
+    client_data,
+    client_rows,
+    client_validation_rows,
+    global_test_class_counts,
+    global_test_rows,
+)
 from fl_app.multiarch_app import evaluate_multiarch
 from fl_app.run.config import validate_run_config
 from strategies.evaluation_scores import (
+    best_round_scores,
     global_accuracy_of,
     held_class_balanced_accuracy,
     own_mean_accuracy,
@@ -128,7 +135,13 @@ def test_an_evaluation_reply_with_inconsistent_counts_is_rejected(flower_ids, na
 
 def test_the_client_reports_per_class_counts_on_its_split_and_the_global_set(flower_ids, tmp_path):
     run = validate_run_config(
-        {"method": "local", "test-fraction": 0.05, "global-test-per-class": 7, "output-dir": str(tmp_path / "o")}
+        {
+            "method": "local",
+            "test-fraction": 0.05,
+            "validation-fraction": 0.1,
+            "global-test-per-class": 7,
+            "output-dir": str(tmp_path / "o"),
+        }
     )
     assert global_test_class_counts(run).tolist() == [7] * 10 and len(global_test_rows(run)) == 70
     context = InProcessGrid(run, 4).contexts[1]
@@ -138,4 +151,54 @@ def test_the_client_reports_per_class_counts_on_its_split_and_the_global_set(flo
     _, test = client_data(run, 1, 4)
     assert metrics["class-total"] == np.bincount(test.labels.numpy(), minlength=10).tolist()
     assert sum(metrics["class-correct"]) == metrics["correct"] and metrics["num-test"] == len(test)
+    assert metrics["num-val"] == len(client_validation_rows(run, 4)[1]) > 0 and 0 <= metrics["val-correct"]
     assert len(metrics["global-class-correct"]) == 10 and all(0 <= c <= 7 for c in metrics["global-class-correct"])
+
+
+# -- the best round, chosen on validation --------------------------------------------------------------------------
+def test_the_best_round_is_chosen_on_validation_not_test():
+    nan = math.nan
+    history = [
+        {"round": 1, "validation_accuracy": 0.5, "mean_client_accuracy": 0.9, "pooled_accuracy": 0.9},
+        {"round": 2, "validation_accuracy": 0.7, "mean_client_accuracy": 0.6, "pooled_accuracy": 0.61},
+        {"round": 3, "validation_accuracy": 0.7, "mean_client_accuracy": 0.8, "pooled_accuracy": 0.8},
+        {"round": 4, "validation_accuracy": nan, "mean_client_accuracy": 0.95, "pooled_accuracy": 0.95},
+    ]
+    best = best_round_scores(history)  # round 2: the highest validation score, the earliest of the tie; not round 4
+    assert best["best_round"] == 2 and best["best_validation_accuracy"] == 0.7
+    assert best["best_mean_client_accuracy"] == 0.6 and best["best_pooled_accuracy"] == 0.61
+    assert best_round_scores([{"round": 1, "validation_accuracy": nan}])["best_round"] is None  # no validation split
+
+
+def test_the_validation_split_comes_from_the_training_rows_only(tmp_path):
+    base = {"method": "local", "test-fraction": 0.2}
+    before = client_rows(validate_run_config(base), 4)
+    run = validate_run_config({**base, "validation-fraction": 0.1})
+    after, validation = client_rows(run, 4), client_validation_rows(run, 4)
+    for (train0, test0), (train, test), val in zip(before, after, validation):
+        np.testing.assert_array_equal(test, test0)  # the test split is untouched
+        np.testing.assert_array_equal(np.sort(np.concatenate([train, val])), train0)  # carved from training rows
+        assert len(val) == round(0.1 * (len(train0) + len(test0))) and not set(val) & set(train)
+    with pytest.raises(ValueError, match="test-fraction \\+ validation-fraction < 1"):
+        validate_run_config({**base, "test-fraction": 0.6, "validation-fraction": 0.4})
+
+
+def _validation_strategy() -> LocalStrategy:
+    strategy = _strategy()
+    strategy.validation_size_of_partition = {0: 6, 1: 4, 2: 5}
+    return strategy
+
+
+def test_validation_scores_are_screened_and_reported(flower_ids):
+    correct = {0: 3, 1: 4, 2: 0}
+    row = _evaluate(
+        _validation_strategy(), lambda p: {**_metrics(p), "val-correct": correct[p], "num-val": [6, 4, 5][p]}
+    )
+    assert row["validation_accuracy"] == pytest.approx((0.5 + 1.0 + 0.0) / 3)
+    for bad in ({"val-correct": 7, "num-val": 6}, {"val-correct": 1, "num-val": 9}, {"val-correct": 1.0, "num-val": 6}):
+        strategy = _validation_strategy()
+        row = _evaluate(
+            strategy,
+            lambda p, bad=bad: {**_metrics(p), "val-correct": 1, "num-val": [6, 4, 5][p], **(bad if p == 0 else {})},
+        )
+        assert strategy.eval_rounds[1].rejected == [0] and math.isnan(row["validation_accuracy"])

@@ -96,7 +96,8 @@ def _splits(
     partitioner: str = "dirichlet",
     classes_per_client: int = 2,
     data_fraction: float = 1.0,
-) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    validation_fraction: float = 0.0,
+) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
     train, _ = load_dataset(dataset, source, path)
     labels = train.labels.numpy()
     pool = split_train(labels, 0, 0, seed).client_pool  # no server hold-out: evaluation is on clients
@@ -115,17 +116,36 @@ def _splits(
         )
         test = rows[held]
         rows_train = np.setdiff1d(rows, test)
+        validation = np.zeros(0, dtype=rows.dtype)
+        if validation_fraction > 0:  # a stream of its own: without validation the splits are what they were
+            picks = stratified_holdout(
+                labels[rows_train],
+                int(round(validation_fraction * len(rows))),
+                np.random.default_rng([seed, 71, pid]),
+            )
+            validation = rows_train[picks]
+            rows_train = np.setdiff1d(rows_train, validation)
         if data_fraction < 1.0:  # fewer training images, same label mix; a stream of its own keeps the test rows
             kept = max(1, int(round(data_fraction * len(rows_train))))
             rows_train = rows_train[
                 stratified_holdout(labels[rows_train], kept, np.random.default_rng([seed, 53, pid]))
             ]
-        out.append((rows_train, test))
+        out.append((rows_train, test, validation))
     return tuple(out)
 
 
 def client_rows(run: RunSettings, num_partitions: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
     """(train rows, test rows) into the training set for every partition id (cached per process)."""
+    return tuple((train, test) for train, test, _ in _all_splits(run, num_partitions))
+
+
+def client_validation_rows(run: RunSettings, num_partitions: int) -> tuple[np.ndarray, ...]:
+    """Each partition's validation rows (``validation-fraction`` of its share, taken from its training rows; none
+    when 0): what a best round is chosen on, never the test split."""
+    return tuple(validation for _, _, validation in _all_splits(run, num_partitions))
+
+
+def _all_splits(run: RunSettings, num_partitions: int) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
     return _splits(
         run["dataset"],
         run["data-source"],
@@ -137,6 +157,7 @@ def client_rows(run: RunSettings, num_partitions: int) -> tuple[tuple[np.ndarray
         run["local-partitioner"],
         run["classes-per-client"],
         run["client-data-fraction"],
+        run["validation-fraction"],
     )
 
 
@@ -156,6 +177,11 @@ def client_data(run: RunSettings, pid: int, num_partitions: int) -> tuple[ImageD
     train, _ = load_dataset(run["dataset"], run["data-source"], run["data-path"])
     rows_train, rows_test = client_rows(run, num_partitions)[pid]
     return train.subset(rows_train), train.subset(rows_test)
+
+
+def client_validation_data(run: RunSettings, pid: int, num_partitions: int) -> ImageData:
+    train, _ = load_dataset(run["dataset"], run["data-source"], run["data-path"])
+    return train.subset(client_validation_rows(run, num_partitions)[pid])
 
 
 def train_class_counts(run: RunSettings, rows: np.ndarray) -> np.ndarray:

@@ -306,6 +306,13 @@ KEYS: dict[str, Key] = {
         "label-stratified subsample; the local test split is kept whole)",
         check=FRACTION,
     ),
+    "validation-fraction": Key(
+        0.0,
+        "model-heterogeneous methods: share of each client's partition taken from its training rows as a local "
+        "validation split, scored at every evaluation; the best round is chosen on it (0 = off: no validation split, "
+        "no best round)",
+        check=Range(0.0, 0.5),
+    ),
     "global-test-per-class": Key(
         0,
         "model-heterogeneous methods: images per class of the dataset's test split each client model is also scored "
@@ -530,6 +537,11 @@ def _cross_checks(v: dict) -> list[str]:
         errors.append(
             f"classes-per-client={v['classes-per-client']}: allowed values are integers in [1, {classes}] "
             f"(dataset='{v['dataset']}' has {classes} classes)"
+        )
+    if v["test-fraction"] + v["validation-fraction"] >= 1:
+        errors.append(
+            f"validation-fraction={v['validation-fraction']:g} with test-fraction={v['test-fraction']:g} leaves no "
+            "training rows; allowed: test-fraction + validation-fraction < 1"
         )
     if v["budget-max-factor"] and v["budget-max-macs"]:
         errors.append(
