@@ -59,13 +59,17 @@ def global_accuracy_of(class_correct: np.ndarray, class_total: np.ndarray) -> fl
     return balanced_recall(class_correct, class_total, np.ones(len(class_total), dtype=bool))
 
 
+def _measured(value) -> bool:
+    return value is not None and not math.isnan(value)
+
+
 SCORES = ("mean_client_accuracy", "pooled_accuracy", "balanced_accuracy", "global_accuracy")
 
 
 def best_round_scores(history: list[dict]) -> dict:
     """The round with the highest ``validation_accuracy`` (the earliest of ties) and every score at it, for
     summary.json: ``best_round`` and ``best_<score>``; all None without a validation split."""
-    scored = [row for row in history if not math.isnan(row.get("validation_accuracy", math.nan))]
+    scored = [row for row in history if _measured(row.get("validation_accuracy"))]
     best = max(scored, key=lambda row: row["validation_accuracy"], default={})
     return {
         "best_round": best.get("round"),

@@ -319,7 +319,7 @@ class MultiArchStrategy(RoundSkeleton):
                 p: global_accuracy_of(g, self.global_test_counts) for p, g in sorted(global_correct.items())
             }
         self._eval_sent = {}
-        return MetricRecord({k: v for k, v in row.items() if k != "round"})
+        return MetricRecord({k: v for k, v in row.items() if k != "round" and v is not None})
 
     def _evaluation_row(self, server_round: int, log_: RoundLog, per_client: dict, complete: bool) -> dict:
         """The round's line of the evaluation history; accuracies only from a complete evaluation."""
@@ -340,11 +340,14 @@ class MultiArchStrategy(RoundSkeleton):
         self, per_client: dict, per_class: dict, global_correct: dict, validation: dict, complete: bool
     ) -> dict:
         """The scores that see what sharing changes (``strategies.evaluation_scores``): balanced over each client's
-        held classes (NaN unless every counted client sent per-class counts) and on the global test set (NaN when
-        off) and the own-distribution mean on the validation splits (NaN without them); only from a complete
-        evaluation."""
-        balanced = glob = math.nan
-        if complete and per_class and len(per_class) == len(per_client):
+        held classes, on the global test set and the own-distribution mean on the validation splits. NaN when the
+        evaluation is incomplete (as the other scores); None when not measured: the global set or the validation
+        splits are off, or a counted client sent no per-class counts (None, unlike NaN, equals itself, so a resumed
+        run's history equals the uninterrupted one's)."""
+        balanced = glob = valid = math.nan
+        if len(per_class) < len(per_client) or not per_client:
+            balanced = None
+        elif complete:
             held = {
                 p: (self.train_counts_of_partition[p] > 0 if self.train_counts_of_partition else total > 0)
                 for p, (_, total) in per_class.items()
@@ -352,9 +355,14 @@ class MultiArchStrategy(RoundSkeleton):
             balanced = held_class_balanced_accuracy(
                 {p: c for p, (c, _) in per_class.items()}, {p: t for p, (_, t) in per_class.items()}, held
             )
-        if complete and global_correct:
+        if self.global_test_counts is None:
+            glob = None
+        elif complete and global_correct:
             glob = float(np.mean([global_accuracy_of(g, self.global_test_counts) for g in global_correct.values()]))
-        valid = own_mean_accuracy(validation) if complete and validation else math.nan
+        if self.validation_size_of_partition is None:
+            valid = None
+        elif complete and validation:
+            valid = own_mean_accuracy(validation)
         return {"balanced_accuracy": balanced, "global_accuracy": glob, "validation_accuracy": valid}
 
     # -- checkpoints ------------------------------------------------------------------------------------------

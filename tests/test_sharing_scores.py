@@ -101,6 +101,7 @@ def test_the_strategy_reports_every_score(flower_ids):
     assert row["global_accuracy"] == pytest.approx(GLOBAL)
     assert strategy.client_global_accuracy == pytest.approx({0: 1.1 / 3, 1: 0.5, 2: 1 / 3})
     assert strategy.history[-1]["balanced_accuracy"] == pytest.approx(BALANCED)  # metrics.csv's row
+    assert strategy.history[-1]["validation_accuracy"] is None  # not measured (no validation split), not NaN
 
 
 HOSTILE = [
