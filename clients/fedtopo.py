@@ -135,6 +135,22 @@ def evaluate(model: torch.nn.Module, data: ImageData, batch_size: int = 256) -> 
     return correct, len(data)
 
 
+@torch.no_grad()
+def evaluate_per_class(
+    model: torch.nn.Module, data: ImageData, num_classes: int, batch_size: int = 256
+) -> tuple[np.ndarray, np.ndarray]:
+    """(correct per class, test images per class) with the plain head: the predictions ``evaluate`` counts."""
+    model.eval()
+    device = _device_of(model)
+    correct = np.zeros(num_classes, dtype=np.int64)
+    for start in range(0, len(data), batch_size):
+        out = model(normalize(data.images[start : start + batch_size]).to(device))
+        labels = data.labels[start : start + batch_size]
+        hits = labels[out.argmax(1).cpu() == labels].numpy()
+        correct += np.bincount(hits, minlength=num_classes)[:num_classes]
+    return correct, np.bincount(data.labels.numpy(), minlength=num_classes)[:num_classes].astype(np.int64)
+
+
 def fedtopo_upload(
     model, data: ImageData, num_classes: int, source: str, max_samples: int, seed: int
 ) -> dict[str, np.ndarray]:

@@ -23,7 +23,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from clients.fedtopo import (
     broadcast_problem,
     class_counts,
-    evaluate,
+    evaluate_per_class,
     fedtopo_loss,
     fedtopo_upload,
     local_train,
@@ -32,7 +32,16 @@ from clients.fedtopo import (
 from clients.fedtopo_baselines import FdLoss, class_means_upload, head_upload, load_head, plain_ce, proto_loss
 from clients.local_training import LocalSettings
 from fl_app.data.images import DATASETS, load_dataset
-from fl_app.data.local_splits import client_data, client_rows, split_description, train_class_counts
+from fl_app.data.local_splits import (
+    client_data,
+    client_rows,
+    client_validation_data,
+    client_validation_rows,
+    global_test_class_counts,
+    global_test_data,
+    split_description,
+    train_class_counts,
+)
 from fl_app.models.multiarch import architecture_of, client_model, forward_macs
 from fl_app.run.checkpoint import (
     MODELS_DIR,
@@ -50,6 +59,7 @@ from fl_app.run.outputs import plot_accuracy_per_round
 from fl_app.run.payload import record_to_state, state_to_record
 from fl_app.run.seeds import derived_seed
 from fl_app.supernet.training_costs import model_train_costs
+from strategies.evaluation_scores import best_round_scores
 from strategies.fedtopo import FedTopoStrategy
 from strategies.fedtopo_baselines import FdStrategy, FedProtoStrategy, FedTgpStrategy, LgFedAvgStrategy, LocalStrategy
 from strategies.multiarch_base import MultiArchStrategy
@@ -102,7 +112,12 @@ MULTIARCH_METHOD_TABLE = {
         upload=ClientCall(
             fedtopo_upload, ("model", "train", "num_classes", "topo-source", "proto-max-samples", "round_seed")
         ),
-        strategy_options={"tau": "topo-tau", "weighting": "topo-weighting", "kappa": "topo-kappa"},
+        strategy_options={
+            "tau": "topo-tau",
+            "weighting": "topo-weighting",
+            "kappa": "topo-kappa",
+            "kappa_quantile": "topo-kappa-quantile",
+        },
     ),
     "local": MultiArchMethod(LocalStrategy, lambda c, d: {}),
     "lg-fedavg": MultiArchMethod(
@@ -163,14 +178,27 @@ def save_client_model(model, state: RecordDict) -> None:
 
 
 def evaluate_multiarch(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
-    """Score this client's own model on its local test split."""
+    """Score this client's own model on its local test split, per class, and with ``global-test-per-class`` > 0 on
+    the global test set too (per class: the server knows its totals)."""
     _, test = client_data(run, pid, num)
     config = msg.content.config_records["config"]
-    correct, total = evaluate(load_client_model(run, pid, context.state, num, config, context.node_config), test)
-    return Message(
-        RecordDict({"metrics": MetricRecord({"correct": correct, "num-test": total, "partition-id": pid})}),
-        reply_to=msg,
-    )
+    num_classes = DATASETS[run["dataset"]].num_classes
+    model = load_client_model(run, pid, context.state, num, config, context.node_config)
+    class_correct, class_total = evaluate_per_class(model, test, num_classes)
+    metrics = {
+        "correct": int(class_correct.sum()),
+        "num-test": len(test),
+        "partition-id": pid,
+        "class-correct": class_correct.tolist(),
+        "class-total": class_total.tolist(),
+    }
+    if run["validation-fraction"] > 0:
+        validation = client_validation_data(run, pid, num)
+        metrics["val-correct"] = int(evaluate_per_class(model, validation, num_classes)[0].sum())
+        metrics["num-val"] = len(validation)
+    if run["global-test-per-class"] > 0:
+        metrics["global-class-correct"] = evaluate_per_class(model, global_test_data(run), num_classes)[0].tolist()
+    return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
 
 
 def train_multiarch(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
@@ -248,6 +276,14 @@ def build_strategy(run: RunConfig, node_of_partition: dict[int, int]):
         train_size_of_partition={pid: len(rows[pid][0]) for pid in node_of_partition},
         test_size_of_partition={pid: len(rows[pid][1]) for pid in node_of_partition},
         train_counts_of_partition={pid: train_class_counts(run, rows[pid][0]) for pid in node_of_partition},
+        # a local test split's rows are training-set rows too
+        test_counts_of_partition={pid: train_class_counts(run, rows[pid][1]) for pid in node_of_partition},
+        global_test_counts=global_test_class_counts(run) if run["global-test-per-class"] > 0 else None,
+        validation_size_of_partition=(
+            {pid: len(client_validation_rows(run, len(node_of_partition))[pid]) for pid in node_of_partition}
+            if run["validation-fraction"] > 0
+            else None
+        ),
         macs_of_partition={pid: client_forward_macs(run, pid, image_shape) for pid in node_of_partition},
     )
     return method.strategy(
@@ -318,8 +354,12 @@ class MultiArchFamily(MethodFamily):
             ],
             "mean_client_accuracy": last.get("mean_client_accuracy"),
             "pooled_accuracy": last.get("pooled_accuracy"),
+            "balanced_accuracy": last.get("balanced_accuracy"),
+            "global_accuracy": last.get("global_accuracy"),
             "accuracy_round": last.get("round"),
+            **best_round_scores(strategy.history),
             "client_accuracy": [strategy.client_accuracy.get(p) for p in range(self.num_clients)],
+            "client_global_accuracy": [strategy.client_global_accuracy.get(p) for p in range(self.num_clients)],
             "bytes_up_per_round": sum(r.bytes_up for r in rounds.values()) / max(len(rounds), 1),
             "bytes_down_per_round": sum(r.bytes_down for r in rounds.values()) / max(len(rounds), 1),
             "failed_evaluations": sum(len(r.failed) for r in strategy.eval_rounds.values()),

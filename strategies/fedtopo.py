@@ -7,6 +7,7 @@ import numpy as np
 
 from fl_app.run.config import check_choice
 from strategies.multiarch_base import MultiArchStrategy
+from strategies.rounds import RoundLog
 
 
 # -- FedTopo merge -------------------------------------------------------------------------------------------------
@@ -15,6 +16,46 @@ def uniform_topology(num_classes: int) -> np.ndarray:
     u = np.full((num_classes, num_classes), 1.0 / (num_classes - 1))
     np.fill_diagonal(u, 0.0)
     return u
+
+
+def pair_weights(counts: np.ndarray, weighting: str = "support") -> tuple[np.ndarray, np.ndarray]:
+    """(valid [M, C, C]: client m holds both classes of the pair, j != k; its weight w [M, C, C]): ``support`` weighs
+    a client's pair sqrt(n_j·n_k), ``mean`` weighs it 1. Summed over clients, w is the pair's support W."""
+    counts = np.asarray(counts, dtype=np.float64)
+    held = counts > 0
+    valid = held[:, :, None] & held[:, None, :] & ~np.eye(counts.shape[-1], dtype=bool)
+    w = np.sqrt(counts[:, :, None] * counts[:, None, :]) * valid if weighting == "support" else valid * 1.0
+    return valid, w
+
+
+def reported_support(total: np.ndarray) -> np.ndarray:
+    """The support W of every reported pair j < k (each pair once; a pair nobody reports has none)."""
+    upper = np.triu(np.ones(total.shape, dtype=bool), k=1)
+    return total[upper & (total > 0)]
+
+
+def support_kappa(total: np.ndarray, kappa: float, quantile: float) -> float:
+    """κ of the round: the fixed ``kappa`` (``topo-kappa``) when ``quantile`` is 0, else that quantile of the support
+    W of the pairs reported this round (``topo-kappa-quantile``), so the shrinkage W/(W+κ) acts at whatever support
+    the federation has: at the 0.5 quantile, the median pair is shrunk halfway. No reported pair: κ = 0."""
+    if quantile <= 0:
+        return float(kappa)
+    support = reported_support(total)
+    return float(np.quantile(support, quantile)) if support.size else 0.0
+
+
+WEAK_SHRINK = 0.9  # a pair whose W/(W+κ) is below this is pulled measurably toward the typical score
+
+
+def weak_pair_fraction(total: np.ndarray, kappa: float, weighting: str = "support") -> float:
+    """Share of the reported pairs the reliability weighting acts on: W/(W+κ) < ``WEAK_SHRINK`` (0 without shrinkage,
+    NaN when no pair is reported). Near 0, the weighting is inactive: every pair keeps its own score."""
+    support = reported_support(total)
+    if not support.size:
+        return float("nan")
+    if weighting != "support" or kappa <= 0:
+        return 0.0
+    return float(np.mean(support / (support + kappa) < WEAK_SHRINK))
 
 
 def merge_relations(
@@ -31,12 +72,10 @@ def merge_relations(
     Because the softmax comes after the merge, which classes happen to share a client does not shape R̄.
     """
     check_choice("topo-weighting", weighting)
-    relations, counts = np.asarray(relations, dtype=np.float64), np.asarray(counts, dtype=np.float64)
+    relations = np.asarray(relations, dtype=np.float64)
     c = relations.shape[-1]
     off = ~np.eye(c, dtype=bool)
-    held = counts > 0
-    valid = held[:, :, None] & held[:, None, :] & off
-    w = np.sqrt(counts[:, :, None] * counts[:, None, :]) * valid if weighting == "support" else valid * 1.0
+    valid, w = pair_weights(counts, weighting)
     total = w.sum(axis=0)
     summed = (w * np.where(valid, relations, 0.0)).sum(axis=0)
     mean = np.divide(summed, total, out=np.zeros((c, c)), where=total > 0)
@@ -71,9 +110,11 @@ class FedTopoStrategy(MultiArchStrategy):
 
     name = "fedtopo"
 
-    def __init__(self, *args, tau: float, weighting: str = "support", kappa: float = 0.0, **kw):
+    def __init__(
+        self, *args, tau: float, weighting: str = "support", kappa: float = 0.0, kappa_quantile: float = 0.0, **kw
+    ):
         super().__init__(*args, **kw)
-        self.tau, self.weighting, self.kappa = tau, weighting, kappa
+        self.tau, self.weighting, self.kappa, self.kappa_quantile = tau, weighting, kappa, kappa_quantile
         self.global_arrays = {"topology": uniform_topology(self.num_classes).astype(np.float32)}
 
     def expected_upload(self):
@@ -89,5 +130,12 @@ class FedTopoStrategy(MultiArchStrategy):
             return
         relations = np.stack([u["relations"] for _, u, _ in uploads])
         counts = np.stack([u["counts"] for _, u, _ in uploads])
-        merged, _, _ = merge_relations(relations, counts, self.tau, self.weighting, self.kappa)
+        total = pair_weights(counts, self.weighting)[1].sum(axis=0)
+        kappa = support_kappa(total, self.kappa, self.kappa_quantile) if self.weighting == "support" else self.kappa
+        merged, _, _ = merge_relations(relations, counts, self.tau, self.weighting, kappa)
         self.global_arrays = {"topology": merged.astype(np.float32)}
+        # the round's record shows whether the reliability weighting acted (rounds.csv)
+        self.rounds.setdefault(server_round, RoundLog()).diagnostics = {
+            "topo_kappa": kappa,
+            "weak_pair_fraction": weak_pair_fraction(total, kappa, self.weighting),
+        }

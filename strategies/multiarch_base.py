@@ -20,6 +20,12 @@ from flwr.serverapp import Grid
 
 from fl_app.run.payload import record_to_state, state_to_record
 from fl_app.supernet.training_costs import LocalTraining
+from strategies.evaluation_scores import (
+    global_accuracy_of,
+    held_class_balanced_accuracy,
+    own_mean_accuracy,
+    pooled_accuracy,
+)
 from strategies.rounds import RoundLog
 from strategies.screening import (
     MAX_WEIGHT,
@@ -73,6 +79,9 @@ class MultiArchStrategy(RoundSkeleton):
         train_counts_of_partition: dict[int, np.ndarray] | None = None,
         local_training: LocalTraining | None = None,
         macs_of_partition: dict[int, float] | None = None,
+        test_counts_of_partition: dict[int, np.ndarray] | None = None,
+        global_test_counts: np.ndarray | None = None,
+        validation_size_of_partition: dict[int, int] | None = None,
     ):
         super().__init__(
             node_of_partition,
@@ -93,11 +102,15 @@ class MultiArchStrategy(RoundSkeleton):
         self.train_size_of_partition, self.test_size_of_partition = train_size_of_partition, test_size_of_partition
         # each training split's per-class counts (what clients that upload counts must report), when known
         self.train_counts_of_partition = train_counts_of_partition
+        # each local test split's per-class counts, and the global test set's (None: clients score no global set)
+        self.test_counts_of_partition, self.global_test_counts = test_counts_of_partition, global_test_counts
+        self.validation_size_of_partition = validation_size_of_partition  # None: clients hold no validation split
         self.global_arrays: dict[str, np.ndarray] = {}
         self.eval_rounds: dict[int, RoundLog] = {}
         self.train_loss: dict[int, float] = {}
         self.history: list[dict] = []  # one row per evaluated round
         self.client_accuracy: dict[int, float] = {}  # partition id -> accuracy at the last evaluation
+        self.client_global_accuracy: dict[int, float] = {}  # partition id -> its model's global test accuracy, last
         self._payload: ArrayRecord | None = None  # this round's broadcast, encoded once for every client
         self._eval_sent: dict[int, Message] = {}
 
@@ -224,7 +237,51 @@ class MultiArchStrategy(RoundSkeleton):
         problem = metrics_problem(metrics, specs)
         if problem is None and metrics["correct"] > metrics["num-test"]:
             problem = f"correct={metrics['correct']} exceeds num-test={metrics['num-test']}"
-        return problem
+        return problem or self.class_counts_problem(partition_id, metrics)
+
+    def class_counts_problem(self, partition_id: int, metrics: MetricRecord) -> str | None:
+        """The per-class counts of an evaluation reply: 'class-correct' and 'class-total' (both or neither; a reply
+        without them counts for the own-distribution and pooled scores only) are C ints each, 0 <= correct <= total
+        per class, summing to 'correct' and 'num-test', the totals equal to the split's true counts when known; with a
+        global test set, 'global-class-correct' (required) is C ints within its per-class counts."""
+        c = self.num_classes
+        counts = MetricSpec("int-list", low=0, high=MAX_WEIGHT, max_length=c)
+        have = [key in metrics for key in ("class-correct", "class-total")]
+        if any(have) and not all(have):
+            return "metrics 'class-correct' and 'class-total' must come together"
+        if all(have):
+            problem = counts.problem("class-correct", metrics["class-correct"]) or counts.problem(
+                "class-total", metrics["class-total"]
+            )
+            if problem:
+                return problem
+            correct, total = np.array(metrics["class-correct"]), np.array(metrics["class-total"])
+            if len(correct) != c or len(total) != c:
+                return f"metrics 'class-correct' and 'class-total' must have {c} elements (one per class)"
+            if np.any(correct > total):
+                return "metric 'class-correct' exceeds 'class-total' for a class"
+            if int(correct.sum()) != metrics["correct"] or int(total.sum()) != metrics["num-test"]:
+                return "metrics 'class-correct'/'class-total' do not sum to 'correct'/'num-test'"
+            known = None if self.test_counts_of_partition is None else self.test_counts_of_partition[partition_id]
+            if known is not None and not np.array_equal(total, np.asarray(known, dtype=np.int64)):
+                return "metric 'class-total' is not the client's test split's per-class counts"
+        if self.validation_size_of_partition is not None:
+            size = self.validation_size_of_partition[partition_id]
+            problem = metrics_problem(
+                metrics, {"val-correct": MetricSpec("int", low=0, high=size), "num-val": MetricSpec("int", size, size)}
+            )
+            if problem or metrics["val-correct"] > metrics["num-val"]:
+                return problem or f"val-correct={metrics['val-correct']} exceeds num-val={metrics['num-val']}"
+        if self.global_test_counts is not None:
+            if "global-class-correct" not in metrics:
+                return "metric 'global-class-correct' is missing"
+            problem = counts.problem("global-class-correct", metrics["global-class-correct"])
+            if problem:
+                return problem
+            correct = np.array(metrics["global-class-correct"])
+            if len(correct) != c or np.any(correct > self.global_test_counts):
+                return f"metric 'global-class-correct' must be {c} ints within the global test set's class counts"
+        return None
 
     def aggregate_evaluate(self, server_round, replies):
         if not self.evaluates(server_round):
@@ -237,10 +294,16 @@ class MultiArchStrategy(RoundSkeleton):
             lambda pid, reply: (self.evaluation_problem(pid, reply), None),
             "evaluation reply",
         )
-        per_client = {}
+        per_client, per_class, global_correct, validation = {}, {}, {}, {}
         for pid, reply, _ in accepted:
             metrics = reply.content.metric_records[METRICS_RECORD]
             per_client[pid] = (int(metrics["correct"]), int(metrics["num-test"]))
+            if "class-correct" in metrics:
+                per_class[pid] = (np.array(metrics["class-correct"]), np.array(metrics["class-total"]))
+            if self.global_test_counts is not None:
+                global_correct[pid] = np.array(metrics["global-class-correct"])
+            if self.validation_size_of_partition is not None:
+                validation[pid] = (int(metrics["val-correct"]), int(metrics["num-val"]))
         try:
             log_.close(server_round, len(per_client), self.min_reply_fraction)
             complete = True
@@ -248,21 +311,23 @@ class MultiArchStrategy(RoundSkeleton):
             log(WARNING, "evaluation: %s", error)
             complete = False
         row = self._evaluation_row(server_round, log_, per_client, complete)
+        row.update(self._sharing_scores(per_client, per_class, global_correct, validation, complete))
         self.history.append(row)
         if complete:
             self.client_accuracy = {p: (c / n if n else math.nan) for p, (c, n) in sorted(per_client.items())}
+            self.client_global_accuracy = {
+                p: global_accuracy_of(g, self.global_test_counts) for p, g in sorted(global_correct.items())
+            }
         self._eval_sent = {}
-        return MetricRecord({k: v for k, v in row.items() if k != "round"})
+        return MetricRecord({k: v for k, v in row.items() if k != "round" and v is not None})
 
     def _evaluation_row(self, server_round: int, log_: RoundLog, per_client: dict, complete: bool) -> dict:
         """The round's line of the evaluation history; accuracies only from a complete evaluation."""
-        scored = [c / n for c, n in per_client.values() if n > 0]
-        total = sum(n for _, n in per_client.values())
         train_log = self.rounds.get(server_round, RoundLog())
         return {
             "round": server_round,
-            "mean_client_accuracy": float(np.mean(scored)) if scored and complete else math.nan,
-            "pooled_accuracy": sum(c for c, _ in per_client.values()) / total if total and complete else math.nan,
+            "mean_client_accuracy": own_mean_accuracy(per_client) if complete else math.nan,
+            "pooled_accuracy": pooled_accuracy(per_client) if complete else math.nan,
             "train_loss": self.train_loss.get(server_round, math.nan),
             "bytes_up": train_log.bytes_up,
             "bytes_down": train_log.bytes_down,
@@ -270,6 +335,35 @@ class MultiArchStrategy(RoundSkeleton):
             "eval_failed": len(log_.failed),
             "eval_rejected": len(log_.rejected),
         }
+
+    def _sharing_scores(
+        self, per_client: dict, per_class: dict, global_correct: dict, validation: dict, complete: bool
+    ) -> dict:
+        """The scores that see what sharing changes (``strategies.evaluation_scores``): balanced over each client's
+        held classes, on the global test set and the own-distribution mean on the validation splits. NaN when the
+        evaluation is incomplete (as the other scores); None when not measured: the global set or the validation
+        splits are off, or a counted client sent no per-class counts (None, unlike NaN, equals itself, so a resumed
+        run's history equals the uninterrupted one's)."""
+        balanced = glob = valid = math.nan
+        if len(per_class) < len(per_client) or not per_client:
+            balanced = None
+        elif complete:
+            held = {
+                p: (self.train_counts_of_partition[p] > 0 if self.train_counts_of_partition else total > 0)
+                for p, (_, total) in per_class.items()
+            }
+            balanced = held_class_balanced_accuracy(
+                {p: c for p, (c, _) in per_class.items()}, {p: t for p, (_, t) in per_class.items()}, held
+            )
+        if self.global_test_counts is None:
+            glob = None
+        elif complete and global_correct:
+            glob = float(np.mean([global_accuracy_of(g, self.global_test_counts) for g in global_correct.values()]))
+        if self.validation_size_of_partition is None:
+            valid = None
+        elif complete and validation:
+            valid = own_mean_accuracy(validation)
+        return {"balanced_accuracy": balanced, "global_accuracy": glob, "validation_accuracy": valid}
 
     # -- checkpoints ------------------------------------------------------------------------------------------
     def checkpoint_state(self) -> dict:
@@ -282,6 +376,7 @@ class MultiArchStrategy(RoundSkeleton):
             "train_loss": dict(self.train_loss),
             "history": [dict(row) for row in self.history],
             "client_accuracy": dict(self.client_accuracy),
+            "client_global_accuracy": dict(self.client_global_accuracy),
         }
 
     def restore_state(self, saved: dict) -> None:
@@ -291,6 +386,7 @@ class MultiArchStrategy(RoundSkeleton):
         self.train_loss = {int(r): v for r, v in saved["train_loss"].items()}
         self.history = [dict(row) for row in saved["history"]]
         self.client_accuracy = {int(p): v for p, v in saved["client_accuracy"].items()}
+        self.client_global_accuracy = {int(p): v for p, v in saved.get("client_global_accuracy", {}).items()}
 
     def summary(self) -> None:
         log(

@@ -61,6 +61,7 @@ class RoundLog:
     server_rss_mb: float = math.nan  # server process memory after the round: resident and peak so far
     server_peak_rss_mb: float = math.nan
     answered: set[int] = field(default_factory=set)
+    diagnostics: dict[str, float] = field(default_factory=dict)  # a method's own per-round numbers (extra columns)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "answered": sorted(self.answered)}
@@ -85,6 +86,7 @@ class RoundLog:
             "client_seconds": self.client_seconds,
             "server_rss_mb": self.server_rss_mb,
             "server_peak_rss_mb": self.server_peak_rss_mb,
+            **self.diagnostics,
         }
 
     def screen(

@@ -139,7 +139,10 @@ def test_backbones_out_of_range_is_refused_by_registry_and_code(value):
 @pytest.mark.parametrize(
     "override, fragment",
     [
-        ({"local-partitioner": "pat"}, "local-partitioner='pat': allowed values are ['dirichlet', 'pathological']"),
+        (
+            {"local-partitioner": "pat"},
+            "local-partitioner='pat': allowed values are ['dirichlet', 'pathological', 'pathological-random']",
+        ),
         (
             {"local-partitioner": "pathological", "classes-per-client": 11},
             "classes-per-client=11: allowed values are integers in [1, 10] (dataset='cifar10' has 10 classes)",

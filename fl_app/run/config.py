@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fl_app.data.images import DATA_SOURCES, DATASETS
-from fl_app.data.local_splits import LOCAL_PARTITIONERS
+from fl_app.data.local_splits import LOCAL_PARTITIONERS, PATHOLOGICAL_SPLITS
 from fl_app.data.partition import PARTITIONERS
 from fl_app.models.multiarch import BACKBONES_PER_FAMILY, MODEL_FAMILIES
 from fl_app.run.payload import PAYLOAD_DTYPES
@@ -298,12 +298,14 @@ KEYS: dict[str, Key] = {
     "local-partitioner": Key(
         "dirichlet",
         "how the model-heterogeneous methods split the training set: 'dirichlet' = Dirichlet(dirichlet-alpha), "
-        "'pathological' = classes-per-client classes per client (HtFLlib's 'pat')",
+        "'pathological' = classes-per-client classes per client dealt cyclically (HtFLlib's 'pat'), "
+        "'pathological-random' = classes-per-client classes per client drawn at random (seeded; pairs overlap)",
         LOCAL_PARTITIONERS,
     ),
     "classes-per-client": Key(
         2,
-        "local-partitioner='pathological': classes each client holds (at most the dataset's classes)",
+        "local-partitioner='pathological' or 'pathological-random': classes each client holds (at most the "
+        "dataset's classes)",
         check=Range(1, MAX_CLASSES),
     ),
     "client-data-fraction": Key(
@@ -311,6 +313,19 @@ KEYS: dict[str, Key] = {
         "model-heterogeneous methods: share of each client's local training split it trains on (seeded, "
         "label-stratified subsample; the local test split is kept whole)",
         check=FRACTION,
+    ),
+    "validation-fraction": Key(
+        0.0,
+        "model-heterogeneous methods: share of each client's partition taken from its training rows as a local "
+        "validation split, scored at every evaluation; the best round is chosen on it (0 = off: no validation split, "
+        "no best round)",
+        check=Range(0.0, 0.5),
+    ),
+    "global-test-per-class": Key(
+        0,
+        "model-heterogeneous methods: images per class of the dataset's test split each client model is also scored "
+        "on at every evaluation (global_accuracy: class-balanced, the same seeded sample for all); 0 = off",
+        check=Range(0, 100_000),
     ),
     # τ >= 1e-3 keeps cos/τ <= 1000: the softmax stays finite (1e-45 made the topology NaN)
     "topo-tau": Key(
@@ -320,6 +335,12 @@ KEYS: dict[str, Key] = {
         20.0,
         "κ: shrinkage of a pair's merged relation toward the typical one at low support W (W/(W+κ))",
         check=Range(0.0, 1e9),
+    ),
+    "topo-kappa-quantile": Key(
+        0.0,
+        "κ scaled to the support seen: > 0 sets each round's κ to this quantile of the support W of the pairs "
+        "reported that round (0.5: the median pair is shrunk halfway); 0 = off, the fixed topo-kappa",
+        check=Range(0.0, 1.0),
     ),
     "topo-beta": Key(
         0.5,
@@ -520,10 +541,15 @@ def model_size_problems(v: dict) -> list[str]:
 def _cross_checks(v: dict) -> list[str]:
     errors = model_size_problems(v)
     classes = DATASETS[v["dataset"]].num_classes
-    if v["local-partitioner"] == "pathological" and v["classes-per-client"] > classes:
+    if v["local-partitioner"] in PATHOLOGICAL_SPLITS and v["classes-per-client"] > classes:
         errors.append(
             f"classes-per-client={v['classes-per-client']}: allowed values are integers in [1, {classes}] "
             f"(dataset='{v['dataset']}' has {classes} classes)"
+        )
+    if v["test-fraction"] + v["validation-fraction"] >= 1:
+        errors.append(
+            f"validation-fraction={v['validation-fraction']:g} with test-fraction={v['test-fraction']:g} leaves no "
+            "training rows; allowed: test-fraction + validation-fraction < 1"
         )
     if v["budget-max-factor"] and v["budget-max-macs"]:
         errors.append(

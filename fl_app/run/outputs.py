@@ -79,7 +79,8 @@ def write_json(path: Path, data: dict, replace: bool = False) -> None:
 
 def write_csv(path: Path, rows: list[dict], replace: bool = False) -> None:
     text = io.StringIO(newline="")
-    writer = csv.DictWriter(text, fieldnames=list(rows[0]) if rows else [])
+    # every column any row has, in order of first appearance (a method's per-round extras may start mid-run)
+    writer = csv.DictWriter(text, fieldnames=list(dict.fromkeys(key for row in rows for key in row)), restval="")
     writer.writeheader()
     writer.writerows(rows)
     write_text(path, text.getvalue(), replace)
