@@ -12,6 +12,7 @@ from fl_app.models.supernet_space import count_macs
 from fl_app.run.payload import record_to_state, state_to_record
 from fl_app.supernet.magnitude_masks import element_macs, magnitude_mask, model_size, size_threshold
 from strategies.fiarse import FiarseStrategy
+from tests.harness.training import one_step_federation
 from tests.test_fiarse import _state
 from tests.test_hostile_feast import CACHE, TINY
 
@@ -89,25 +90,10 @@ def test_real_clients_train_their_own_sizes_and_count_both_conventions(flower_id
     import math
 
     from experiments.runner.flower_internals import set_message_id, set_reply_source
-    from fl_app.run.config import validate_run_config
-    from fl_app.supernet.federation import Federation
-    from fl_app.supernet_app import make_supernet_strategy, partition_reports, train_feast
+    from fl_app.supernet_app import train_feast
 
     num = 3
-    run = validate_run_config(
-        {
-            "method": "fiarse",
-            "fiarse-mapping": "reference",
-            "clients-per-round": num,
-            "max-local-steps": 1,
-            "batch-size": 8,
-            "min-reply-fraction": 1.0,
-        }
-    )
-    fed = Federation.build(run, num)
-    budgets = fed.client_budgets(run, {})
-    examples, held = partition_reports(run, fed, budgets)
-    strategy = make_supernet_strategy(run, fed, budgets, {p: 100 + p for p in range(num)}, examples, held)
+    run, fed, strategy = one_step_federation(num, method="fiarse", **{"fiarse-mapping": "reference"})
     full_macs = count_macs(fed.cfg, fed.cfg.max_subnet())
     torch_state = strategy.global_model().state_dict()
     state = {k: v.numpy() for k, v in torch_state.items() if not k.endswith("num_batches_tracked")}
@@ -116,7 +102,7 @@ def test_real_clients_train_their_own_sizes_and_count_both_conventions(flower_id
         set_message_id(message, f"message-{i}")
         pid = message.metadata.dst_node_id - 100
         threshold = message.content.config_records["config"]["mask-threshold"]
-        assert threshold == size_threshold(state, element_macs(fed.cfg), model_size(budgets[pid], full_macs))
+        assert threshold == size_threshold(state, element_macs(fed.cfg), model_size(strategy.budgets[pid], full_macs))
         reply = train_feast(message, run, pid, num, None)
         set_reply_source(reply, message.metadata.dst_node_id)
         metrics = reply.content.metric_records["metrics"]

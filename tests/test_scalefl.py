@@ -30,8 +30,9 @@ from fl_app.run.payload import payload_bytes, record_to_state, state_to_record
 from fl_app.supernet.evaluation import evaluate_subnet
 from fl_app.supernet.federation import Federation
 from fl_app.supernet.slicing import is_prefix_shape
-from fl_app.supernet_app import make_supernet_strategy, partition_reports, train_feast
+from fl_app.supernet_app import make_supernet_strategy, train_feast
 from strategies.scalefl import ScaleFLStrategy, evaluate_level
+from tests.harness.training import one_step_federation
 from tests.test_client_broadcast import _resent
 from tests.test_routing_budgets import _reply
 
@@ -192,19 +193,7 @@ def test_a_client_refuses_bounds_that_are_no_level(flower_ids):
 
 def test_real_clients_train_their_levels_and_the_server_accepts_them(flower_ids):
     num = 4
-    run = validate_run_config(
-        {
-            "method": "scalefl",
-            "clients-per-round": num,
-            "max-local-steps": 1,
-            "batch-size": 8,
-            "min-reply-fraction": 1.0,
-        }
-    )
-    fed = Federation.build(run, num)
-    budgets = fed.client_budgets(run, {})
-    examples, held = partition_reports(run, fed, budgets)
-    strategy = make_supernet_strategy(run, fed, budgets, {p: 100 + p for p in range(num)}, examples, held)
+    run, fed, strategy = one_step_federation(num, method="scalefl")
     state = _initial(strategy)
     replies = []
     for i, message in enumerate(strategy.configure_train(1, state_to_record(state), ConfigRecord(), grid=None)):

@@ -12,11 +12,10 @@ from flwr.app import ConfigRecord
 
 from experiments.runner.flower_internals import set_message_id, set_reply_source
 from fl_app.models.early_exit import SCALEFL_RATES, level_of, scalefl_config, scalefl_levels
-from fl_app.run.config import validate_run_config
 from fl_app.run.payload import record_to_state, state_to_record
-from fl_app.supernet.federation import Federation
-from fl_app.supernet_app import make_supernet_strategy, partition_reports, train_feast
+from fl_app.supernet_app import train_feast
 from strategies.scalefl import ScaleFLStrategy
+from tests.harness.training import one_step_federation
 from tests.test_scalefl import _initial
 
 
@@ -59,20 +58,7 @@ def test_clients_below_the_smallest_level_train_it_and_untrained_levels_are_not_
 
 def test_real_clients_train_the_reference_levels_and_the_server_accepts_them(flower_ids):
     num = 4
-    run = validate_run_config(
-        {
-            "method": "scalefl",
-            "scalefl-levels": "reference",
-            "clients-per-round": num,
-            "max-local-steps": 1,
-            "batch-size": 8,
-            "min-reply-fraction": 1.0,
-        }
-    )
-    fed = Federation.build(run, num)
-    budgets = fed.client_budgets(run, {})
-    examples, held = partition_reports(run, fed, budgets)
-    strategy = make_supernet_strategy(run, fed, budgets, {p: 100 + p for p in range(num)}, examples, held)
+    run, fed, strategy = one_step_federation(num, method="scalefl", **{"scalefl-levels": "reference"})
     reference = scalefl_levels(strategy.model_cfg, "reference")
     assert strategy.levels == reference
     state = _initial(strategy)

@@ -35,3 +35,20 @@ def random_images(n: int, seed: int = 1) -> ImageData:
         torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=gen),
         torch.randint(0, 10, (n,), generator=gen),
     )
+
+
+def one_step_federation(num: int, **options):
+    """(run config, federation, strategy) of a supernet-family run of ``num`` clients, all sampled, each training one
+    batch of 8, every reply needed; ``options`` are run-config values (the method among them)."""
+    from fl_app.run.config import validate_run_config
+    from fl_app.supernet.federation import Federation
+    from fl_app.supernet_app import make_supernet_strategy, partition_reports
+
+    run = validate_run_config(
+        {"clients-per-round": num, "max-local-steps": 1, "batch-size": 8, "min-reply-fraction": 1.0, **options}
+    )
+    fed = Federation.build(run, num)
+    budgets = fed.client_budgets(run, {})
+    examples, held = partition_reports(run, fed, budgets)
+    strategy = make_supernet_strategy(run, fed, budgets, {p: 100 + p for p in range(num)}, examples, held)
+    return run, fed, strategy
