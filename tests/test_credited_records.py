@@ -14,7 +14,7 @@ import torch
 from flwr.app import ConfigRecord, Context, MessageType, MetricRecord, RecordDict
 
 from experiments.runner import flops_per_round
-from experiments.runner.flower_internals import set_message_id, set_reply_source
+from experiments.runner.flower_internals import set_message_id
 from experiments.runner.in_process_grid import InProcessGrid, run_in_process
 from fl_app.multiarch_app import MULTIARCH_METHODS, build_strategy, train_multiarch
 from fl_app.run.config import validate_run_config
@@ -22,6 +22,7 @@ from fl_app.run.payload import state_to_record
 from fl_app.supernet.federation import Federation
 from fl_app.supernet_app import SUPERNET_METHOD_TABLE, make_supernet_strategy, partition_reports, train_feast
 from tests.harness.in_process import TINY_RUN
+from tests.harness.training import answered_round
 from tests.hostile import reply_to
 
 LIARS = {"train-flops": 1e30, "peak-rss-mb": 1e300, "client-seconds": 6e5, "cuda-peak-mb": 1e300}
@@ -115,18 +116,6 @@ NUM = 4
 TINY = {"clients-per-round": NUM, "max-local-steps": 2, "batch-size": 8, "min-reply-fraction": 1.0}
 
 
-def _answered(strategy, arrays, train):
-    """(partition id, reply) of round 1 answered by the real client function ``train(message, pid)``."""
-    out = []
-    for i, message in enumerate(strategy.configure_train(1, arrays, ConfigRecord(), grid=None)):
-        set_message_id(message, f"message-{i}")
-        pid = next(p for p, node in strategy.node_of_partition.items() if node == message.metadata.dst_node_id)
-        reply = train(message, pid)
-        set_reply_source(reply, message.metadata.dst_node_id)
-        out.append((pid, reply))
-    return out
-
-
 def _server_matches_client(strategy, answered, run):
     seen = []
     strategy.credit_listener = lambda r, sampled, credited: seen.extend(credited)
@@ -159,7 +148,7 @@ def test_the_servers_flops_equal_an_honest_supernet_clients_own(flower_ids, meth
     torch.manual_seed(0)
     model = strategy.global_model()
     state = {k: v.numpy() for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
-    answered = _answered(strategy, state_to_record(state), lambda m, pid: train_feast(m, run, pid, NUM, None))
+    answered = answered_round(strategy, state_to_record(state), lambda m, pid: train_feast(m, run, pid, NUM, None))
     _server_matches_client(strategy, answered, run)
 
 
@@ -171,7 +160,9 @@ def test_the_servers_flops_equal_an_honest_model_heterogeneous_clients_own(flowe
     contexts = {
         p: Context(run_id=1, node_id=100 + p, state=RecordDict(), run_config={}, node_config={}) for p in range(NUM)
     }
-    answered = _answered(strategy, state_to_record({}), lambda m, pid: train_multiarch(m, run, pid, NUM, contexts[pid]))
+    answered = answered_round(
+        strategy, state_to_record({}), lambda m, pid: train_multiarch(m, run, pid, NUM, contexts[pid])
+    )
     _server_matches_client(strategy, answered, run)
 
 
@@ -197,7 +188,7 @@ def test_costing_what_was_routed_that_raises_never_ends_the_round(flower_ids, ca
     strategy = make_supernet_strategy(run, fed, budgets, {p: 100 + p for p in range(NUM)}, examples, held)
     torch.manual_seed(0)
     state = {k: v.numpy() for k, v in strategy.global_model().state_dict().items() if "num_batches" not in k}
-    answered = _answered(strategy, state_to_record(state), lambda m, pid: train_feast(m, run, pid, NUM, None))
+    answered = answered_round(strategy, state_to_record(state), lambda m, pid: train_feast(m, run, pid, NUM, None))
 
     def broken(pid):
         raise KeyError(pid)

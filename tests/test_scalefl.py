@@ -12,7 +12,6 @@ from flwr.app import ConfigRecord
 
 from clients.feast import read_routed
 from clients.scalefl import KD_WEIGHT, TEMPERATURE, self_distillation_loss
-from experiments.runner.flower_internals import set_message_id, set_reply_source
 from fl_app.data.images import ImageData
 from fl_app.models.early_exit import (
     SCALEFL_RATES,
@@ -32,7 +31,7 @@ from fl_app.supernet.federation import Federation
 from fl_app.supernet.slicing import is_prefix_shape
 from fl_app.supernet_app import make_supernet_strategy, train_feast
 from strategies.scalefl import ScaleFLStrategy, evaluate_level
-from tests.harness.training import one_step_federation
+from tests.harness.training import answered_round, one_step_federation
 from tests.test_client_broadcast import _resent
 from tests.test_routing_budgets import _reply
 
@@ -195,14 +194,11 @@ def test_real_clients_train_their_levels_and_the_server_accepts_them(flower_ids)
     num = 4
     run, fed, strategy = one_step_federation(num, method="scalefl")
     state = _initial(strategy)
-    replies = []
-    for i, message in enumerate(strategy.configure_train(1, state_to_record(state), ConfigRecord(), grid=None)):
-        set_message_id(message, f"message-{i}")
-        reply = train_feast(message, run, message.metadata.dst_node_id - 100, num, None)
-        set_reply_source(reply, message.metadata.dst_node_id)
+    answered = answered_round(strategy, state_to_record(state), lambda m, pid: train_feast(m, run, pid, num, None))
+    replies = [reply for _, reply in answered]
+    for reply in replies:
         metrics = reply.content.metric_records["metrics"]
         assert metrics["local-steps"] == 1 and math.isfinite(metrics["train-loss"]) and metrics["train-flops"] > 0
-        replies.append(reply)
     record, _ = strategy.aggregate_train(1, replies)
     assert strategy.rounds[1].accepted == list(range(num)) and strategy.rounds[1].rejected == []
     merged = record_to_state(record)

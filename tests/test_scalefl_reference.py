@@ -8,14 +8,12 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord
 
-from experiments.runner.flower_internals import set_message_id, set_reply_source
 from fl_app.models.early_exit import SCALEFL_RATES, level_of, scalefl_config, scalefl_levels
 from fl_app.run.payload import record_to_state, state_to_record
 from fl_app.supernet_app import train_feast
 from strategies.scalefl import ScaleFLStrategy
-from tests.harness.training import one_step_federation
+from tests.harness.training import answered_round, one_step_federation
 from tests.test_scalefl import _initial
 
 
@@ -62,15 +60,12 @@ def test_real_clients_train_the_reference_levels_and_the_server_accepts_them(flo
     reference = scalefl_levels(strategy.model_cfg, "reference")
     assert strategy.levels == reference
     state = _initial(strategy)
-    replies = []
-    for i, message in enumerate(strategy.configure_train(1, state_to_record(state), ConfigRecord(), grid=None)):
-        set_message_id(message, f"message-{i}")
-        reply = train_feast(message, run, message.metadata.dst_node_id - 100, num, None)
-        set_reply_source(reply, message.metadata.dst_node_id)
+    answered = answered_round(strategy, state_to_record(state), lambda m, pid: train_feast(m, run, pid, num, None))
+    replies = [reply for _, reply in answered]
+    for reply in replies:
         metrics = reply.content.metric_records["metrics"]
         assert metrics["local-steps"] == 1 and math.isfinite(metrics["train-loss"])
         assert metrics["trained-macs"] in [lv.macs for lv in reference]
-        replies.append(reply)
     record, _ = strategy.aggregate_train(1, replies)
     assert strategy.rounds[1].accepted == list(range(num)) and strategy.rounds[1].rejected == []
     merged = record_to_state(record)

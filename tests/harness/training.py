@@ -52,3 +52,20 @@ def one_step_federation(num: int, **options):
     examples, held = partition_reports(run, fed, budgets)
     strategy = make_supernet_strategy(run, fed, budgets, {p: 100 + p for p in range(num)}, examples, held)
     return run, fed, strategy
+
+
+def answered_round(strategy, arrays, train) -> list[tuple]:
+    """(partition id, reply) of every round-1 message of ``strategy`` answered by the real client function
+    ``train(message, partition id)``, each reply marked as its node's (no Flower runtime)."""
+    from flwr.app import ConfigRecord
+
+    from experiments.runner.flower_internals import set_message_id, set_reply_source
+
+    out = []
+    for i, message in enumerate(strategy.configure_train(1, arrays, ConfigRecord(), grid=None)):
+        set_message_id(message, f"message-{i}")
+        pid = next(p for p, node in strategy.node_of_partition.items() if node == message.metadata.dst_node_id)
+        reply = train(message, pid)
+        set_reply_source(reply, message.metadata.dst_node_id)
+        out.append((pid, reply))
+    return out
