@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import Error
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode  # the SuperLink answers for a dead node under its id
 
@@ -123,6 +123,18 @@ def reply_to(msg: Message, content) -> Message:
     reply = Message(error=content, reply_to=msg) if isinstance(content, Error) else Message(content, reply_to=msg)
     set_reply_source(reply, src)
     return reply
+
+
+def answered_queries(messages, answer: Callable[[int], tuple[int, int]]) -> dict[str, Message]:
+    """Message id -> reply of each partition query in ``messages`` (each given a fresh id), answered as the node
+    ``answer(destination node)`` = (partition-id, num-partitions) would answer it."""
+    replies = {}
+    for msg in messages:
+        mid = uuid.uuid4().hex
+        set_message_id(msg, mid)
+        pid, num = answer(msg.metadata.dst_node_id)
+        replies[mid] = reply_to(msg, RecordDict({"config": ConfigRecord({"partition-id": pid, "num-partitions": num})}))
+    return replies
 
 
 def run_rounds(

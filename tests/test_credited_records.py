@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 import torch
-from flwr.app import ConfigRecord, Context, MessageType, MetricRecord, RecordDict
+from flwr.app import Context, MessageType, MetricRecord, RecordDict
 
 from experiments.runner import flops_per_round
 from experiments.runner.flower_internals import set_message_id
@@ -23,7 +23,7 @@ from fl_app.supernet.federation import Federation
 from fl_app.supernet_app import SUPERNET_METHOD_TABLE, make_supernet_strategy, partition_reports, train_feast
 from tests.harness.in_process import TINY_RUN
 from tests.harness.training import answered_round
-from tests.hostile import reply_to
+from tests.hostile import answered_queries
 
 LIARS = {"train-flops": 1e30, "peak-rss-mb": 1e300, "client-seconds": 6e5, "cuda-peak-mb": 1e300}
 
@@ -45,15 +45,9 @@ class ReplayingGrid(InProcessGrid):
         return list(self.partition_of_node)
 
     def push_messages(self, messages):  # the partition query the rejoined node answers
-        ids = []
-        for msg in messages:
-            mid = uuid.uuid4().hex
-            set_message_id(msg, mid)
-            pid = self.partition_of_node[msg.metadata.dst_node_id]
-            answer = ConfigRecord({"partition-id": pid, "num-partitions": 3})
-            self.queries[mid] = reply_to(msg, RecordDict({"config": answer}))
-            ids.append(mid)
-        return ids
+        answers = answered_queries(messages, lambda node: (self.partition_of_node[node], 3))
+        self.queries.update(answers)
+        return list(answers)
 
     def pull_messages(self, ids):
         return [self.queries.pop(mid) for mid in list(ids) if mid in self.queries]

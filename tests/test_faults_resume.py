@@ -37,7 +37,7 @@ from fl_app.supernet_app import run_feast, train_feast
 from strategies.feast import FeastStrategy
 from strategies.rounds import round_totals, sample_partitions
 from strategies.superfednas import SuperFedNASStrategy
-from tests.hostile import SUPERLINK_NODE_ID, honest_memo, reply_to
+from tests.hostile import SUPERLINK_NODE_ID, answered_queries, honest_memo, reply_to
 from tests.test_hostile_feast import supernet_setup
 
 EXAMPLES = {0: 50, 1: 70, 2: 90}
@@ -285,23 +285,9 @@ class ChurnGrid:
         return list(self.nodes)
 
     def push_messages(self, messages):
-        ids = []
-        for msg in messages:
-            mid = uuid.uuid4().hex
-            set_message_id(msg, mid)
-            node = msg.metadata.dst_node_id
-            self.queries[mid] = reply_to(
-                msg,
-                RecordDict(
-                    {
-                        "config": ConfigRecord(
-                            {"partition-id": self.nodes[node], "num-partitions": self.num_partitions.get(node, 3)}
-                        )
-                    }
-                ),
-            )
-            ids.append(mid)
-        return ids
+        answers = answered_queries(messages, lambda node: (self.nodes[node], self.num_partitions.get(node, 3)))
+        self.queries.update(answers)
+        return list(answers)
 
     def pull_messages(self, ids):
         return [self.queries.pop(mid) for mid in list(ids) if mid in self.queries]

@@ -4,16 +4,13 @@ again (the same ``LiveNodes`` bookkeeping as the supernet strategies)."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 import torch
-from flwr.app import ConfigRecord, MessageType, RecordDict
+from flwr.app import MessageType
 
-from experiments.runner.flower_internals import set_message_id
 from experiments.runner.in_process_grid import InProcessGrid, run_in_process
 from fl_app.run.config import validate_run_config
-from tests.hostile import reply_to
+from tests.hostile import answered_queries
 
 TINY = {
     "num-server-rounds": 4,
@@ -43,16 +40,9 @@ class ChurningGrid(InProcessGrid):
         return list(self.partition_of_node)
 
     def push_messages(self, messages):  # the partition query a new node answers
-        ids = []
-        for msg in messages:
-            mid = uuid.uuid4().hex
-            set_message_id(msg, mid)
-            pid = self.partition_of_node[msg.metadata.dst_node_id]
-            self.queries[mid] = reply_to(
-                msg, RecordDict({"config": ConfigRecord({"partition-id": pid, "num-partitions": self.num_clients})})
-            )
-            ids.append(mid)
-        return ids
+        answers = answered_queries(messages, lambda node: (self.partition_of_node[node], self.num_clients))
+        self.queries.update(answers)
+        return list(answers)
 
     def pull_messages(self, ids):
         return [self.queries.pop(mid) for mid in list(ids) if mid in self.queries]
