@@ -16,20 +16,20 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 
 
 def processor() -> dict:
-    model, flags = platform.processor() or platform.machine(), set()
+    model, flags = None, set()
     try:
         with open("/proc/cpuinfo") as info:
             for line in info:
                 key, _, value = line.partition(":")
                 key = key.strip()
-                if key in ("model name", "Model") and model in ("", platform.machine(), platform.processor()):
+                if key in ("model name", "Model") and model is None:
                     model = value.strip()
                 elif key in ("flags", "Features"):
                     flags.update(value.split())
-    except OSError:
+    except OSError:  # no /proc (not Linux): what the platform module says
         pass
     return {
-        "model": model,
+        "model": model or platform.processor() or platform.machine(),
         "architecture": platform.machine(),
         "cores": os.cpu_count(),
         "vector_extensions": [f for f in VECTOR_FLAGS if f in flags],
