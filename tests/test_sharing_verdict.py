@@ -1,5 +1,6 @@
-"""experiments.studies.sharing_scores (the study): the paired differences per score and round against a hand computation on a
-made-up suite folder, and the control verdict's rule (the low end of the interval must clear the margin)."""
+"""experiments.studies.sharing_scores (the study): the paired differences per score and round against a hand
+computation on a made-up suite folder, and the control verdict's rule (the low end of the interval must clear the
+margin)."""
 
 from __future__ import annotations
 
