@@ -53,12 +53,12 @@ from fl_app.run.checkpoint import (
     save_model_file,
 )
 from fl_app.run.config import RunConfig
+from fl_app.run.costs import model_train_costs
 from fl_app.run.device import preferred_device
 from fl_app.run.lifecycle import FederatedRun, MethodFamily
 from fl_app.run.outputs import plot_accuracy_per_round
 from fl_app.run.payload import record_to_state, state_to_record
 from fl_app.run.seeds import derived_seed
-from fl_app.supernet.training_costs import model_train_costs
 from strategies.evaluation_scores import best_round_scores
 from strategies.fedtopo import FedTopoStrategy
 from strategies.fedtopo_baselines import FdStrategy, FedProtoStrategy, FedTgpStrategy, LgFedAvgStrategy, LocalStrategy

@@ -11,10 +11,11 @@ from flwr.common.logger import log
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.models.supernet_space import Subnet, SupernetConfig, count_macs
 from fl_app.run.config import check_choice
+from fl_app.run.costs import LocalTraining
 from fl_app.run.payload import RecordState, record_to_state, state_to_record
 from fl_app.supernet.slicing import prefix_region, slice_state, state_numel, subnet_shapes
 from fl_app.supernet.subnets import SubnetCache, plan_subnets
-from fl_app.supernet.training_costs import LocalTraining, plan_step_macs
+from fl_app.supernet.training_costs import plan_step_macs
 from strategies.robust import AGGREGATIONS
 from strategies.screening import (
     SLICE_BOUND_BASIS,

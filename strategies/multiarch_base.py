@@ -18,8 +18,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from fl_app.run.costs import LocalTraining
 from fl_app.run.payload import record_to_state, state_to_record
-from fl_app.supernet.training_costs import LocalTraining
 from strategies.evaluation_scores import (
     global_accuracy_of,
     held_class_balanced_accuracy,

@@ -17,8 +17,8 @@ from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.common.logger import log
 
 from fl_app.run.config import RunConfig
+from fl_app.run.costs import LocalTraining
 from fl_app.run.lr_schedule import lr_schedule
-from fl_app.supernet.training_costs import LocalTraining
 from strategies.screening import raised
 
 

@@ -16,8 +16,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from fl_app.run.costs import LocalTraining
 from fl_app.run.payload import RecordState, record_bytes
-from fl_app.supernet.training_costs import LocalTraining
 from strategies.rounds import LiveNodes, RoundLog, arrays_bytes, sample_partitions
 from strategies.screening import RECORDED_METRICS, MetricSpec, metrics_problem, record_problem
 
