@@ -56,6 +56,7 @@ from fl_app.run.config import RunConfig
 from fl_app.run.costs import model_train_costs
 from fl_app.run.device import preferred_device
 from fl_app.run.lifecycle import FederatedRun, MethodFamily
+from fl_app.run.node_query import NODE_ID
 from fl_app.run.outputs import plot_accuracy_per_round
 from fl_app.run.payload import record_to_state, state_to_record
 from fl_app.run.seeds import derived_seed
@@ -63,7 +64,7 @@ from strategies.evaluation_scores import best_round_scores
 from strategies.fedtopo import FedTopoStrategy
 from strategies.fedtopo_baselines import FdStrategy, FedProtoStrategy, FedTgpStrategy, LgFedAvgStrategy, LocalStrategy
 from strategies.multiarch_base import MultiArchStrategy
-from strategies.rounds import round_options, round_totals
+from strategies.rounds import round_options
 
 # the values of a client's training step a ``ClientCall`` can pass (any other argument name is a run-config key)
 STEP_VALUES = ("global_arrays", "model", "train", "round_seed", "num_classes", "class_counts", "loss_fn")
@@ -307,7 +308,7 @@ class MultiArchFamily(MethodFamily):
 
     def __init__(self, run: RunConfig, nodes: dict[int, dict]):
         self.run, self.num_clients = run, len(nodes)
-        self.strategy = build_strategy(run, {pid: info["node_id"] for pid, info in nodes.items()})
+        self.strategy = build_strategy(run, {pid: info[NODE_ID] for pid, info in nodes.items()})
         self.fingerprint = multiarch_fingerprint(run, self.num_clients)
         family, rows = run["model-family"], client_rows(run, self.num_clients)
         self.client_columns = {
@@ -367,9 +368,6 @@ class MultiArchFamily(MethodFamily):
             "history": strategy.history,
             **({"tgp_margins": {str(r): m for r, m in sorted(margins.items())}} if margins is not None else {}),
         }
-
-    def round_totals(self) -> dict:
-        return round_totals(self.strategy.rounds)
 
     def plot(self, out_dir: Path, summary: dict) -> None:
         run = self.run

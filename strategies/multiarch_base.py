@@ -20,13 +20,13 @@ from flwr.serverapp import Grid
 
 from fl_app.run.costs import LocalTraining
 from fl_app.run.payload import record_to_state, state_to_record
+from fl_app.run.round_log import RoundLog
 from strategies.evaluation_scores import (
     global_accuracy_of,
     held_class_balanced_accuracy,
     own_mean_accuracy,
     pooled_accuracy,
 )
-from strategies.rounds import RoundLog
 from strategies.screening import (
     MAX_WEIGHT,
     MetricSpec,

@@ -18,7 +18,8 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fl_app.run.costs import LocalTraining
 from fl_app.run.payload import RecordState, record_bytes
-from strategies.rounds import LiveNodes, RoundLog, arrays_bytes, sample_partitions
+from fl_app.run.round_log import RoundLog
+from strategies.rounds import LiveNodes, arrays_bytes, sample_partitions
 from strategies.screening import RECORDED_METRICS, MetricSpec, metrics_problem, record_problem
 
 DOWNLOAD_RECORD, METRICS_RECORD = "arrays", "metrics"  # what a TRAIN message carries down; what a reply reports
