@@ -205,8 +205,7 @@ class SupernetFamily(MethodFamily):
             run["num-server-rounds"],
             record_to_state,
             population_tier=run["population-tier"],
-            state_of_tier=getattr(strategy, "tier_state", None),
-            evaluate=getattr(strategy, "evaluate_tier", None),  # ScaleFL scores a level's deepest exit
+            scoring=strategy,  # how the method scores a tier (FIARSE masks it, ScaleFL scores its deepest exit)
             client_subnets=(
                 [fed.cache.local_max(self.budgets[p]) for p in sorted(self.budgets)]
                 if self.method.clients_run_cached_subnets

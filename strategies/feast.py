@@ -13,6 +13,7 @@ from fl_app.models.supernet_space import Subnet, SupernetConfig, count_macs
 from fl_app.run.config import check_choice
 from fl_app.run.costs import LocalTraining
 from fl_app.run.payload import RecordState, record_to_state, state_to_record
+from fl_app.supernet.evaluation import TierScoring
 from fl_app.supernet.slicing import prefix_region, slice_state, state_numel, subnet_shapes
 from fl_app.supernet.subnets import SubnetCache, plan_subnets
 from fl_app.supernet.training_costs import plan_step_macs
@@ -29,7 +30,7 @@ from strategies.skeleton import RoundSkeleton
 from strategies.sparse import update_problem
 
 
-class FeastStrategy(RoundSkeleton):
+class FeastStrategy(RoundSkeleton, TierScoring):
     """The supernet family's server (FEAST; SuperFedNAS, DeepFedNAS, HeteroFL, FedRolex, ScaleFL, FIARSE and FedAvg-min
     subclass it): one global model, of which each sampled client is sent the slice its budget affords and returns
     the slice it trained; the server averages every element over the replies that cover it (``sparse_average``).
@@ -38,7 +39,9 @@ class FeastStrategy(RoundSkeleton):
     coordinates clients use (``to_wire_view``), routes it by ``assign`` (bounds, and the one subnet to train or None
     for FEAST's own plan), screens what comes back against exactly what was routed, and merges the accepted replies
     with ``reply_weights`` and ``reply_mask``. Evaluation is central (tiers on the server): no client-side
-    evaluation rounds. Subclasses change the routing and the merge through these methods, not the round."""
+    evaluation rounds; how a tier is scored is the ``TierScoring`` it declares (the subnet cut from the global state,
+    unless a subclass says otherwise). Subclasses change the routing and the merge through these methods, not the
+    round."""
 
     def __init__(
         self,
