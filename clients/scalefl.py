@@ -22,6 +22,7 @@ from fl_app.models.early_exit import EarlyExitResNet, level_index, scalefl_level
 from fl_app.run.costs import model_train_costs
 from fl_app.run.device import preferred_device
 from fl_app.run.payload import state_to_record
+from fl_app.run.records import ARRAYS_RECORD, METRICS_RECORD
 from fl_app.run.seeds import derived_seed
 from fl_app.supernet.federation import client_data
 from fl_app.supernet.slicing import slice_state
@@ -84,8 +85,8 @@ def train_scalefl(msg: Message, routed, run, pid: int, num: int, started: float)
     level = scalefl_levels(cfg, rule)[index]
     reply = RecordDict(
         {
-            "arrays": state_to_record(trained, routed.dtype),
-            "metrics": MetricRecord(
+            ARRAYS_RECORD: state_to_record(trained, routed.dtype),
+            METRICS_RECORD: MetricRecord(
                 {
                     "num-examples": len(data),
                     "partition-id": pid,

@@ -31,6 +31,7 @@ from fl_app.run.lifecycle import FederatedRun, MethodFamily
 from fl_app.run.node_query import BUDGET_MACS, NODE_ID
 from fl_app.run.outputs import metrics_with_round_costs, plot_accuracy_vs_macs
 from fl_app.run.payload import record_to_state, state_to_record
+from fl_app.run.records import ARRAYS_RECORD, METRICS_RECORD
 from fl_app.run.seeds import derived_seed
 from fl_app.supernet.evaluation import TierEvaluator
 from fl_app.supernet.federation import Federation, client_data, dataset_for, partition_rows, server_splits
@@ -334,8 +335,8 @@ def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Conte
     trained = slice_state(model.state_dict(), {k: v for k, v in returned.items() if k in received})
     reply = RecordDict(
         {
-            "arrays": state_to_record(trained, dtype),
-            "metrics": MetricRecord(
+            ARRAYS_RECORD: state_to_record(trained, dtype),
+            METRICS_RECORD: MetricRecord(
                 {
                     "num-examples": len(data),
                     "partition-id": pid,
