@@ -124,10 +124,11 @@ ROUTING = {
 Refusal = Callable[[str], NoReturn]  # raises the client's refusal of this round's broadcast, naming the problem
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Routed:
     """A checked training message: the model config, the routed bounds, the assigned subnet (None: plan FEAST's
-    step), the client's budget, every partition's budget, and the decoded arrays (exactly the routed ones)."""
+    step), the client's budget, every partition's budget, and the decoded arrays (exactly the routed ones). Built by
+    keyword only."""
 
     cfg: SupernetConfig
     bounds: Subnet
