@@ -22,6 +22,25 @@ from fl_app.models.supernet_space import Subnet, SupernetConfig, width_sliced_co
 from fl_app.run.config import Range
 from fl_app.run.device import preferred_device
 from fl_app.run.payload import record_to_state
+from fl_app.run.records import ARRAYS_RECORD, CONFIG_RECORD
+from fl_app.supernet.message import (
+    ARCH,
+    BOUNDS,
+    BUDGET_MACS,
+    EARLY_EXIT,
+    LR,
+    MASK_LABELS,
+    MASK_THRESHOLD,
+    MODEL,
+    PARTITION_BUDGETS,
+    PAYLOAD_DTYPE,
+    SERVER_ROUND,
+    SUPERNET,
+    WIDTH_RATE,
+    WIDTH_SLICED,
+    TrainInstruction,
+    subnet_keys,
+)
 from fl_app.supernet.slicing import subnet_shapes
 from fl_app.supernet.subnets import SubnetPlan, plan_subnets  # noqa: F401 (the plan clients train)
 
@@ -77,7 +96,8 @@ def train_subnets(
 # -- what a client accepts from the server ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Routing:
-    """What a supernet method's server sends each client: the ``model`` it slices ("supernet" or "width-sliced"),
+    """What a supernet method's server sends each client (``fl_app.supernet.message``): the ``model`` it slices
+    (``message.MODELS``),
     whether it assigns the one subnet the client trains (else the client plans FEAST's step under its budget),
     whether BatchNorm running statistics travel (HeteroFL and FedRolex keep static BN: neither sent nor averaged),
     and whether the client masks the logits of labels it does not hold. A test keeps it in step with the strategies
@@ -91,24 +111,24 @@ class Routing:
 
 
 ROUTING = {
-    "feast": Routing("supernet", assigns_subnet=False, running_stats=True),
-    "superfednas": Routing("supernet", assigns_subnet=True, running_stats=True),
-    "deepfednas": Routing("supernet", assigns_subnet=True, running_stats=True),
-    "heterofl": Routing("width-sliced", assigns_subnet=True, running_stats=False, mask_labels=True),
-    "fedrolex": Routing("width-sliced", assigns_subnet=True, running_stats=False, mask_labels=True),
-    "fedavg-min": Routing("supernet", assigns_subnet=True, running_stats=True),
-    "fiarse": Routing("supernet", assigns_subnet=True, running_stats=False, magnitude_mask=True),
+    "feast": Routing(SUPERNET, assigns_subnet=False, running_stats=True),
+    "superfednas": Routing(SUPERNET, assigns_subnet=True, running_stats=True),
+    "deepfednas": Routing(SUPERNET, assigns_subnet=True, running_stats=True),
+    "heterofl": Routing(WIDTH_SLICED, assigns_subnet=True, running_stats=False, mask_labels=True),
+    "fedrolex": Routing(WIDTH_SLICED, assigns_subnet=True, running_stats=False, mask_labels=True),
+    "fedavg-min": Routing(SUPERNET, assigns_subnet=True, running_stats=True),
+    "fiarse": Routing(SUPERNET, assigns_subnet=True, running_stats=False, magnitude_mask=True),
     # ScaleFL: a level of the depth- and width-scaled model with its early exits (fl_app.models.early_exit)
-    "scalefl": Routing("early-exit", assigns_subnet=True, running_stats=False),
+    "scalefl": Routing(EARLY_EXIT, assigns_subnet=True, running_stats=False),
 }
-SUBNET_KEYS = ("d", "e", "w")
 Refusal = Callable[[str], NoReturn]  # raises the client's refusal of this round's broadcast, naming the problem
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Routed:
     """A checked training message: the model config, the routed bounds, the assigned subnet (None: plan FEAST's
-    step), the client's budget, every partition's budget, and the decoded arrays (exactly the routed ones)."""
+    step), the client's budget, every partition's budget, and the decoded arrays (exactly the routed ones). Built by
+    keyword only."""
 
     cfg: SupernetConfig
     bounds: Subnet
@@ -131,70 +151,81 @@ def read_routed(content, run, cfg: SupernetConfig, budget_range: tuple[int, int]
     arrays' keys and shapes (those of the routed bounds, from their metadata, before decoding), then finite values
     within ``BROADCAST_MAX_ABS``. Raises ``ValueError`` naming the key: the server counts the reply as failed."""
     routing = ROUTING[run["method"]]
-    config = content.config_records.get("config", {})
-    model_cfg = {"width-sliced": width_sliced_config, "early-exit": scalefl_config}.get(routing.model, lambda c: c)(cfg)
+    config = content.config_records.get(CONFIG_RECORD, {})
+    model_cfg = {WIDTH_SLICED: width_sliced_config, EARLY_EXIT: scalefl_config}.get(routing.model, lambda c: c)(cfg)
 
     def refuse(problem: str) -> NoReturn:
-        raise ValueError(f"client {pid} refuses the round-{config.get('server-round')} broadcast: {problem}")
+        raise ValueError(f"client {pid} refuses the round-{config.get(SERVER_ROUND)} broadcast: {problem}")
 
-    if not routing.assigns_subnet and any(f"arch-{k}" in config for k in SUBNET_KEYS):
-        refuse(f"config 'arch-*': method '{run['method']}' assigns no subnet (its client plans its own step)")
+    if not routing.assigns_subnet and any(key in config for key in subnet_keys(ARCH)):
+        refuse(f"config '{ARCH}-*': method '{run['method']}' assigns no subnet (its client plans its own step)")
     problem = config_problem(config, _config_expects(run, routing, model_cfg, Range(*budget_range), num))
     if problem:
         refuse(problem)
-    budget, partition_budgets = float(config["budget-macs"]), [float(b) for b in config["partition-budgets"]]
+    try:  # the run's checks above are stricter than the message's own: this never refuses what they passed
+        instruction = TrainInstruction.from_config(config)
+    except ValueError as error:
+        refuse(str(error))
+    budget, partition_budgets = float(instruction.budget_macs), [float(b) for b in instruction.partition_budgets]
     if budget != partition_budgets[pid]:
-        refuse(f"config 'budget-macs'={budget:g} is not its entry of 'partition-budgets' ({partition_budgets[pid]:g})")
-    bounds, arch = _routed_subnets(config, model_cfg, refuse)
-    rate = model_cfg.width_multiplier_choices[bounds.w[0]] if routing.model == "width-sliced" else 1.0
-    problem = config_problem(config, {"width-rate": Expect(float, (rate,), required=routing.model != "supernet")})
+        refuse(
+            f"config '{BUDGET_MACS}'={budget:g} is not its entry of '{PARTITION_BUDGETS}' ({partition_budgets[pid]:g})"
+        )
+    bounds, arch = _routed_subnets(instruction, model_cfg, refuse)
+    rate = model_cfg.width_multiplier_choices[bounds.w[0]] if routing.model == WIDTH_SLICED else 1.0
+    problem = config_problem(config, {WIDTH_RATE: Expect(float, (rate,), required=routing.model != SUPERNET)})
     if problem:
         refuse(problem)
     expected = _expected_shapes(routing, model_cfg, bounds, refuse, run["scalefl-levels"])
-    dtype = str(config["payload-dtype"])
-    received = _received_arrays(content.array_records.get("arrays"), expected, dtype, refuse)
+    dtype = str(instruction.payload_dtype)
+    received = _received_arrays(content.array_records.get(ARRAYS_RECORD), expected, dtype, refuse)
     return Routed(
-        model_cfg,
-        bounds,
-        arch,
-        budget,
-        partition_budgets,
-        received,
-        int(config["server-round"]),
-        float(config["lr"]),
-        rate,
-        bool(config.get("mask-labels", False)),
-        dtype,
-        float(config["mask-threshold"]) if routing.magnitude_mask else None,
+        cfg=model_cfg,
+        bounds=bounds,
+        arch=arch,
+        budget=budget,
+        partition_budgets=partition_budgets,
+        received=received,
+        server_round=int(instruction.server_round),
+        lr=float(instruction.lr),
+        width_rate=rate,
+        mask_labels=bool(instruction.mask_labels or False),
+        dtype=dtype,
+        threshold=float(instruction.mask_threshold) if routing.magnitude_mask else None,
     )
 
 
 def _config_expects(run, routing: Routing, model_cfg: SupernetConfig, budgets: Range, num: int) -> dict[str, Expect]:
     """The config values a client of ``routing``'s method uses, with their types and allowed values."""
     return {
-        "server-round": Expect(int, Range(1, run["num-server-rounds"])),
-        "lr": Expect(float, Range(0.0, run["lr"])),
-        "payload-dtype": Expect(str, (run["payload-dtype"],)),
-        "budget-macs": Expect(float, budgets),
-        "partition-budgets": Expect(float, budgets, length=num),
-        "model": Expect(str, (routing.model,), required=routing.model != "supernet"),
-        "mask-labels": Expect(bool, (routing.mask_labels,), required=routing.mask_labels),
-        "mask-threshold": Expect(
+        SERVER_ROUND: Expect(int, Range(1, run["num-server-rounds"])),
+        LR: Expect(float, Range(0.0, run["lr"])),
+        PAYLOAD_DTYPE: Expect(str, (run["payload-dtype"],)),
+        BUDGET_MACS: Expect(float, budgets),
+        PARTITION_BUDGETS: Expect(float, budgets, length=num),
+        MODEL: Expect(str, (routing.model,), required=routing.model != SUPERNET),
+        MASK_LABELS: Expect(bool, (routing.mask_labels,), required=routing.mask_labels),
+        MASK_THRESHOLD: Expect(
             float, Range(0.0, BROADCAST_MAX_ABS) if routing.magnitude_mask else (), required=routing.magnitude_mask
         ),
-        **_subnet_expects(model_cfg, "bounds"),
-        **(_subnet_expects(model_cfg, "arch") if routing.assigns_subnet else {}),
+        **_subnet_expects(model_cfg, BOUNDS),
+        **(_subnet_expects(model_cfg, ARCH) if routing.assigns_subnet else {}),
     }
 
 
-def _routed_subnets(config, model_cfg: SupernetConfig, refuse: Refusal) -> tuple[Subnet, Subnet | None]:
+def _routed_subnets(
+    instruction: TrainInstruction, model_cfg: SupernetConfig, refuse: Refusal
+) -> tuple[Subnet, Subnet | None]:
     """(routed bounds, assigned subnet or None), each a subnet of ``model_cfg``, the subnet inside the bounds."""
-    try:
-        bounds, arch = _subnet(config, model_cfg, "bounds"), _subnet(config, model_cfg, "arch")
-    except ValueError as error:
-        refuse(str(error))
+    bounds, arch = instruction.bounds, instruction.arch
+    for name, subnet in ((BOUNDS, bounds), (ARCH, arch)):
+        try:
+            if subnet is not None:
+                model_cfg.check_subnet(subnet)
+        except ValueError as error:
+            refuse(f"config '{name}-*': {error}")
     if arch is not None and not arch.within(bounds):
-        refuse("config 'arch-*': the assigned subnet is not inside the routed bounds 'bounds-*'")
+        refuse(f"config '{ARCH}-*': the assigned subnet is not inside the routed bounds '{BOUNDS}-*'")
     return bounds, arch
 
 
@@ -202,14 +233,14 @@ def _expected_shapes(
     routing: Routing, model_cfg: SupernetConfig, bounds: Subnet, refuse: Refusal, level_rule: str = "tiers"
 ) -> dict[str, tuple]:
     """Key -> shape of exactly the arrays routed for ``bounds`` (a ScaleFL level under ``level_rule``)."""
-    if routing.model == "early-exit":  # a ScaleFL level: its parameters and exits (routed bounds not a level: refused)
+    if routing.model == EARLY_EXIT:  # a ScaleFL level: its parameters and exits (routed bounds not a level: refused)
         try:
             expected = level_shapes(model_cfg, bounds, level_rule)
         except ValueError as error:
             refuse(str(error))
     else:
         expected = subnet_shapes(model_cfg, bounds)
-    if not routing.running_stats and routing.model != "early-exit":
+    if not routing.running_stats and routing.model != EARLY_EXIT:
         # BatchNorm statistics are the model's buffers: only its parameters travel
         with torch.device("meta"):
             parameters = {name for name, _ in ElasticResNet(model_cfg, bounds).named_parameters()}
@@ -236,16 +267,6 @@ def _received_arrays(record, expected: dict[str, tuple], dtype: str, refuse: Ref
 def _subnet_expects(cfg: SupernetConfig, name: str) -> dict[str, Expect]:
     """The lists of subnet ``name`` (bounds or arch): depth and expansion ratio per stage, width index per stage and
     the stem."""
-    return {f"{name}-{k}": Expect(float if k == "e" else int, length=cfg.num_stages + (k == "w")) for k in SUBNET_KEYS}
-
-
-def _subnet(config, cfg: SupernetConfig, name: str) -> Subnet | None:
-    """Subnet ``name`` of the config (None when not sent), a subnet of ``cfg`` (else ``ValueError`` naming it)."""
-    if f"{name}-d" not in config:
-        return None
-    subnet = Subnet(*(config[f"{name}-{k}"] for k in SUBNET_KEYS))
-    try:
-        cfg.check_subnet(subnet)
-    except ValueError as error:
-        raise ValueError(f"config '{name}-*': {error}") from None
-    return subnet
+    d, e, w = subnet_keys(name)
+    stages = cfg.num_stages
+    return {d: Expect(int, length=stages), e: Expect(float, length=stages), w: Expect(int, length=stages + 1)}

@@ -23,8 +23,8 @@ from clients.local_training import LocalSettings
 from fl_app.data.images import ImageData
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.models.supernet_space import count_macs
+from fl_app.run.costs import model_train_costs
 from fl_app.supernet.magnitude_masks import element_macs, kept_macs, magnitude_mask
-from fl_app.supernet.training_costs import model_train_costs
 
 
 class MagnitudeMask(nn.Module):

@@ -14,8 +14,11 @@ from fl_app.data.images import ImageData
 GRAD_CLIP_NORM = 10.0
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LocalSettings:
+    """A client's local training for one round: its shape (epochs, step cap, batch size), optimiser, in-place KD
+    ratio, augmentation, and the seed of its batches and draws. Built by keyword only: a dozen fields of like types."""
+
     epochs: int
     max_steps: int  # 0 = no cap
     batch_size: int
@@ -32,18 +35,18 @@ class LocalSettings:
     @staticmethod
     def from_run(run, lr: float, seed: int) -> "LocalSettings":
         return LocalSettings(
-            run["local-epochs"],
-            run["max-local-steps"],
-            run["batch-size"],
-            lr,
-            run["momentum"],
-            run["weight-decay"],
-            run["kd-ratio"],
-            run["crop-flip"],
-            run["randaugment"],
-            run["mixup-alpha"],
-            run["cutmix-alpha"],
-            seed,
+            epochs=run["local-epochs"],
+            max_steps=run["max-local-steps"],
+            batch_size=run["batch-size"],
+            lr=lr,
+            momentum=run["momentum"],
+            weight_decay=run["weight-decay"],
+            kd_ratio=run["kd-ratio"],
+            crop_flip=run["crop-flip"],
+            randaugment=run["randaugment"],
+            mixup_alpha=run["mixup-alpha"],
+            cutmix_alpha=run["cutmix-alpha"],
+            seed=seed,
         )
 
 

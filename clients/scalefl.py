@@ -19,12 +19,13 @@ from clients.local_training import GRAD_CLIP_NORM, LocalSettings, MomentumSGD, a
 from fl_app.data.augment import soft_cross_entropy
 from fl_app.data.images import ImageData
 from fl_app.models.early_exit import EarlyExitResNet, level_index, scalefl_levels
+from fl_app.run.costs import model_train_costs
 from fl_app.run.device import preferred_device
 from fl_app.run.payload import state_to_record
+from fl_app.run.records import ARRAYS_RECORD, METRICS_RECORD
 from fl_app.run.seeds import derived_seed
 from fl_app.supernet.federation import client_data
 from fl_app.supernet.slicing import slice_state
-from fl_app.supernet.training_costs import model_train_costs
 
 KD_WEIGHT = 0.1  # beta: weight of the distillation term
 TEMPERATURE = 3.0  # tau
@@ -84,8 +85,8 @@ def train_scalefl(msg: Message, routed, run, pid: int, num: int, started: float)
     level = scalefl_levels(cfg, rule)[index]
     reply = RecordDict(
         {
-            "arrays": state_to_record(trained, routed.dtype),
-            "metrics": MetricRecord(
+            ARRAYS_RECORD: state_to_record(trained, routed.dtype),
+            METRICS_RECORD: MetricRecord(
                 {
                     "num-examples": len(data),
                     "partition-id": pid,

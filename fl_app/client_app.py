@@ -5,18 +5,19 @@ from __future__ import annotations
 import os
 
 import torch
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fl_app.multiarch_app import MULTIARCH_METHODS, evaluate_multiarch, train_multiarch
 from fl_app.run.config import MACS_RANGE, SUPERNET_METHODS, validate_run_config
+from fl_app.run.node_query import BUDGET_MACS, NUM_PARTITIONS, PARTITION_ID, partition_answer
 from fl_app.supernet_app import train_feast
 
 app = ClientApp()
 
 
 def node_partition(context: Context) -> tuple[int, int]:
-    return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    return int(context.node_config[PARTITION_ID]), int(context.node_config[NUM_PARTITIONS])
 
 
 def declared_budget(value) -> float:
@@ -29,12 +30,11 @@ def declared_budget(value) -> float:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Tell the server which partition this node holds (and its budget, when the node config sets one)."""
+    """Tell the server which partition this node holds (and its budget, when the node config sets one): the
+    answer ``fl_app.run.node_query`` defines."""
     pid, num = node_partition(context)
-    info = {"partition-id": pid, "num-partitions": num}
-    if "budget-macs" in context.node_config:
-        info["budget-macs"] = declared_budget(context.node_config["budget-macs"])
-    return Message(RecordDict({"config": ConfigRecord(info)}), reply_to=msg)
+    budget = declared_budget(context.node_config[BUDGET_MACS]) if BUDGET_MACS in context.node_config else None
+    return partition_answer(msg, pid, num, budget)
 
 
 def use_node_threads(context: Context) -> None:

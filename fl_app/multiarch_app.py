@@ -53,17 +53,19 @@ from fl_app.run.checkpoint import (
     save_model_file,
 )
 from fl_app.run.config import RunConfig
+from fl_app.run.costs import model_train_costs
 from fl_app.run.device import preferred_device
 from fl_app.run.lifecycle import FederatedRun, MethodFamily
+from fl_app.run.node_query import NODE_ID
 from fl_app.run.outputs import plot_accuracy_per_round
 from fl_app.run.payload import record_to_state, state_to_record
+from fl_app.run.records import ARRAYS_RECORD, CONFIG_RECORD, METRICS_RECORD, UPLOAD_RECORD
 from fl_app.run.seeds import derived_seed
-from fl_app.supernet.training_costs import model_train_costs
 from strategies.evaluation_scores import best_round_scores
 from strategies.fedtopo import FedTopoStrategy
 from strategies.fedtopo_baselines import FdStrategy, FedProtoStrategy, FedTgpStrategy, LgFedAvgStrategy, LocalStrategy
 from strategies.multiarch_base import MultiArchStrategy
-from strategies.rounds import round_options, round_totals
+from strategies.rounds import round_options
 
 # the values of a client's training step a ``ClientCall`` can pass (any other argument name is a run-config key)
 STEP_VALUES = ("global_arrays", "model", "train", "round_seed", "num_classes", "class_counts", "loss_fn")
@@ -181,7 +183,7 @@ def evaluate_multiarch(msg: Message, run: RunConfig, pid: int, num: int, context
     """Score this client's own model on its local test split, per class, and with ``global-test-per-class`` > 0 on
     the global test set too (per class: the server knows its totals)."""
     _, test = client_data(run, pid, num)
-    config = msg.content.config_records["config"]
+    config = msg.content.config_records[CONFIG_RECORD]
     num_classes = DATASETS[run["dataset"]].num_classes
     model = load_client_model(run, pid, context.state, num, config, context.node_config)
     class_correct, class_total = evaluate_per_class(model, test, num_classes)
@@ -198,7 +200,7 @@ def evaluate_multiarch(msg: Message, run: RunConfig, pid: int, num: int, context
         metrics["num-val"] = len(validation)
     if run["global-test-per-class"] > 0:
         metrics["global-class-correct"] = evaluate_per_class(model, global_test_data(run), num_classes)[0].tolist()
-    return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+    return Message(RecordDict({METRICS_RECORD: MetricRecord(metrics)}), reply_to=msg)
 
 
 def train_multiarch(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
@@ -207,11 +209,11 @@ def train_multiarch(msg: Message, run: RunConfig, pid: int, num: int, context: C
     (the client raises: the server counts a failure) before the model is touched; a model that is no longer finite
     after training is not saved, so the node keeps its last good model."""
     started = time.perf_counter()
-    config = msg.content.config_records["config"]
+    config = msg.content.config_records[CONFIG_RECORD]
     server_round, num_classes = int(config["server-round"]), DATASETS[run["dataset"]].num_classes
     train, _ = client_data(run, pid, num)
     dtype = str(config["payload-dtype"])
-    record = msg.content.array_records.get("arrays")
+    record = msg.content.array_records.get(ARRAYS_RECORD)
     global_arrays = record_to_state(record, dtype) if record is not None else {}
     method = MULTIARCH_METHOD_TABLE[run["method"]]
     problem = broadcast_problem(global_arrays, method.broadcast(num_classes, run["feature-dim"]))
@@ -236,7 +238,7 @@ def train_multiarch(msg: Message, run: RunConfig, pid: int, num: int, context: C
         save_model_file(run, pid, num, model, save_dir, server_round, str(config.get(RUN_TOKEN, "")))
     reply = {"num-examples": len(train), "partition-id": pid, **metrics, **costs}
     reply["client-seconds"] = time.perf_counter() - started
-    content = RecordDict({"upload": state_to_record(upload, dtype), "metrics": MetricRecord(reply)})
+    content = RecordDict({UPLOAD_RECORD: state_to_record(upload, dtype), METRICS_RECORD: MetricRecord(reply)})
     return Message(content, reply_to=msg)
 
 
@@ -307,7 +309,7 @@ class MultiArchFamily(MethodFamily):
 
     def __init__(self, run: RunConfig, nodes: dict[int, dict]):
         self.run, self.num_clients = run, len(nodes)
-        self.strategy = build_strategy(run, {pid: info["node_id"] for pid, info in nodes.items()})
+        self.strategy = build_strategy(run, {pid: info[NODE_ID] for pid, info in nodes.items()})
         self.fingerprint = multiarch_fingerprint(run, self.num_clients)
         family, rows = run["model-family"], client_rows(run, self.num_clients)
         self.client_columns = {
@@ -367,9 +369,6 @@ class MultiArchFamily(MethodFamily):
             "history": strategy.history,
             **({"tgp_margins": {str(r): m for r, m in sorted(margins.items())}} if margins is not None else {}),
         }
-
-    def round_totals(self) -> dict:
-        return round_totals(self.strategy.rounds)
 
     def plot(self, out_dir: Path, summary: dict) -> None:
         run = self.run

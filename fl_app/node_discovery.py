@@ -8,7 +8,7 @@ import time
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from strategies.rounds import partition_info, partition_query
+from fl_app.run.node_query import NODE_ID, NUM_PARTITIONS, PARTITION_ID, partition_info, partition_query
 
 
 def discover_nodes(grid: Grid, timeout: float = 60.0, while_waiting=None, settle: float = 1.0) -> dict[int, dict]:
@@ -52,7 +52,7 @@ def discover_nodes(grid: Grid, timeout: float = 60.0, while_waiting=None, settle
     nodes = {}
     for reply in replies:
         info = partition_info(reply)
-        pid = info["partition-id"]
+        pid = info[PARTITION_ID]
         if pid in nodes:
             raise ValueError(f"two SuperNodes claim partition-id={pid} (node-config)")
         nodes[pid] = info
@@ -70,9 +70,9 @@ def check_federation(nodes: dict[int, dict]) -> None:
     if sorted(nodes) != list(range(n)):
         raise ValueError(f"partition-id values {sorted(nodes)} must be 0..{n - 1} (node-config)")
     for pid, info in sorted(nodes.items()):
-        if info["num-partitions"] != n:
+        if info[NUM_PARTITIONS] != n:
             raise ValueError(
-                f"SuperNode {info['node_id']} (partition-id={pid}) has num-partitions="
-                f"{info['num-partitions']} in its node-config, but {n} SuperNodes answered (partition-id "
+                f"SuperNode {info[NODE_ID]} (partition-id={pid}) has num-partitions="
+                f"{info[NUM_PARTITIONS]} in its node-config, but {n} SuperNodes answered (partition-id "
                 f"0..{n - 1}): every SuperNode needs num-partitions={n}"
             )

@@ -28,8 +28,10 @@ from fl_app.models.supernet_space import load_supernet_config, width_sliced_conf
 from fl_app.run.checkpoint import save_verified, supernet_checkpoint_state, supernet_fingerprint, supernet_state_of
 from fl_app.run.config import RunConfig
 from fl_app.run.lifecycle import FederatedRun, MethodFamily
+from fl_app.run.node_query import BUDGET_MACS, NODE_ID
 from fl_app.run.outputs import metrics_with_round_costs, plot_accuracy_vs_macs
 from fl_app.run.payload import record_to_state, state_to_record
+from fl_app.run.records import ARRAYS_RECORD, METRICS_RECORD
 from fl_app.run.seeds import derived_seed
 from fl_app.supernet.evaluation import TierEvaluator
 from fl_app.supernet.federation import Federation, client_data, dataset_for, partition_rows, server_splits
@@ -40,7 +42,7 @@ from strategies.feast import FeastStrategy
 from strategies.fedavg_min import FedAvgMinStrategy
 from strategies.fiarse import FiarseStrategy
 from strategies.heterofl import FedRolexStrategy, HeteroFLStrategy, rate_tiers
-from strategies.rounds import round_options, round_totals
+from strategies.rounds import round_options
 from strategies.scalefl import ScaleFLStrategy
 from strategies.superfednas import SuperFedNASStrategy
 
@@ -174,11 +176,11 @@ class SupernetFamily(MethodFamily):
 
     def __init__(self, run: RunConfig, nodes: dict[int, dict]):
         self.run, self.method, self.num_clients = run, supernet_method(run), len(nodes)
-        node_of_partition = {pid: info["node_id"] for pid, info in nodes.items()}
+        node_of_partition = {pid: info[NODE_ID] for pid, info in nodes.items()}
         self.fed = Federation.build(run, self.num_clients)
         # a node's declared budget outside the supernet's range fails the run here, before training, as a malformed
         # partition answer does at discovery (the budgets are fixed for the run: the γ-allocation splits rows by them)
-        declared = {pid: info["budget-macs"] for pid, info in nodes.items() if "budget-macs" in info}
+        declared = {pid: info[BUDGET_MACS] for pid, info in nodes.items() if BUDGET_MACS in info}
         self.budgets = self.fed.client_budgets(run, declared, node_of_partition)
         examples, held = partition_reports(run, self.fed, self.budgets)
         self.strategy = make_supernet_strategy(run, self.fed, self.budgets, node_of_partition, examples, held)
@@ -204,8 +206,7 @@ class SupernetFamily(MethodFamily):
             run["num-server-rounds"],
             record_to_state,
             population_tier=run["population-tier"],
-            state_of_tier=getattr(strategy, "tier_state", None),
-            evaluate=getattr(strategy, "evaluate_tier", None),  # ScaleFL scores a level's deepest exit
+            scoring=strategy,  # how the method scores a tier (FIARSE masks it, ScaleFL scores its deepest exit)
             client_subnets=(
                 [fed.cache.local_max(self.budgets[p]) for p in sorted(self.budgets)]
                 if self.method.clients_run_cached_subnets
@@ -255,9 +256,6 @@ class SupernetFamily(MethodFamily):
             "budgets": [self.budgets[p] for p in sorted(self.budgets)],
         }
         save_verified(out_dir / "supernet.pt", blob, self.fingerprint)
-
-    def round_totals(self) -> dict:
-        return round_totals(self.strategy.rounds)
 
     def plot(self, out_dir: Path, summary: dict) -> None:
         run = self.run
@@ -337,8 +335,8 @@ def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Conte
     trained = slice_state(model.state_dict(), {k: v for k, v in returned.items() if k in received})
     reply = RecordDict(
         {
-            "arrays": state_to_record(trained, dtype),
-            "metrics": MetricRecord(
+            ARRAYS_RECORD: state_to_record(trained, dtype),
+            METRICS_RECORD: MetricRecord(
                 {
                     "num-examples": len(data),
                     "partition-id": pid,

@@ -11,10 +11,14 @@ from flwr.common.logger import log
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.models.supernet_space import Subnet, SupernetConfig, count_macs
 from fl_app.run.config import check_choice
+from fl_app.run.costs import LocalTraining
 from fl_app.run.payload import RecordState, record_to_state, state_to_record
+from fl_app.run.records import ARRAYS_RECORD, CONFIG_RECORD
+from fl_app.supernet.evaluation import TierScoring
+from fl_app.supernet.message import TrainInstruction
 from fl_app.supernet.slicing import prefix_region, slice_state, state_numel, subnet_shapes
 from fl_app.supernet.subnets import SubnetCache, plan_subnets
-from fl_app.supernet.training_costs import LocalTraining, plan_step_macs
+from fl_app.supernet.training_costs import plan_step_macs
 from strategies.robust import AGGREGATIONS
 from strategies.screening import (
     SLICE_BOUND_BASIS,
@@ -28,16 +32,19 @@ from strategies.skeleton import RoundSkeleton
 from strategies.sparse import update_problem
 
 
-class FeastStrategy(RoundSkeleton):
+class FeastStrategy(RoundSkeleton, TierScoring):
     """The supernet family's server (FEAST; SuperFedNAS, DeepFedNAS, HeteroFL, FedRolex, ScaleFL, FIARSE and FedAvg-min
     subclass it): one global model, of which each sampled client is sent the slice its budget affords and returns
     the slice it trained; the server averages every element over the replies that cover it (``sparse_average``).
 
     A round (``strategies.skeleton.RoundSkeleton``) cuts each client's slice from the global state in the
     coordinates clients use (``to_wire_view``), routes it by ``assign`` (bounds, and the one subnet to train or None
-    for FEAST's own plan), screens what comes back against exactly what was routed, and merges the accepted replies
+    for FEAST's own plan) with a ``TrainInstruction`` (``fl_app.supernet.message``; ``instruction_fields``: the
+    method's own), screens what comes back against exactly what was routed, and merges the accepted replies
     with ``reply_weights`` and ``reply_mask``. Evaluation is central (tiers on the server): no client-side
-    evaluation rounds. Subclasses change the routing and the merge through these methods, not the round."""
+    evaluation rounds; how a tier is scored is the ``TierScoring`` it declares (the subnet cut from the global state,
+    unless a subclass says otherwise). Subclasses change the routing and the merge through these methods, not the
+    round."""
 
     def __init__(
         self,
@@ -102,7 +109,8 @@ class FeastStrategy(RoundSkeleton):
     def routed_shapes(self, arch: Subnet) -> dict[str, tuple]:
         return subnet_shapes(self.model_cfg, arch)
 
-    def client_config(self, partition_id: int, bounds: Subnet) -> dict:
+    def instruction_fields(self, partition_id: int, bounds: Subnet) -> dict:
+        """The method's own fields of the client's ``TrainInstruction`` (its keyword arguments); none here."""
         return {}
 
     def to_wire_view(self, state: dict, server_round: int) -> dict:
@@ -164,22 +172,19 @@ class FeastStrategy(RoundSkeleton):
         self.routed[partition_id] = (bounds, arch)
         view = self.client_view(self._round_view(server_round), partition_id)
         payload = state_to_record(slice_state(view, self.routed_shapes(bounds)), self.payload_dtype)
-        train_config = {
-            **dict(config),
-            **self.client_config(partition_id, bounds),
-            "server-round": server_round,
-            "lr": float(self.lr_of_round(server_round)),
-            "budget-macs": float(self.budgets[partition_id]),
-            "bounds-d": list(bounds.d),
-            "bounds-e": list(bounds.e),
-            "bounds-w": list(bounds.w),
-            "payload-dtype": self.payload_dtype,
+        instruction = TrainInstruction(
+            server_round=server_round,
+            lr=float(self.lr_of_round(server_round)),
+            budget_macs=float(self.budgets[partition_id]),
             # every partition's budget (declared where declared): the client rebuilds its γ-allocated partition
-            "partition-budgets": [float(self.budgets[p]) for p in sorted(self.budgets)],
-        }
-        if arch is not None:
-            train_config.update({"arch-d": list(arch.d), "arch-e": list(arch.e), "arch-w": list(arch.w)})
-        return RecordDict({"arrays": payload, "config": ConfigRecord(train_config)})
+            partition_budgets=tuple(float(self.budgets[p]) for p in sorted(self.budgets)),
+            bounds=bounds,
+            payload_dtype=self.payload_dtype,
+            arch=arch,
+            **self.instruction_fields(partition_id, bounds),
+        )
+        train_config = {**dict(config), **instruction.to_config()}
+        return RecordDict({ARRAYS_RECORD: payload, CONFIG_RECORD: ConfigRecord(train_config)})
 
     def reply_shapes(self, partition_id: int) -> dict[str, tuple]:
         """Exactly what was routed, or of it the single subnet the client was told to train."""

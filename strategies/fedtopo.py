@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from fl_app.run.config import check_choice
+from fl_app.run.round_log import RoundLog
 from strategies.multiarch_base import MultiArchStrategy
-from strategies.rounds import RoundLog
 
 
 # -- FedTopo merge -------------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from flwr.app import MetricRecord
 
 from fl_app.models.supernet_space import Subnet, count_macs
 from fl_app.run.payload import record_to_state
+from fl_app.run.records import ARRAYS_RECORD, CONFIG_RECORD
 from fl_app.supernet.magnitude_masks import (
     element_macs,
     kept_macs,
@@ -35,6 +36,7 @@ from fl_app.supernet.magnitude_masks import (
     model_size,
     size_threshold,
 )
+from fl_app.supernet.message import TrainInstruction
 from fl_app.supernet.slicing import state_numel, subnet_shapes
 from strategies.feast import FeastStrategy
 from strategies.heterofl import RUNNING_STATS
@@ -128,17 +130,17 @@ class FiarseStrategy(FeastStrategy):
     def client_view(self, view: dict, partition_id: int) -> dict:
         return masked_state(view, self.client_mask(partition_id)[1])
 
-    def client_config(self, partition_id: int, bounds) -> dict:
-        return {"mask-threshold": self.client_mask(partition_id)[0]}
+    def instruction_fields(self, partition_id: int, bounds) -> dict:
+        return dict(mask_threshold=self.client_mask(partition_id)[0])
 
     def routed_macs(self, partition_id: int) -> tuple[float, float]:
         """The MACs the client's mask keeps, as the client computes them from what it received: the sent arrays
         decoded in the payload dtype and the sent threshold (clients of one level share both: costed once)."""
         message = self._sent[partition_id]
-        threshold = float(message.content.config_records["config"]["mask-threshold"])
+        threshold = TrainInstruction.from_config(message.content.config_records[CONFIG_RECORD]).mask_threshold
         key = (self._view[0] if self._view else None, threshold, self.payload_dtype)
         if self._kept is None or self._kept[0] != key:
-            received = record_to_state(message.content.array_records["arrays"], self.payload_dtype)
+            received = record_to_state(message.content.array_records[ARRAYS_RECORD], self.payload_dtype)
             self._kept = (key, kept_macs(magnitude_mask(received, self.costs, threshold), self.costs))
         return self._kept[1], self._kept[1]
 

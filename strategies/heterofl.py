@@ -7,6 +7,7 @@ import numpy as np
 from flwr.app import MetricRecord
 
 from fl_app.models.supernet_space import SupernetConfig, count_costs, width_sliced_config, width_tier
+from fl_app.supernet.message import WIDTH_SLICED
 from fl_app.supernet.slicing import subnet_shapes
 from fl_app.supernet.subnets import CachedSubnet
 from strategies.feast import FeastStrategy
@@ -64,9 +65,9 @@ class HeteroFLStrategy(FeastStrategy):
         # static BN: running statistics are neither sent nor averaged; evaluation recalibrates them
         return {k: v for k, v in subnet_shapes(self.width_cfg, arch).items() if not k.endswith(RUNNING_STATS)}
 
-    def client_config(self, partition_id: int, bounds) -> dict:
+    def instruction_fields(self, partition_id: int, bounds) -> dict:
         rate = self.width_cfg.width_multiplier_choices[bounds.w[0]]
-        return {"model": "width-sliced", "width-rate": float(rate), "mask-labels": True}
+        return dict(model=WIDTH_SLICED, width_rate=float(rate), mask_labels=True)
 
     def reply_weights(self, server_round: int, entries: list[tuple[int, MetricRecord]]) -> list[float]:
         return [1.0] * len(entries)  # HeteroFL counts every client once per element

@@ -18,15 +18,16 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from fl_app.run.costs import LocalTraining
 from fl_app.run.payload import record_to_state, state_to_record
-from fl_app.supernet.training_costs import LocalTraining
+from fl_app.run.records import ARRAYS_RECORD, CONFIG_RECORD, METRICS_RECORD, UPLOAD_RECORD
+from fl_app.run.round_log import RoundLog
 from strategies.evaluation_scores import (
     global_accuracy_of,
     held_class_balanced_accuracy,
     own_mean_accuracy,
     pooled_accuracy,
 )
-from strategies.rounds import RoundLog
 from strategies.screening import (
     MAX_WEIGHT,
     MetricSpec,
@@ -37,9 +38,7 @@ from strategies.screening import (
     reply_cost_specs,
     tensor_problem,
 )
-from strategies.skeleton import METRICS_RECORD, RoundSkeleton
-
-UPLOAD_RECORD = "upload"
+from strategies.skeleton import RoundSkeleton
 
 
 class MultiArchStrategy(RoundSkeleton):
@@ -160,7 +159,7 @@ class MultiArchStrategy(RoundSkeleton):
         self._payload = state_to_record(self.broadcast(server_round), self.payload_dtype)
 
     def train_content(self, partition_id: int, server_round: int, config: ConfigRecord) -> RecordDict:
-        return RecordDict({"arrays": self._payload, "config": self._config(server_round)})
+        return RecordDict({ARRAYS_RECORD: self._payload, CONFIG_RECORD: self._config(server_round)})
 
     def metric_specs(self, partition_id: int) -> dict[str, MetricSpec]:
         size = None if self.train_size_of_partition is None else self.train_size_of_partition[partition_id]
@@ -216,7 +215,7 @@ class MultiArchStrategy(RoundSkeleton):
         self.eval_rounds[server_round] = RoundLog(sampled=live)
         self._eval_sent = {
             pid: Message(
-                RecordDict({"config": self._config(server_round)}),
+                RecordDict({CONFIG_RECORD: self._config(server_round)}),
                 message_type=MessageType.EVALUATE,
                 dst_node_id=self.node_of_partition[pid],
             )

@@ -23,6 +23,7 @@ from fl_app.models.early_exit import (
 from fl_app.models.supernet_space import Subnet, SupernetConfig
 from fl_app.run.device import preferred_device
 from fl_app.supernet.evaluation import accuracy, recalibrate_bn
+from fl_app.supernet.message import EARLY_EXIT
 from fl_app.supernet.slicing import slice_state
 from strategies.feast import FeastStrategy
 
@@ -75,5 +76,5 @@ class ScaleFLStrategy(FeastStrategy):
         macs = self.levels[level_index(self.scalefl_cfg, arch, self.rule)].macs
         return macs, macs
 
-    def client_config(self, partition_id: int, bounds) -> dict:
-        return {"model": "early-exit", "width-rate": 1.0}  # no HeteroFL scaler in ScaleFL
+    def instruction_fields(self, partition_id: int, bounds) -> dict:
+        return dict(model=EARLY_EXIT, width_rate=1.0)  # no HeteroFL scaler in ScaleFL

@@ -61,7 +61,8 @@ metric a record keeps among them: ``RECORDED_METRICS``).
 
 Order of use in a strategy: metrics, then ``record_problem``, then decode and ``tensor_problem`` / ``state_problem``
 and the method's own invariants; see ``skeleton.RoundSkeleton.reply_problem``. Any exception raised while a reply
-is decoded or checked rejects that reply, with ``raised(error)`` as its reason: it never ends the round.
+is decoded or checked rejects that reply, with ``fl_app.run.round_log.raised(error)`` as its reason: it never ends
+the round.
 """
 
 from __future__ import annotations
@@ -223,15 +224,6 @@ def absent_rows_problem(name: str, values: np.ndarray, counts: np.ndarray) -> st
     if np.any(values[counts == 0] != 0):
         return f"'{name}' has non-zero rows for classes with count 0"
     return None
-
-
-def raised(error: BaseException) -> str:
-    """The rejection reason of a reply whose decoding or checking raised ``error``: a ValueError's message is the
-    reason (decoding raises it for data that disagrees with its metadata); anything else is named with its type."""
-    if isinstance(error, ValueError):
-        return str(error)
-    text = str(error) if len(str(error)) <= 200 else str(error)[:197] + "..."
-    return f"checking it raised {type(error).__name__}: {text}"
 
 
 # -- metrics -----------------------------------------------------------------------------------------------------

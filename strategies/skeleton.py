@@ -16,12 +16,12 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from fl_app.run.costs import LocalTraining
 from fl_app.run.payload import RecordState, record_bytes
-from fl_app.supernet.training_costs import LocalTraining
-from strategies.rounds import LiveNodes, RoundLog, arrays_bytes, sample_partitions
+from fl_app.run.records import ARRAYS_RECORD, METRICS_RECORD
+from fl_app.run.round_log import RoundLog
+from strategies.rounds import LiveNodes, arrays_bytes, sample_partitions
 from strategies.screening import RECORDED_METRICS, MetricSpec, metrics_problem, record_problem
-
-DOWNLOAD_RECORD, METRICS_RECORD = "arrays", "metrics"  # what a TRAIN message carries down; what a reply reports
 
 
 class RoundSkeleton(Strategy):
@@ -36,14 +36,14 @@ class RoundSkeleton(Strategy):
     Hooks (the supernet family implements them in ``strategies.feast``, the model-heterogeneous one in
     ``strategies.multiarch_base``):
       - ``begin_round``: what this round's messages are cut from (optional);
-      - ``train_content``: the records sent to one partition (its arrays under ``DOWNLOAD_RECORD``);
+      - ``train_content``: the records sent to one partition (its arrays under ``ARRAYS_RECORD``);
       - ``metric_specs``, ``reply_shapes``: what a reply's metrics and arrays must be, checked before anything is
         decoded; ``decoded_problem``: what is wrong with the decoded arrays (``decode`` reads them);
       - ``merge``: fold the accepted replies into the global state; the ArrayRecord it returns replaces the model
         the loop hands to the next round (None: the method keeps no model the loop carries).
     """
 
-    upload_record = "arrays"  # the record a reply's arrays travel in
+    upload_record = ARRAYS_RECORD  # the record a reply's arrays travel in
     reply_records: frozenset[str] | None = None  # the only records a reply may hold (None: other records ignored)
 
     def __init__(
@@ -151,7 +151,7 @@ class RoundSkeleton(Strategy):
         self._sent, self._sent_bytes = {}, {}
         for pid in log_.sampled:
             content = self.train_content(pid, server_round, config)
-            self._sent_bytes[pid] = record_bytes(content.array_records[DOWNLOAD_RECORD])
+            self._sent_bytes[pid] = record_bytes(content.array_records[ARRAYS_RECORD])
             log_.bytes_down += self._sent_bytes[pid]
             self._sent[pid] = Message(content, message_type=MessageType.TRAIN, dst_node_id=self.node_of_partition[pid])
         return list(self._sent.values())

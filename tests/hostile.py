@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import Error
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode  # the SuperLink answers for a dead node under its id
 
 from experiments.runner.flower_internals import set_message_id, set_reply_source
+from fl_app.run.node_query import partition_answer
 from strategies.screening import MAX_CLIENT_SECONDS, MAX_TRAIN_LOSS
 
 NEVER = object()  # a corruption's result: the client never answers
@@ -133,7 +134,7 @@ def answered_queries(messages, answer: Callable[[int], tuple[int, int]]) -> dict
         mid = uuid.uuid4().hex
         set_message_id(msg, mid)
         pid, num = answer(msg.metadata.dst_node_id)
-        replies[mid] = reply_to(msg, RecordDict({"config": ConfigRecord({"partition-id": pid, "num-partitions": num})}))
+        replies[mid] = reply_to(msg, partition_answer(msg, pid, num).content)
     return replies
 
 

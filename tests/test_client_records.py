@@ -1,5 +1,5 @@
 """clients.csv and per-round client FLOPs (fl_app.run.outputs.ClientRecords) and the analytic training cost
-(fl_app.supernet.training_costs) against hand computations; hostile reply values are not recorded."""
+(fl_app.run.costs, fl_app.supernet.training_costs) against hand computations; hostile reply values are not recorded."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from fl_app.models.supernet_space import count_macs, load_supernet_config
+from fl_app.run.costs import training_flops
 from fl_app.run.outputs import ClientRecords, metrics_with_round_costs, write_round_files
-from fl_app.supernet.training_costs import train_costs, training_flops
+from fl_app.supernet.training_costs import train_costs
 
 
 def test_client_records_sum_last_and_max_over_rounds():

@@ -9,7 +9,8 @@ from flwr.common import Error
 
 from experiments.runner.flower_internals import set_message_id, set_reply_source
 from fl_app.node_discovery import check_federation, discover_nodes
-from strategies.rounds import LiveNodes, partition_info, partition_query
+from fl_app.run.node_query import partition_answer, partition_info, partition_query
+from strategies.rounds import LiveNodes
 
 
 class SlowGrid:
@@ -35,16 +36,7 @@ class SlowGrid:
         for msg in messages:
             mid = f"q{msg.metadata.dst_node_id}"
             set_message_id(msg, mid)
-            reply = Message(
-                RecordDict(
-                    {
-                        "config": ConfigRecord(
-                            {"partition-id": self.nodes[msg.metadata.dst_node_id], "num-partitions": 4}
-                        )
-                    }
-                ),
-                reply_to=msg,
-            )
+            reply = partition_answer(msg, self.nodes[msg.metadata.dst_node_id], 4)
             set_reply_source(reply, msg.metadata.dst_node_id)
             self.waiting[mid] = reply
             ids.append(mid)
@@ -142,3 +134,25 @@ def test_a_node_that_never_answers_is_queried_once_while_connected_and_counted_f
     nodes.refresh(grid, 5)
     nodes.refresh(grid, 6)
     assert grid.queried == [12, 12] and nodes.failed_queries == 2
+
+
+def test_the_client_apps_answer_reads_back_as_its_node_config(flower_ids):
+    """The query's two sides in one protocol (``fl_app.run.node_query``): what the ClientApp's query handler answers
+    from its node config is what the server reads, budget included."""
+    from flwr.app import Context
+
+    from fl_app.client_app import query as answer_query
+
+    node_config = {"partition-id": 2, "num-partitions": 4, "budget-macs": 3e6}
+    message = partition_query(12)
+    set_message_id(message, "q12")
+    context = Context(run_id=1, node_id=12, node_config=node_config, state=RecordDict(), run_config={})
+    reply = answer_query(message, context)
+    set_reply_source(reply, 12)
+    assert partition_info(reply, 4) == {**node_config, "node_id": 12}
+    without_budget = Context(
+        run_id=1, node_id=12, node_config={"partition-id": 2, "num-partitions": 4}, state=RecordDict(), run_config={}
+    )
+    reply = answer_query(message, without_budget)
+    set_reply_source(reply, 12)
+    assert partition_info(reply) == {"partition-id": 2, "num-partitions": 4, "node_id": 12}

@@ -32,10 +32,11 @@ from fl_app.run.checkpoint import (
 from fl_app.run.config import validate_run_config
 from fl_app.run.outputs import CLIENT_RECORDS_KEY
 from fl_app.run.payload import record_bytes, record_to_state, state_to_record
+from fl_app.run.round_log import round_totals
 from fl_app.supernet.slicing import slice_state, slice_subnet, subnet_shapes
 from fl_app.supernet_app import run_feast, train_feast
 from strategies.feast import FeastStrategy
-from strategies.rounds import round_totals, sample_partitions
+from strategies.rounds import sample_partitions
 from strategies.superfednas import SuperFedNASStrategy
 from tests.hostile import SUPERLINK_NODE_ID, answered_queries, honest_memo, reply_to
 from tests.test_hostile_feast import supernet_setup

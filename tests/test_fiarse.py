@@ -124,7 +124,20 @@ def test_masked_training_keeps_the_mask_and_the_tensor_names():
         torch.randint(0, 256, (16, 3, 8, 8), dtype=torch.uint8, generator=gen),
         torch.randint(0, 10, (16,), generator=gen),
     )
-    settings = LocalSettings(1, 2, 8, 0.1, 0.9, 5e-4, 0.0, False, False, 0.0, 0.0, seed=0)
+    settings = LocalSettings(
+        epochs=1,
+        max_steps=2,
+        batch_size=8,
+        lr=0.1,
+        momentum=0.9,
+        weight_decay=5e-4,
+        kd_ratio=0.0,
+        crop_flip=False,
+        randaugment=False,
+        mixup_alpha=0.0,
+        cutmix_alpha=0.0,
+        seed=0,
+    )
     metrics = train_masked(model, threshold, data, settings)
     assert metrics["local-steps"] == 2
     trained = {k: v.numpy() for k, v in model.state_dict().items()}

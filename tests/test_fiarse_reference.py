@@ -77,7 +77,20 @@ def test_reference_mapping_trains_with_plain_sgd():
     from clients.local_training import LocalSettings
     from fl_app.run.config import validate_run_config
 
-    settings = LocalSettings(1, 2, 8, 0.1, 0.9, 5e-4, 0.0, False, False, 0.0, 0.0, seed=0)
+    settings = LocalSettings(
+        epochs=1,
+        max_steps=2,
+        batch_size=8,
+        lr=0.1,
+        momentum=0.9,
+        weight_decay=5e-4,
+        kd_ratio=0.0,
+        crop_flip=False,
+        randaugment=False,
+        mixup_alpha=0.0,
+        cutmix_alpha=0.0,
+        seed=0,
+    )
     ours = fiarse_settings(validate_run_config({"method": "fiarse"}), settings)
     assert (ours.momentum, ours.weight_decay) == (0.9, 5e-4)  # the default: the run's optimiser
     reference = fiarse_settings(validate_run_config({"method": "fiarse", "fiarse-mapping": "reference"}), settings)

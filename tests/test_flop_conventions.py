@@ -66,7 +66,7 @@ def test_client_records_keep_executed_flops_per_round_only_where_counted_apart()
 def test_the_server_costs_fiarse_both_ways_from_what_it_routed():
     """The server's dense figure is the full model's MACs per step, whatever the mask keeps; its kept figure is the
     mask's (``routed_macs``)."""
-    from fl_app.supernet.training_costs import LocalTraining
+    from fl_app.run.costs import LocalTraining
     from strategies.fiarse import FiarseStrategy
 
     strategy = FiarseStrategy.__new__(FiarseStrategy)  # only what costing reads: no model, no round

@@ -16,8 +16,8 @@ from fl_app.multiarch_app import MULTIARCH_METHOD_TABLE, STEP_VALUES
 from fl_app.run.checkpoint import model_fingerprint
 from fl_app.run.config import METHODS, SUPERNET_METHODS, validate_run_config
 from fl_app.run.lifecycle import FederatedRun, MethodFamily
+from fl_app.run.round_log import RoundLog
 from fl_app.supernet_app import SUPERNET_METHOD_TABLE, supernet_method
-from strategies.rounds import RoundLog, round_totals
 
 NODES = {0: {"node_id": 100}, 1: {"node_id": 101}}
 
@@ -63,9 +63,6 @@ class CountingFamily(MethodFamily):
 
     def summary_fields(self):
         return {"family_key": "counting"}
-
-    def round_totals(self):
-        return round_totals(self.strategy.rounds)
 
     def save_final(self, out_dir, result):
         self.finished.append(result)

@@ -1,4 +1,5 @@
-"""The batch order every client's local training uses (``clients.local_training.local_batches``)."""
+"""The batch order every client's local training uses (``clients.local_training.local_batches``), and its settings: each
+run-config key in its field, by keyword."""
 
 from __future__ import annotations
 
@@ -8,7 +9,20 @@ from clients.local_training import LocalSettings, local_batches
 
 
 def settings(epochs: int, max_steps: int, batch_size: int) -> LocalSettings:
-    return LocalSettings(epochs, max_steps, batch_size, 0.1, 0.9, 0.0, 0.5, True, False, 0.0, 0.0, seed=0)
+    return LocalSettings(
+        epochs=epochs,
+        max_steps=max_steps,
+        batch_size=batch_size,
+        lr=0.1,
+        momentum=0.9,
+        weight_decay=0.0,
+        kd_ratio=0.5,
+        crop_flip=True,
+        randaugment=False,
+        mixup_alpha=0.0,
+        cutmix_alpha=0.0,
+        seed=0,
+    )
 
 
 def test_batches_follow_the_seeded_permutation_and_skip_a_last_single_sample():
@@ -54,3 +68,40 @@ def test_augmentation_draws_interleave_as_in_a_nested_loop():
     ]
     assert seen == nested(True) == nested(False)
     assert len(seen) == 3
+
+
+def test_settings_are_built_by_keyword_each_run_key_in_its_field():
+    import pytest
+
+    from fl_app.run.config import validate_run_config
+
+    run = validate_run_config(
+        {
+            "local-epochs": 3,
+            "max-local-steps": 7,
+            "batch-size": 16,
+            "momentum": 0.8,
+            "weight-decay": 1e-3,
+            "kd-ratio": 0.25,
+            "crop-flip": False,
+            "randaugment": True,
+            "mixup-alpha": 0.3,
+            "cutmix-alpha": 0.6,
+        }
+    )
+    assert LocalSettings.from_run(run, lr=0.02, seed=11) == LocalSettings(
+        epochs=3,
+        max_steps=7,
+        batch_size=16,
+        lr=0.02,
+        momentum=0.8,
+        weight_decay=1e-3,
+        kd_ratio=0.25,
+        crop_flip=False,
+        randaugment=True,
+        mixup_alpha=0.3,
+        cutmix_alpha=0.6,
+        seed=11,
+    )
+    with pytest.raises(TypeError):
+        LocalSettings(3, 7, 16, 0.02, 0.8, 1e-3, 0.25, False, True, 0.3, 0.6, 11)

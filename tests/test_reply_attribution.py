@@ -1,5 +1,5 @@
-"""Which partition a reply is credited to (``strategies.rounds.RoundLog.screen``): only the node a message was sent to
-may answer it, and only a message of this round. Replies that answer another round's message (a replay), no message
+"""Which partition a reply is credited to (``fl_app.run.round_log.RoundLog.screen``): only the node a message was sent
+to may answer it, and only a message of this round. Replies that answer another round's message (a replay), no message
 at all, or another node's message are ignored and logged; they never push the honest reply out as "a second reply".
 The SuperLink's own error reply for an undeliverable message (its node id as sender) stays that partition's failure.
 
@@ -19,7 +19,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
 from experiments.runner.flower_internals import set_message_id
 from fl_app.run.payload import state_to_record
-from strategies.rounds import RoundLog
+from fl_app.run.round_log import RoundLog
 from tests.hostile import HostileGrid, _set_values, _with_array, node_of, reply_to
 from tests.test_hostile_feast import supernet_setup
 from tests.test_hostile_fedtopo import global_state_of, honest_of, make_strategy_of

@@ -181,6 +181,36 @@ def test_client_subnet_accuracy_scores_each_client_with_its_own_largest_cached_s
     assert without.last["client_subnet_accuracy"] == without.last["population_weighted_accuracy"]
 
 
+def test_the_tier_evaluator_scores_tiers_as_the_strategy_declares(monkeypatch, cpu_cfg, cpu_cache):
+    """The evaluator scores each tier through the method's ``TierScoring``: the state its ``tier_state`` gives, scored
+    by its ``evaluate_tier``; every supernet-family strategy declares one, and FIARSE and ScaleFL their own."""
+    import fl_app.supernet.evaluation as evaluation
+    from fl_app.data.images import ImageData
+    from fl_app.supernet_app import SUPERNET_METHOD_TABLE
+    from strategies.fiarse import FiarseStrategy
+    from strategies.scalefl import ScaleFLStrategy
+
+    tiers = cpu_cache.tiers(None, count=2)
+
+    class Scoring(evaluation.TierScoring):
+        def tier_state(self, tier, state):
+            return {"tier": tier.macs, **state}
+
+        def evaluate_tier(self, cfg, state, arch, calibration, *splits):
+            return [state["tier"] / 1e9] * len(splits)
+
+    monkeypatch.setattr(evaluation, "evaluate_subnet", lambda *args: pytest.fail("the default scoring was used"))
+    data = ImageData(torch.zeros(4, 3, 32, 32, dtype=torch.uint8), torch.zeros(4, dtype=torch.long))
+    evaluator = evaluation.TierEvaluator(
+        cpu_cfg, tiers, [tiers[-1].macs], data, data, data, 1, 1, lambda a: {"w": 1}, scoring=Scoring()
+    )
+    evaluator(1, None)
+    assert [t["accuracy"] for t in evaluator.last["tiers"]] == [t.macs / 1e9 for t in tiers]
+    assert all(issubclass(method.strategy, evaluation.TierScoring) for method in SUPERNET_METHOD_TABLE.values())
+    assert FiarseStrategy.tier_state is not evaluation.TierScoring.tier_state
+    assert ScaleFLStrategy.evaluate_tier is not evaluation.TierScoring.evaluate_tier
+
+
 # -- post-hoc search and extraction -------------------------------------------------------------------------------
 def _images(n, seed):
     from fl_app.data.images import ImageData

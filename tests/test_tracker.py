@@ -17,7 +17,7 @@ from experiments.runner.in_process_grid import run_in_process
 from fl_app.run import tracker
 from fl_app.run.config import validate_run_config
 from fl_app.run.outputs import write_results, write_round_files
-from strategies.rounds import RoundLog
+from fl_app.run.round_log import RoundLog
 from tests.harness.in_process import TINY_RUN
 
 TINY = {"method": "fedtopo", **TINY_RUN, "checkpoint-every": 0}

@@ -21,8 +21,9 @@ from fl_app.io.cli import print_json, tool_parser
 from fl_app.run.config import SUPERNET_METHODS, validate_run_config
 from fl_app.run.outputs import write_csv, write_text
 from fl_app.run.payload import payload_bytes
+from fl_app.run.round_log import RoundLog
 from fl_app.supernet.federation import Federation
-from strategies.rounds import RoundLog, sample_partitions
+from strategies.rounds import sample_partitions
 
 SCALES = {
     "paper": {

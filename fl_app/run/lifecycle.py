@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from logging import INFO
 from pathlib import Path
+from typing import Callable, Protocol
 
 from flwr.app import ArrayRecord
 from flwr.common.logger import log
@@ -27,6 +28,28 @@ from fl_app.run.outputs import (
     write_results,
     write_round_files,
 )
+from fl_app.run.round_log import RoundLog, round_totals
+
+
+class RunStrategy(Protocol):
+    """What a run needs of its family's strategy (``strategies.skeleton.RoundSkeleton`` is one): the round logs it
+    fills (``rounds``), the listener it tells what it credited (``credit_listener``), and the loop over rounds that
+    calls ``round_done(round)`` after each one."""
+
+    rounds: dict[int, RoundLog]
+    credit_listener: Callable | None
+
+    def start(
+        self,
+        grid,
+        initial_arrays: ArrayRecord | None,
+        *,
+        num_rounds: int,
+        timeout: float,
+        evaluate_fn,
+        first_round: int,
+        round_done: Callable[[int], None],
+    ): ...
 
 
 class MethodFamily:
@@ -34,7 +57,7 @@ class MethodFamily:
     family cannot serve fails there), it holds the ``strategy``, the ``fingerprint`` of its checkpoints and the
     ``client_columns`` clients.csv starts with (column -> partition id -> value)."""
 
-    strategy: object
+    strategy: RunStrategy
     fingerprint: dict
     client_columns: dict[str, dict]
     evaluate_fn = None  # the server-side evaluation the strategy calls after each round (and before the first)
@@ -64,11 +87,6 @@ class MethodFamily:
 
     def summary_fields(self) -> dict:
         """The family's own summary.json keys (see the module docstring for the rest)."""
-        raise NotImplementedError
-
-    def round_totals(self) -> dict:
-        """summary.json's run totals of the strategy's round logs (``strategies.rounds.round_totals``: this core
-        layer does not import strategies)."""
         raise NotImplementedError
 
     def save_final(self, out_dir: Path, result) -> None:
@@ -152,8 +170,8 @@ class FederatedRun:
         self.rounds_done = server_round
         log_ = self.family.strategy.rounds[server_round]
         now = time.time()
-        log_.seconds, self.round_started = now - self.round_started, now
-        log_.server_rss_mb, log_.server_peak_rss_mb = memory_mb()
+        log_.record_server(now - self.round_started, *memory_mb())
+        self.round_started = now
         log(
             INFO,
             "round %d: %.1fs, server memory %.0f MiB (peak %.0f)",
@@ -188,7 +206,7 @@ class FederatedRun:
             "num_clients": self.num_clients,
             "clients_per_round": self.run.clients_per_round(self.num_clients),
             **self.family.summary_fields(),
-            **self.family.round_totals(),
+            **round_totals(self.family.strategy.rounds),
             "wall_seconds": round(time.time() - self.started, 1),
             "resumed_after_round": self.first_round - 1,
             "run_config": self.run.to_dict(),

@@ -160,8 +160,24 @@ def population_columns(accuracies: dict[str, float | None]) -> dict[str, float]:
     }
 
 
+class TierScoring:
+    """How a method's reporting tiers are scored, declared by its strategy (``strategies.feast.FeastStrategy`` and
+    every supernet-family strategy implement it; ``TierEvaluator`` calls it): the state a tier is cut from, and the
+    tier's accuracy on each split. The defaults: the global state itself, scored by ``evaluate_subnet``."""
+
+    def tier_state(self, tier, state: dict) -> dict:
+        """The state ``tier`` is evaluated on (FIARSE masks the full model per tier)."""
+        return state
+
+    def evaluate_tier(self, cfg: SupernetConfig, state, arch: Subnet, calibration: ImageData, *splits) -> list[float]:
+        """Accuracy of ``arch`` cut from ``state`` on each split, its BN recalibrated on ``calibration`` (ScaleFL:
+        a level's deepest exit)."""
+        return evaluate_subnet(cfg, state, arch, calibration, *splits)  # looked up at each call
+
+
 class TierEvaluator:
-    """Central evaluation of the reporting tiers, usable as a Flower ``evaluate_fn``; keeps every row it measured."""
+    """Central evaluation of the reporting tiers, usable as a Flower ``evaluate_fn``; keeps every row it measured.
+    The method's strategy says how a tier is scored (``scoring``: a ``TierScoring``)."""
 
     def __init__(
         self,
@@ -175,8 +191,7 @@ class TierEvaluator:
         num_rounds: int,
         decode_state,
         population_tier: str = "largest",
-        state_of_tier=None,
-        evaluate=None,
+        scoring: TierScoring | None = None,
         client_subnets=None,
     ):
         if population_tier not in POPULATION_TIERS:
@@ -189,11 +204,7 @@ class TierEvaluator:
         self.eval_every, self.num_rounds, self.decode_state = eval_every, num_rounds, decode_state
         self.rows: list[dict] = []
         self.last: dict = {}
-        # (tier, state) -> the state a tier is cut from (FIARSE masks the full model per tier); None: the state
-        self.state_of_tier = state_of_tier
-        # (cfg, state, arch, calibration, *splits) -> accuracy per split (ScaleFL: exits); None: evaluate_subnet,
-        # looked up at each call
-        self.evaluate = evaluate
+        self.scoring = scoring if scoring is not None else TierScoring()
         # each client's largest affordable cached subnet (``SubnetCache.local_max``), one per budget, for methods
         # whose clients deploy any cached subnet (FEAST, SuperFedNAS, DeepFedNAS): the reference's population-weighted
         # accuracy scores a 12.19 MMAC client with its own subnet, not the nearest reporting tier. None: the tiers are
@@ -210,8 +221,8 @@ class TierEvaluator:
         tier_results = []
         for tier in self.tiers:
             splits = [self.validation, self.test] if len(self.validation) else [self.test]
-            tier_state = state if self.state_of_tier is None else self.state_of_tier(tier, state)
-            accs = (self.evaluate or evaluate_subnet)(self.cfg, tier_state, tier.arch, self.calibration, *splits)
+            tier_state = self.scoring.tier_state(tier, state)
+            accs = self.scoring.evaluate_tier(self.cfg, tier_state, tier.arch, self.calibration, *splits)
             val_acc, test_acc = accs if len(accs) == 2 else [float("nan"), accs[0]]
             tier_results.append(
                 {"macs": tier.macs, "params": tier.params, "val_accuracy": val_acc, "accuracy": test_acc}
@@ -279,7 +290,7 @@ class TierEvaluator:
         splits = [self.validation, self.test] if len(self.validation) else [self.test]
         for subnet in self.client_subnets:
             if subnet.arch not in scores:
-                accs = (self.evaluate or evaluate_subnet)(self.cfg, state, subnet.arch, self.calibration, *splits)
+                accs = self.scoring.evaluate_tier(self.cfg, state, subnet.arch, self.calibration, *splits)
                 val = accs[0] if len(accs) == 2 else float("nan")
                 scores[subnet.arch] = {"val_accuracy": val, "accuracy": accs[-1]}
         return scores
