@@ -25,6 +25,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
+from experiments.translation.kvtranslate_controls import read_rows, short_table, study_block  # noqa: E402
 from fl_app.io.markdown import replace_blocks  # noqa: E402
 from kvtranslate.cli import HelpFormatter, comma_list  # noqa: E402
 
@@ -48,6 +49,13 @@ STUDIES = {
     "": ("retention_study", ("study", "verdict")),
     "-screen": ("retention_screen_300_steps", ("study", "probe")),
     "-1000-steps": ("retention_study_1000_steps", ("study", "verdict", "probe", "recipe")),
+}
+# control studies (kvtranslate_retention.py --out EXPERIMENTS/<stem>.jsonl with target_input=positions): block ->
+# file stem, tables from every run's row (kvtranslate_controls.py)
+CONTROL_STUDIES = {
+    "positions-steps": "positions_steps",
+    "positions-study": "positions_study",
+    "positions-deep": "positions_deep",
 }
 LONGCONTEXT_SETS = {
     "long_heldout_phrasing": "long, held-out phrasings",
@@ -940,6 +948,14 @@ def render(demo=DEMO):
     depth = load(os.path.join(EXPERIMENTS, f"{DEPTH}_summary.json"))
     if depth:
         blocks["injection-depth"] = injection_depth_table(depth)
+    # the controls (kvtranslate_controls.py): from every run's row, once a study's rows are committed
+    short = read_rows(os.path.join(EXPERIMENTS, "controls_short.jsonl"))
+    if short:
+        blocks["controls-short"] = short_table(short)
+    for name, stem in CONTROL_STUDIES.items():
+        rows = read_rows(os.path.join(EXPERIMENTS, f"{stem}.jsonl"))
+        if rows:
+            blocks[name] = study_block(rows)
     return blocks
 
 
