@@ -139,7 +139,7 @@ def differences_table(rows):
     head = ["translator", "minus", "seeds paired"]
     for n in SETS.values():
         head += [f"{n}: difference (95% interval)", f"{n}: verdict"]
-    return table(head, lines)
+    return table(head, lines) if lines else ""
 
 
 def routing_table(rows):
@@ -177,8 +177,9 @@ def table(head, lines):
 def study_block(rows):
     """A control study's block: the header line, the kinds, the paired differences and the routing."""
     parts = [header(rows), kinds_table(rows)]
-    if len(labels(rows)) > 1:
-        parts += ["Paired by seed (a minus b, only the seeds both ran):", differences_table(rows)]
+    differences = differences_table(rows)
+    if differences:
+        parts += ["Paired by seed (a minus b, only the seeds both ran):", differences]
     routing = routing_table(rows)
     if routing:
         parts += ["The mixtures' routing per seed (kvtranslate/routing.py):", routing]
