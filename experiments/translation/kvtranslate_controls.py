@@ -142,6 +142,28 @@ def differences_table(rows):
     return table(head, lines) if lines else ""
 
 
+def mixture_verdicts(rows):
+    """One generated sentence per mixture comparison: the paired difference on each set and whether its 95%
+    interval excludes 0."""
+    per_set = {s: by_label(rows, f"{s}_retention") for s in SETS}
+    mixtures = {n for n in labels(rows).values() if n.split(":")[0] in MIXTURES}
+    lines = []
+    for a, b in comparisons(rows):
+        if a not in mixtures and a.split(", ")[0] not in mixtures:
+            continue
+        said = []
+        for s, name in SETS.items():
+            va, vb = per_set[s].get(a, {}), per_set[s].get(b, {})
+            diffs = [va[k] - vb[k] for k in sorted(set(va) & set(vb))]
+            if diffs:
+                mean, half = t_interval(diffs)
+                spread = "" if half is None else f" ± {fmt(half)}"
+                said.append(f"{name} {mean:+.3f}{spread} ({verdict(diffs)})")
+        if said:
+            lines.append(f"- `{a}` minus `{b}`: " + "; ".join(said) + ".")
+    return "\n".join(lines)
+
+
 def routing_table(rows):
     """Per mixture, seed and set: gate entropy / log M (1 uniform), mean top gate (1/M uniform), hard per-expert
     usage, hard balance (1 balanced, M collapsed), and retention routed vs with uniform gates."""
@@ -180,6 +202,9 @@ def study_block(rows):
     differences = differences_table(rows)
     if differences:
         parts += ["Paired by seed (a minus b, only the seeds both ran):", differences]
+    verdicts = mixture_verdicts(rows)
+    if verdicts:
+        parts += ["The mixture against each alternative (generated from the same pairs):", verdicts]
     routing = routing_table(rows)
     if routing:
         parts += ["The mixtures' routing per seed (kvtranslate/routing.py):", routing]

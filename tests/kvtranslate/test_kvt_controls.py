@@ -66,6 +66,10 @@ def test_differences_are_paired_by_seed_against_the_control_and_between_the_kind
     assert "| `mot`, uniform gates at evaluation | same |  | 0, 1, 2 | 0.367 ± " in text
     assert "| `mot` | 1 | long contexts | 0.800 | 0.500 | 0.10 / 0.20 / 0.30 / 0.40 | 1.250 | 0.600 | 0.300 |" in text
     assert text.count("| `mot` | 0 |") == len(kvtranslate_controls.SETS)
+    # the generated verdict sentences say the same as the table, per set
+    assert "- `mot` minus `no-source`: training phrasings +0.467 ± " in text
+    assert "- `mot, uniform gates` minus `mot`: training phrasings -0.233 ± " in text
+    assert "(within the interval)" in text.split("- `mot` minus `single`: ")[1].splitlines()[0]
 
 
 def test_variants_of_one_kind_are_told_apart_by_what_differs():
