@@ -96,14 +96,15 @@ def kinds_table(rows):
         runs = [r for r in rows if r["variant"] == variant]
         widths = " / ".join(f"{k} {runs[0][k]}" for k in ("hidden", "latent") if k in runs[0])
         seeds = ", ".join(str(r["seed"]) for r in sorted(runs, key=lambda r: r["seed"]))
-        cpu = sum(r.get("cpu_minutes", 0.0) for r in runs) / len(runs)
+        trained = [r for r in runs if r.get("translator") != "loaded"] or runs  # a kept translator only scores
+        cpu = sum(r.get("cpu_minutes", 0.0) for r in trained) / len(trained)
         sets = [ci_text([r[f"{s}_retention"] for r in runs]) for s in SETS]
         lines.append([f"`{label}`", f"{runs[0].get('parameters', 0):,}", widths, seeds, *sets, f"{cpu:.1f}"])
         uniform = [[r.get(f"{s}_uniform_gates_retention") for r in runs] for s in SETS]
         if all(v is not None for vs in uniform for v in vs):
             lines.append([f"`{label}`, {UNIFORM} at evaluation", "same", "", seeds, *map(ci_text, uniform), ""])
     head = ["translator", "parameters", "widths", "seeds", *(f"{n} F1 retention" for n in SETS.values())]
-    return table([*head, "CPU min per run"], lines)
+    return table([*head, "CPU min per trained run"], lines)
 
 
 def comparisons(rows):
