@@ -25,6 +25,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
+from experiments.translation.kvtranslate_controls import read_rows, short_table, study_block  # noqa: E402
 from fl_app.io.markdown import replace_blocks  # noqa: E402
 from kvtranslate.cli import HelpFormatter, comma_list  # noqa: E402
 
@@ -49,6 +50,15 @@ STUDIES = {
     "-screen": ("retention_screen_300_steps", ("study", "probe")),
     "-1000-steps": ("retention_study_1000_steps", ("study", "verdict", "probe", "recipe")),
 }
+# control studies (kvtranslate_retention.py --out EXPERIMENTS/<stem>.jsonl with target_input=positions): block ->
+# file stem, tables from every run's row (kvtranslate_controls.py)
+CONTROL_STUDIES = {
+    "positions-steps": "positions_steps",
+    "positions-study": "positions_study",
+    "positions-deep": "positions_deep",
+}
+DEPTH_POSITIONS = "injection_depth_positions"
+POSITIONS_RECIPE = ":phrase_mix=0.5:w_key=16.0:target_input=positions:params=1000000:steps=1200"
 LONGCONTEXT_SETS = {
     "long_heldout_phrasing": "long, held-out phrasings",
     "long_training_phrasing": "long, training phrasings",
@@ -551,26 +561,26 @@ DEPTH_SETS = {"heldout_phrasing": "held-out phrasings", "long": "long contexts"}
 FAILURE_MODES = {"propagated_shift": "propagated shift", "last_state_shift": "last-state shift"}
 
 
-def depth_name(name):
+def depth_name(name, recipe=RECIPE):
     """A depth-study variant without the recipe every variant shares."""
-    return name.replace(RECIPE, "") if RECIPE in name else name
+    return name.replace(recipe, "") if recipe in name else name
 
 
-def injection_depth_table(study):
+def injection_depth_table(study, recipe=RECIPE):
     """experiments/translation/kvtranslate_injection_depth.py's summary: F1 retention at each injection point, the
     two failure modes and the per-layer probe per variant and set, and the paired differences (CCL minus no CCL,
     each variant minus each baseline) of the failure modes."""
     variants, points = study["variants"], study["points"]
-    shared = all(RECIPE in n for n in variants)
+    shared = all(recipe in n for n in variants)
     parts = [
         f"`{study['source']}` -> `{study['target']}`"
-        + (f", every variant trained with `{RECIPE}`" if shared else "")
+        + (f", every variant trained with `{recipe}`" if shared else "")
         + f"; evaluation seed {', '.join(map(str, study.get('eval_seeds', [])))}, commits {commits_of(study)}. "
         "F1 retention at each injection point p (mean ± 95% t-interval over seeds):"
     ]
     for s, what in DEPTH_SETS.items():
         rows = [
-            [f"`{depth_name(n)}`", ", ".join(map(str, v["seeds"]))]
+            [f"`{depth_name(n, recipe)}`", ", ".join(map(str, v["seeds"]))]
             + [mean_ci(v["measures"], f"{s}/p={p}/retention") for p in points]
             for n, v in variants.items()
             if f"{s}/p=1.0/retention" in v["measures"]
@@ -587,7 +597,7 @@ def injection_depth_table(study):
             if f"{s}/p=1.0/retention" not in m:
                 continue
             rows.append(
-                [f"`{depth_name(n)}`", what]
+                [f"`{depth_name(n, recipe)}`", what]
                 + [mean_ci(m, f"{s}/{k}") for k in FAILURE_MODES]
                 + [mean_ci(m, f"{s}/layer={j}/retention") for j in layers]
                 + [mean_ci(m, f"{s}/layer={j}/answer_kl") for j in layers]
@@ -612,7 +622,7 @@ def injection_depth_table(study):
                 if any(c is not None for c in cells):
                     seeds = next(c for c in cells if c is not None)["seeds"]
                     rows.append(
-                        [f"`{depth_name(n)}`", f"`{depth_name(other)}`", what, str(len(seeds))]
+                        [f"`{depth_name(n, recipe)}`", f"`{depth_name(other, recipe)}`", what, str(len(seeds))]
                         + ["–" if c is None else f"{mean_ci({'d': c}, 'd')} ({spread_verdict(c)})" for c in cells]
                     )
     if rows:
@@ -940,6 +950,17 @@ def render(demo=DEMO):
     depth = load(os.path.join(EXPERIMENTS, f"{DEPTH}_summary.json"))
     if depth:
         blocks["injection-depth"] = injection_depth_table(depth)
+    depth = load(os.path.join(EXPERIMENTS, f"{DEPTH_POSITIONS}_summary.json"))
+    if depth:  # the same study on the positions-only task (kvtranslate_controls.py's studies)
+        blocks["positions-injection-depth"] = injection_depth_table(depth, POSITIONS_RECIPE)
+    # the controls (kvtranslate_controls.py): from every run's row, once a study's rows are committed
+    short = read_rows(os.path.join(EXPERIMENTS, "controls_short.jsonl"))
+    if short:
+        blocks["controls-short"] = short_table(short)
+    for name, stem in CONTROL_STUDIES.items():
+        rows = read_rows(os.path.join(EXPERIMENTS, f"{stem}.jsonl"))
+        if rows:
+            blocks[name] = study_block(rows)
     return blocks
 
 

@@ -426,6 +426,12 @@ def main(argv: list[str] | None = None) -> None:
         help="also score held-out phrasings and long contexts with the target's own keys, then its own values, "
         "put into the translated cache (PROBE_SETS: which half loses the facts)",
     )
+    parser.add_argument(
+        "--uniform-gates",
+        action="store_true",
+        help="also score every mixture with each expert weighted 1/M (SET_uniform_gates_retention: does the "
+        "router's choice matter)",
+    )
     parser.add_argument("--summary", action="store_true", help="only rewrite the summary of OUT")
     args = parser.parse_args(argv)
     if args.summary:

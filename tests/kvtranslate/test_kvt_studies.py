@@ -168,3 +168,12 @@ def test_the_recipe_check_blocks_appear_only_once_their_files_exist(tmp_path, mo
     (tmp_path / "equal_capacity_summary.json").write_text(json.dumps(summary))
     blocks = kvtranslate_report.render()
     assert "equal-capacity" in blocks and not {"confirmation", "injection-depth"} & set(blocks)
+
+
+def test_the_retention_study_takes_the_uniform_gate_ablation_flag(tmp_path):
+    """`--uniform-gates` is read by the study loop for every mixture; the parser must know it (else a mixture run
+    stops with usage error 2 before training)."""
+    path = tmp_path / "study.jsonl"
+    path.write_text(json.dumps(run("a", 0, 0.5, 0.1)) + "\n")
+    kvtranslate_retention.main(["--summary", "--uniform-gates", "--out", str(path)])
+    assert json.loads((tmp_path / "study_summary.json").read_text())["variants"]["a"]["seeds"] == [0]
