@@ -24,7 +24,7 @@ from fl_app.run.device import preferred_device
 from fl_app.run.payload import state_to_record
 from fl_app.run.records import ARRAYS_RECORD, METRICS_RECORD
 from fl_app.run.seeds import derived_seed
-from fl_app.supernet.federation import client_data
+from fl_app.supernet.shared_setup import client_data
 from fl_app.supernet.slicing import slice_state
 
 KD_WEIGHT = 0.1  # beta: weight of the distillation term

@@ -22,7 +22,7 @@ def node_partition(context: Context) -> tuple[int, int]:
 
 def declared_budget(value) -> float:
     """The node config's ``budget-macs`` as a number the server can use; the server checks it against the
-    supernet's range (``Federation.client_budgets``) and fails the run before training when it is outside."""
+    supernet's range (``SupernetSetup.client_budgets``) and fails the run before training when it is outside."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not MACS_RANGE(value):
         raise ValueError(f"node-config budget-macs={value!r}: expected a number {MACS_RANGE.rule}")
     return float(value)

@@ -56,7 +56,7 @@ def test_clients_below_the_smallest_level_train_it_and_untrained_levels_are_not_
 
 def test_real_clients_train_the_reference_levels_and_the_server_accepts_them(flower_ids):
     num = 4
-    run, fed, strategy = one_step_federation(num, method="scalefl", **{"scalefl-levels": "reference"})
+    run, setup, strategy = one_step_federation(num, method="scalefl", **{"scalefl-levels": "reference"})
     reference = scalefl_levels(strategy.model_cfg, "reference")
     assert strategy.levels == reference
     state = _initial(strategy)
