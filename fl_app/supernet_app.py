@@ -45,20 +45,21 @@ from strategies.heterofl import FedRolexStrategy, HeteroFLStrategy, rate_tiers
 from strategies.rounds import round_options
 from strategies.scalefl import ScaleFLStrategy
 from strategies.superfednas import SuperFedNASStrategy
+from strategies.supernet_base import SupernetStrategy
 
 
 # -- the methods: one row each ------------------------------------------------------------------------------------
-def cached_tiers(run: RunConfig, setup: SupernetSetup, strategy: FeastStrategy) -> list:
+def cached_tiers(run: RunConfig, setup: SupernetSetup, strategy: SupernetStrategy) -> list:
     """The cached subnets the run's ``tiers`` name (methods whose clients run searched subnets)."""
     return setup.tiers(run)
 
 
-def own_tiers(run: RunConfig, setup: SupernetSetup, strategy: FeastStrategy) -> list:
+def own_tiers(run: RunConfig, setup: SupernetSetup, strategy: SupernetStrategy) -> list:
     """The strategy's own levels: width rates (HeteroFL, FedRolex), ScaleFL's levels, FIARSE's mask levels."""
     return strategy.tiers
 
 
-def smallest_tier(run: RunConfig, setup: SupernetSetup, strategy: FeastStrategy) -> list:
+def smallest_tier(run: RunConfig, setup: SupernetSetup, strategy: SupernetStrategy) -> list:
     """The one fixed model every client trains (FedAvg on the smallest cached subnet)."""
     return setup.cache.entries[:1]
 
@@ -87,8 +88,8 @@ def fiarse_options(run: RunConfig, setup: SupernetSetup) -> dict:
 class SupernetMethod:
     """How the server builds one supernet-family method and what it reports."""
 
-    strategy: type[FeastStrategy]
-    tiers: Callable[[RunConfig, SupernetSetup, FeastStrategy], list]  # the reporting tiers
+    strategy: type[SupernetStrategy]
+    tiers: Callable[[RunConfig, SupernetSetup, SupernetStrategy], list]  # the reporting tiers
     options: Callable[[RunConfig, SupernetSetup], dict] = lambda run, setup: {}  # the strategy's own keyword arguments
     # clients deploy any cached subnet their budget affords, so each is also scored with its own largest one (the
     # other methods' clients run a width level or the fixed smallest model, which their tiers already are)
@@ -131,7 +132,7 @@ def make_supernet_strategy(
     node_of_partition: dict[int, int],
     examples_of_partition: dict[int, int] | None = None,
     labels_of_partition: dict[int, list[int]] | None = None,
-) -> FeastStrategy:
+) -> SupernetStrategy:
     """The method's strategy (``SUPERNET_METHOD_TABLE``) with the options every supernet method takes."""
     method = supernet_method(run)
     common = dict(
