@@ -11,7 +11,7 @@ from flwr.clientapp import ClientApp
 from fl_app.multiarch_app import MULTIARCH_METHODS, evaluate_multiarch, train_multiarch
 from fl_app.run.config import MACS_RANGE, SUPERNET_METHODS, validate_run_config
 from fl_app.run.node_query import BUDGET_MACS, NUM_PARTITIONS, PARTITION_ID, partition_answer
-from fl_app.supernet_app import train_feast
+from fl_app.supernet_app import train_supernet_client
 
 app = ClientApp()
 
@@ -66,5 +66,8 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 # method -> client training; every method in fl_app.run.config.METHODS has an entry
 
-CLIENT_TRAINING = {**dict.fromkeys(SUPERNET_METHODS, train_feast), **dict.fromkeys(MULTIARCH_METHODS, train_multiarch)}
+CLIENT_TRAINING = {
+    **dict.fromkeys(SUPERNET_METHODS, train_supernet_client),
+    **dict.fromkeys(MULTIARCH_METHODS, train_multiarch),
+}
 CLIENT_EVALUATION = dict.fromkeys(MULTIARCH_METHODS, evaluate_multiarch)

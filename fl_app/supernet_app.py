@@ -1,8 +1,8 @@
 """Server and client wiring of the supernet family: FEAST and the methods built on the supernet (SuperFedNAS,
 DeepFedNAS, HeteroFL, FedRolex, ScaleFL, FIARSE, FedAvg on the smallest model), one row each in
-``SUPERNET_METHOD_TABLE``. The server routes, aggregates, evaluates tiers and writes results (``run_feast``: a
+``SUPERNET_METHOD_TABLE``. The server routes, aggregates, evaluates tiers and writes results (``run_supernet``: a
 ``FederatedRun`` told what this family does differently by ``SupernetFamily``); clients train what they are routed
-(``train_feast``)."""
+(``train_supernet_client``)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from clients.feast import read_routed, train_subnets
+from clients.feast import train_subnets
 from clients.fiarse import fiarse_settings, masked_train_costs, train_masked
 from clients.local_training import LocalSettings
 from clients.scalefl import train_scalefl
+from clients.supernet_instruction import read_instruction
 from fl_app.data.images import DATASETS
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.models.supernet_space import load_supernet_config, width_sliced_config
@@ -164,7 +165,7 @@ def partition_reports(
     return examples, held
 
 
-def prepare_feast(run: RunConfig) -> None:
+def prepare_supernet(run: RunConfig) -> None:
     """Decode the dataset and build the subnet shapes (the meta-device model) before the nodes have answered."""
     cfg = load_supernet_config(run["supernet"], n_classes=DATASETS[run["dataset"]].num_classes)
     dataset_for(run, cfg)
@@ -277,7 +278,7 @@ class SupernetFamily(MethodFamily):
         )
 
 
-def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
+def run_supernet(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
     """FEAST and the methods built on the supernet: route, train, aggregate, evaluate tiers, write results; how
     their runs differ from the other family's is ``SupernetFamily``."""
     return FederatedRun(run, nodes, SupernetFamily(run, nodes)).execute(grid)
@@ -289,13 +290,13 @@ def _supernet_setup(run_items: tuple, num_partitions: int) -> SupernetSetup:
     return SupernetSetup.build(RunConfig(dict(run_items)), num_partitions)
 
 
-def _subnet_plan(routed, setup: SupernetSetup, run: RunConfig) -> tuple[SubnetPlan, dict]:
+def _subnet_plan(instruction, setup: SupernetSetup, run: RunConfig) -> tuple[SubnetPlan, dict]:
     """(what this client trains, the shapes it sends back): the one subnet the server assigned (the baselines) and
     its slice, else its own max/min/random plan within the routed bounds and everything received."""
-    if routed.arch is not None:
-        return SubnetPlan(routed.arch, None, []), subnet_shapes(routed.cfg, routed.arch)
-    plan = plan_subnets(setup.cache, routed.budget, routed.bounds, run.train_subnets)
-    return plan, {k: v.shape for k, v in routed.received.items()}
+    if instruction.arch is not None:
+        return SubnetPlan(instruction.arch, None, []), subnet_shapes(instruction.cfg, instruction.arch)
+    plan = plan_subnets(setup.cache, instruction.budget, instruction.bounds, run.train_subnets)
+    return plan, {k: v.shape for k, v in instruction.received.items()}
 
 
 def _logit_mask(n_classes: int, labels: list[int]) -> torch.Tensor:
@@ -305,34 +306,34 @@ def _logit_mask(n_classes: int, labels: list[int]) -> torch.Tensor:
     return mask
 
 
-def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
+def train_supernet_client(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
     """FEAST and the supernet / width-sliced baselines: the server says what is routed and, for the baselines,
     which single subnet to train; FEAST clients plan their max/min/random step themselves. Stateless between rounds
     (``context`` unused): everything arrives with the message."""
     started, began = time.perf_counter(), time.time()
     setup = _supernet_setup(tuple(sorted(run.values.items())), num)
     # what the server sent, checked before anything is trained (a bad broadcast raises: an error reply)
-    routed = read_routed(msg.content, run, setup.cfg, setup.budget_range, pid, num)
+    instruction = read_instruction(msg.content, run, setup.cfg, setup.budget_range, pid, num)
     if run["method"] == "scalefl":  # a level with its early exits, trained by self-distillation
-        return train_scalefl(msg, routed, run, pid, num, started)
-    cfg, bounds, received, dtype = routed.cfg, routed.bounds, routed.received, routed.dtype
+        return train_scalefl(msg, instruction, run, pid, num, started)
+    cfg, bounds, received, dtype = instruction.cfg, instruction.bounds, instruction.received, instruction.dtype
 
     model = ElasticResNet(cfg, bounds)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in received.items()}, strict=False)
-    model.set_width_scaler(routed.width_rate)
-    plan, returned = _subnet_plan(routed, setup, run)
-    data = client_data(run, pid, num, routed.partition_budgets)  # declared budgets shape the split
+    model.set_width_scaler(instruction.width_rate)
+    plan, returned = _subnet_plan(instruction, setup, run)
+    data = client_data(run, pid, num, instruction.partition_budgets)  # declared budgets shape the split
     labels = sorted(int(c) for c in torch.unique(data.labels))
-    logit_mask = _logit_mask(cfg.n_classes, labels) if routed.mask_labels else None
-    settings = LocalSettings.from_run(run, routed.lr, derived_seed(run["seed"], routed.server_round, pid))
-    if routed.threshold is None:
+    logit_mask = _logit_mask(cfg.n_classes, labels) if instruction.mask_labels else None
+    settings = LocalSettings.from_run(run, instruction.lr, derived_seed(run["seed"], instruction.server_round, pid))
+    if instruction.threshold is None:
         metrics = train_subnets(model, plan, data, settings, logit_mask)
         samples = metrics["local-steps"] * settings.batch_size
         costs = train_costs(cfg, plan.largest, plan.smallest, plan.between, samples)
     else:  # FIARSE: the full model under its magnitude mask, costed by the MACs the mask keeps
         settings = fiarse_settings(run, settings)
-        metrics = train_masked(model, routed.threshold, data, settings)
-        costs = masked_train_costs(cfg, received, routed.threshold, metrics["local-steps"] * settings.batch_size)
+        metrics = train_masked(model, instruction.threshold, data, settings)
+        costs = masked_train_costs(cfg, received, instruction.threshold, metrics["local-steps"] * settings.batch_size)
 
     # send back exactly what was received, cut to the trained subnet when one was assigned
     trained = slice_state(model.state_dict(), {k: v for k, v in returned.items() if k in received})
@@ -352,5 +353,12 @@ def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Conte
         }
     )
     # wall-clock span of this client's work, for a run's timeline (experiments.benchmarks.bench_default_run --timeline)
-    log(DEBUG, "client timeline: partition %d round %s from %.3f to %.3f", pid, routed.server_round, began, time.time())
+    log(
+        DEBUG,
+        "client timeline: partition %d round %s from %.3f to %.3f",
+        pid,
+        instruction.server_round,
+        began,
+        time.time(),
+    )
     return Message(reply, reply_to=msg)

@@ -15,7 +15,7 @@ from fl_app.run.config import SUPERNET_METHODS, validate_run_config
 from fl_app.run.payload import record_to_state, state_to_record
 from fl_app.supernet.evaluation import population_weighted_accuracy
 from fl_app.supernet.shared_setup import SupernetSetup, partition_rows
-from fl_app.supernet_app import SupernetFamily, train_feast
+from fl_app.supernet_app import SupernetFamily, train_supernet_client
 
 NUM = 4
 SUPERNET_MACS = 13_546_752  # the CPU supernet whole (= the CPU cache's largest subnet)
@@ -59,8 +59,8 @@ def test_a_client_above_the_supernet_trains_and_is_scored_as_one_at_the_supernet
     assert config_above.pop("partition-budgets")[0] == ABOVE and config_whole.pop("partition-budgets")
     assert config_above == config_whole
     # the client accepts the broadcast and trains what a client at the supernet trains, on the same data
-    reply_above = train_feast(sent_above, above.run, 0, NUM, context=None)
-    reply_whole = train_feast(sent_whole, whole.run, 0, NUM, context=None)
+    reply_above = train_supernet_client(sent_above, above.run, 0, NUM, context=None)
+    reply_whole = train_supernet_client(sent_whole, whole.run, 0, NUM, context=None)
     metrics_above = reply_above.content.metric_records["metrics"]
     assert metrics_above["trained-macs"] == reply_whole.content.metric_records["metrics"]["trained-macs"]
     assert metrics_above["num-examples"] == above.client_columns["num_examples"][0]

@@ -20,7 +20,7 @@ from fl_app.multiarch_app import MULTIARCH_METHODS, build_strategy, train_multia
 from fl_app.run.config import validate_run_config
 from fl_app.run.payload import state_to_record
 from fl_app.supernet.shared_setup import SupernetSetup
-from fl_app.supernet_app import SUPERNET_METHOD_TABLE, make_supernet_strategy, partition_reports, train_feast
+from fl_app.supernet_app import SUPERNET_METHOD_TABLE, make_supernet_strategy, partition_reports, train_supernet_client
 from tests.harness.in_process import TINY_RUN
 from tests.harness.training import answered_round
 from tests.hostile import answered_queries
@@ -142,7 +142,9 @@ def test_the_servers_flops_equal_an_honest_supernet_clients_own(flower_ids, meth
     torch.manual_seed(0)
     model = strategy.global_model()
     state = {k: v.numpy() for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
-    answered = answered_round(strategy, state_to_record(state), lambda m, pid: train_feast(m, run, pid, NUM, None))
+    answered = answered_round(
+        strategy, state_to_record(state), lambda m, pid: train_supernet_client(m, run, pid, NUM, None)
+    )
     _server_matches_client(strategy, answered, run)
 
 
@@ -182,7 +184,9 @@ def test_costing_what_was_routed_that_raises_never_ends_the_round(flower_ids, ca
     strategy = make_supernet_strategy(run, setup, budgets, {p: 100 + p for p in range(NUM)}, examples, held)
     torch.manual_seed(0)
     state = {k: v.numpy() for k, v in strategy.global_model().state_dict().items() if "num_batches" not in k}
-    answered = answered_round(strategy, state_to_record(state), lambda m, pid: train_feast(m, run, pid, NUM, None))
+    answered = answered_round(
+        strategy, state_to_record(state), lambda m, pid: train_supernet_client(m, run, pid, NUM, None)
+    )
 
     def broken(pid):
         raise KeyError(pid)

@@ -15,7 +15,7 @@ from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.run.config import validate_run_config
 from fl_app.run.payload import state_to_record
 from fl_app.supernet.shared_setup import SupernetSetup, client_data
-from fl_app.supernet_app import make_supernet_strategy, partition_reports, train_feast
+from fl_app.supernet_app import make_supernet_strategy, partition_reports, train_supernet_client
 
 NUM = 4
 TINY = {"clients-per-round": NUM, "max-local-steps": 1, "batch-size": 8, "min-reply-fraction": 1.0}
@@ -41,7 +41,7 @@ def test_real_supernet_clients_report_exactly_what_the_server_derives(flower_ids
     for i, message in enumerate(strategy.configure_train(1, state_to_record(state), ConfigRecord(), grid=None)):
         set_message_id(message, f"message-{i}")
         pid = message.metadata.dst_node_id - 100
-        reply = train_feast(message, run, pid, NUM, None)
+        reply = train_supernet_client(message, run, pid, NUM, None)
         set_reply_source(reply, message.metadata.dst_node_id)
         replies.append(reply)
     strategy.aggregate_train(1, replies)  # min-reply-fraction 1.0: a rejected honest reply fails the round

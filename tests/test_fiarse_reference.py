@@ -103,7 +103,7 @@ def test_real_clients_train_their_own_sizes_and_count_both_conventions(flower_id
     import math
 
     from experiments.runner.flower_internals import set_message_id, set_reply_source
-    from fl_app.supernet_app import train_feast
+    from fl_app.supernet_app import train_supernet_client
 
     num = 3
     run, setup, strategy = one_step_federation(num, method="fiarse", **{"fiarse-mapping": "reference"})
@@ -116,7 +116,7 @@ def test_real_clients_train_their_own_sizes_and_count_both_conventions(flower_id
         pid = message.metadata.dst_node_id - 100
         threshold = message.content.config_records["config"]["mask-threshold"]
         assert threshold == size_threshold(state, element_macs(setup.cfg), model_size(strategy.budgets[pid], full_macs))
-        reply = train_feast(message, run, pid, num, None)
+        reply = train_supernet_client(message, run, pid, num, None)
         set_reply_source(reply, message.metadata.dst_node_id)
         metrics = reply.content.metric_records["metrics"]
         assert metrics["local-steps"] == 1 and math.isfinite(metrics["train-loss"])

@@ -13,7 +13,7 @@ from fl_app.client_app import declared_budget
 from fl_app.models.supernet_space import count_macs
 from fl_app.run.config import validate_run_config
 from fl_app.supernet.shared_setup import SupernetSetup
-from fl_app.supernet_app import run_feast
+from fl_app.supernet_app import run_supernet
 
 NUM = 4
 
@@ -32,7 +32,7 @@ def test_a_node_declaring_a_budget_outside_the_supernet_fails_the_run_before_tra
     with pytest.raises(
         ValueError, match=r"SuperNode 102 \(partition-id=2\) declared budget-macs=.* in its node-config"
     ):
-        run_feast(None, run, _nodes({2: value}))  # no grid: the refusal comes before any message
+        run_supernet(None, run, _nodes({2: value}))  # no grid: the refusal comes before any message
     assert not (tmp_path / "out").exists()  # nothing written: the run never started
 
 

@@ -21,7 +21,7 @@ from fl_app.run.config import ROBUST_AGGREGATIONS, validate_run_config
 from fl_app.run.payload import record_to_state, state_to_record
 from fl_app.supernet.shared_setup import SupernetSetup
 from fl_app.supernet.slicing import prefix_region
-from fl_app.supernet_app import make_supernet_strategy, partition_reports, train_feast
+from fl_app.supernet_app import make_supernet_strategy, partition_reports, train_supernet_client
 from strategies.robust import AGGREGATIONS, TRIM_FRACTION
 from strategies.screening import SLICE_RELATIVE_BOUND, magnitude_bound, slice_relative_bound
 from strategies.sparse import sparse_average
@@ -93,7 +93,7 @@ def test_honest_training_stays_far_inside_the_slice_bound(cpu_cfg, cpu_cache):
 
 
 class _ClientGrid:
-    """Hands each message to the app's own client function (``train_feast``) of its partition, in order."""
+    """Hands each message to the app's own client function (``train_supernet_client``) of its partition, in order."""
 
     def __init__(self, run, num: int):
         self.run, self.num = run, num
@@ -110,7 +110,7 @@ class _ClientGrid:
             context = Context(
                 run_id=1, node_id=node_of(pid), state=RecordDict(), run_config={}, node_config=node_config
             )
-            reply = train_feast(msg, self.run, pid, self.num, context)
+            reply = train_supernet_client(msg, self.run, pid, self.num, context)
             set_reply_source(reply, node_of(pid))
             replies.append(reply)
         return replies
