@@ -67,7 +67,7 @@ def smallest_tier(run: RunConfig, setup: SupernetSetup, strategy: SupernetStrate
 
 def maxnet_options(run: RunConfig, setup: SupernetSetup, subnet_source: str) -> dict:
     """SuperFedNAS / DeepFedNAS: the MaxNet schedule over the run, subnets drawn from the space or the cache, and no
-    routing (every client receives the whole supernet)."""
+    slicing to the budget (every client receives the whole supernet)."""
     return dict(
         num_rounds=run["num-server-rounds"],
         budget_constrained=run["budget-constrained"],
@@ -75,7 +75,7 @@ def maxnet_options(run: RunConfig, setup: SupernetSetup, subnet_source: str) -> 
         beta0=run["maxnet-beta0"],
         beta_final=run["maxnet-final"],
         decay_fraction=run["maxnet-decay-fraction"],
-        routing=False,
+        slice_to_budget=False,
     )
 
 
@@ -138,7 +138,7 @@ def make_supernet_strategy(
     method = supernet_method(run)
     common = dict(
         **round_options(run, len(budgets)),
-        routing=run["routing"],
+        slice_to_budget=run["routing"],
         weighting=run["aggregation-weights"],
         robust_aggregation=run["robust-aggregation"],
         examples_of_partition=examples_of_partition,

@@ -12,5 +12,5 @@ class FeastStrategy(SupernetStrategy):
     ``routing`` is off), no subnet assigned: the client plans its max/min/random step itself."""
 
     def assign(self, partition_id: int, server_round: int) -> tuple[Subnet, Subnet | None]:
-        bounds = self.cache.route_bounds(self.budgets[partition_id]) if self.routing else self.cfg.max_subnet()
+        bounds = self.cache.route_bounds(self.budgets[partition_id]) if self.slice_to_budget else self.cfg.max_subnet()
         return bounds, None

@@ -45,7 +45,7 @@ class SupernetStrategy(RoundSkeleton, TierScoring):
     method's own), screens what comes back against exactly what was routed, and merges the accepted replies
     with ``reply_weights`` and ``reply_mask``. Evaluation is central (tiers on the server): no client-side
     evaluation rounds; how a tier is scored is the ``TierScoring`` it declares (the subnet cut from the global state,
-    unless a subclass says otherwise). Subclasses change the routing and the merge through these methods, not the
+    unless a subclass says otherwise). Subclasses change what is routed and the merge through these methods, not the
     round."""
 
     def __init__(
@@ -57,7 +57,7 @@ class SupernetStrategy(RoundSkeleton, TierScoring):
         *,
         clients_per_round: int,
         seed: int,
-        routing: bool = True,
+        slice_to_budget: bool = True,  # the run config's routing: each client gets its budget's sub-supernet
         payload_dtype: str = "float32",
         weighting: str = "num-examples",
         robust_aggregation: str = "none",
@@ -80,7 +80,7 @@ class SupernetStrategy(RoundSkeleton, TierScoring):
         )
         self.train_subnets = train_subnets  # what a client told to plan its own step trains (run's train-subnets)
         self.cfg, self.cache, self.budgets = cfg, cache, budgets
-        self.routing, self.weighting = routing, weighting
+        self.slice_to_budget, self.weighting = slice_to_budget, weighting
         check_choice("robust-aggregation", robust_aggregation)
         self.robust_aggregation = robust_aggregation
         # what each client must report as num-examples (its partition size), when the server can know it
@@ -233,11 +233,12 @@ class SupernetStrategy(RoundSkeleton, TierScoring):
         full = state_numel(subnet_shapes(self.model_cfg, self.model_cfg.max_subnet()))
         log(
             INFO,
+            # "routing": the run-config key this flag comes from
             "%s: %d clients, %d per round, routing=%s, payload=%s, weights=%s, global model %.2fM params",
             type(self).__name__,
             len(self.node_of_partition),
             self.clients_per_round,
-            self.routing,
+            self.slice_to_budget,
             self.payload_dtype,
             self.weighting,
             full / 1e6,
