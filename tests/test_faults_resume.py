@@ -39,7 +39,7 @@ from strategies.feast import FeastStrategy
 from strategies.rounds import sample_partitions
 from strategies.superfednas import SuperFedNASStrategy
 from tests.hostile import SUPERLINK_NODE_ID, answered_queries, honest_memo, reply_to
-from tests.test_hostile_feast import supernet_setup
+from tests.test_hostile_supernet import supernet_setup
 
 EXAMPLES = {0: 50, 1: 70, 2: 90}
 CFG = load_supernet_config("cpu")

@@ -17,7 +17,7 @@ from fl_app.models.supernet_space import count_macs
 from fl_app.run.payload import payload_bytes, record_to_state, state_to_record
 from fl_app.supernet.magnitude_masks import element_macs, kept_macs, level_thresholds, magnitude_mask
 from strategies.fiarse import FiarseStrategy
-from tests.test_hostile_feast import CACHE, TINY
+from tests.test_hostile_supernet import CACHE, TINY
 from tests.test_routing_budgets import _reply
 
 

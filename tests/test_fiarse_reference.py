@@ -14,7 +14,7 @@ from fl_app.supernet.magnitude_masks import element_macs, magnitude_mask, model_
 from strategies.fiarse import FiarseStrategy
 from tests.harness.training import one_step_federation
 from tests.test_fiarse import _state
-from tests.test_hostile_feast import CACHE, TINY
+from tests.test_hostile_supernet import CACHE, TINY
 
 
 def test_continuous_size_mask_by_hand():

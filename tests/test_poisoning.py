@@ -26,7 +26,7 @@ from strategies.robust import AGGREGATIONS, TRIM_FRACTION
 from strategies.screening import SLICE_RELATIVE_BOUND, magnitude_bound, slice_relative_bound
 from strategies.sparse import sparse_average
 from tests.hostile import Corruption, check_hostile, node_of, run_rounds
-from tests.test_hostile_feast import CACHE, METHODS, TINY, supernet_setup
+from tests.test_hostile_supernet import CACHE, METHODS, TINY, supernet_setup
 
 
 # -- the relative screen -------------------------------------------------------------------------------------------
@@ -187,7 +187,7 @@ def test_none_is_the_sparse_average_and_every_choice_has_a_merge():
         np.testing.assert_array_equal(merged[name], plain[name])
 
 
-# SHA-256 (first 32 hex digits) of the global model after tests.test_hostile_feast's two honest rounds, taken on the
+# SHA-256 (first 32 hex digits) of the global model after tests.test_hostile_supernet's two honest rounds, taken on the
 # tree before the relative screen and the robust merges: the default path's arithmetic is unchanged
 HONEST_DIGESTS = {
     "deepfednas": "b052053f1dcc6be300c429d3f008cda9",
@@ -338,9 +338,9 @@ def _at_the_bound(payload: str) -> Corruption:
 
 
 def _largest_after_six_rounds(method: str, robust: str, hostile: bool) -> float:
-    from tests.test_hostile_feast import BUDGETS as THREE
-    from tests.test_hostile_feast import EXAMPLES as SIZES
-    from tests.test_hostile_feast import LABELS as HELD
+    from tests.test_hostile_supernet import BUDGETS as THREE
+    from tests.test_hostile_supernet import EXAMPLES as SIZES
+    from tests.test_hostile_supernet import LABELS as HELD
 
     _, initial, honest, payload = supernet_setup(method)
 

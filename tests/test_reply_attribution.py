@@ -21,8 +21,8 @@ from experiments.runner.flower_internals import set_message_id
 from fl_app.run.payload import state_to_record
 from fl_app.run.round_log import RoundLog
 from tests.hostile import HostileGrid, _set_values, _with_array, node_of, reply_to
-from tests.test_hostile_feast import supernet_setup
 from tests.test_hostile_fedtopo import global_state_of, honest_of, make_strategy_of
+from tests.test_hostile_supernet import supernet_setup
 
 
 class SlippingGrid(HostileGrid):
