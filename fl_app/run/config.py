@@ -19,7 +19,7 @@ from fl_app.data.partition import PARTITIONERS
 from fl_app.models.multiarch import BACKBONES_PER_FAMILY, MODEL_FAMILIES
 from fl_app.run.payload import PAYLOAD_DTYPES
 
-# methods built on the elastic supernet (FEAST and its baselines) share the FEAST client and server run
+# methods built on the elastic supernet (FEAST and its baselines) share one client and server run (fl_app.supernet_app)
 SUPERNET_METHODS = ("feast", "superfednas", "deepfednas", "heterofl", "fedrolex", "fedavg-min", "fiarse", "scalefl")
 METHODS = SUPERNET_METHODS + ("fedtopo", "local", "lg-fedavg", "fd", "fedproto", "fedtgp")
 TRAIN_SUBNETS = ("max", "min", "random")
