@@ -24,7 +24,7 @@ from fl_app.run.device import preferred_device
 from fl_app.run.payload import state_to_record
 from fl_app.run.records import ARRAYS_RECORD, METRICS_RECORD
 from fl_app.run.seeds import derived_seed
-from fl_app.supernet.federation import client_data
+from fl_app.supernet.shared_setup import client_data
 from fl_app.supernet.slicing import slice_state
 
 KD_WEIGHT = 0.1  # beta: weight of the distillation term
@@ -69,23 +69,23 @@ def train_exits(model: EarlyExitResNet, data: ImageData, settings: LocalSettings
     return {"train-loss": loss_sum / max(steps, 1), "local-steps": steps}
 
 
-def train_scalefl(msg: Message, routed, run, pid: int, num: int, started: float) -> Message:
-    """One round of a ScaleFL client on what ``clients.feast.read_routed`` accepted: the routed level (its subnet
-    is the assigned one) with its exits, trained and sent back whole."""
-    cfg, received, rule = routed.cfg, routed.received, run["scalefl-levels"]
-    index = level_index(cfg, routed.arch, rule)
+def train_scalefl(msg: Message, instruction, run, pid: int, num: int, started: float) -> Message:
+    """One round of a ScaleFL client on what ``clients.supernet_instruction.read_instruction`` accepted: the routed
+    level (its subnet is the assigned one) with its exits, trained and sent back whole."""
+    cfg, received, rule = instruction.cfg, instruction.received, run["scalefl-levels"]
+    index = level_index(cfg, instruction.arch, rule)
     model = EarlyExitResNet(cfg, index, rule)
     # static BatchNorm: the running statistics are not routed; training normalises with the batch's statistics
     model.load_state_dict({k: torch.from_numpy(v) for k, v in received.items()}, strict=False)
-    data = client_data(run, pid, num, routed.partition_budgets)
+    data = client_data(run, pid, num, instruction.partition_budgets)
     labels = sorted(int(c) for c in torch.unique(data.labels))
-    settings = LocalSettings.from_run(run, routed.lr, derived_seed(run["seed"], routed.server_round, pid))
+    settings = LocalSettings.from_run(run, instruction.lr, derived_seed(run["seed"], instruction.server_round, pid))
     metrics = train_exits(model, data, settings)
     trained = slice_state(model.state_dict(), {k: v.shape for k, v in received.items()})
     level = scalefl_levels(cfg, rule)[index]
     reply = RecordDict(
         {
-            ARRAYS_RECORD: state_to_record(trained, routed.dtype),
+            ARRAYS_RECORD: state_to_record(trained, instruction.dtype),
             METRICS_RECORD: MetricRecord(
                 {
                     "num-examples": len(data),

@@ -11,7 +11,7 @@ from flwr.clientapp import ClientApp
 from fl_app.multiarch_app import MULTIARCH_METHODS, evaluate_multiarch, train_multiarch
 from fl_app.run.config import MACS_RANGE, SUPERNET_METHODS, validate_run_config
 from fl_app.run.node_query import BUDGET_MACS, NUM_PARTITIONS, PARTITION_ID, partition_answer
-from fl_app.supernet_app import train_feast
+from fl_app.supernet_app import train_supernet_client
 
 app = ClientApp()
 
@@ -22,7 +22,7 @@ def node_partition(context: Context) -> tuple[int, int]:
 
 def declared_budget(value) -> float:
     """The node config's ``budget-macs`` as a number the server can use; the server checks it against the
-    supernet's range (``Federation.client_budgets``) and fails the run before training when it is outside."""
+    supernet's range (``SupernetSetup.client_budgets``) and fails the run before training when it is outside."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not MACS_RANGE(value):
         raise ValueError(f"node-config budget-macs={value!r}: expected a number {MACS_RANGE.rule}")
     return float(value)
@@ -66,5 +66,8 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 # method -> client training; every method in fl_app.run.config.METHODS has an entry
 
-CLIENT_TRAINING = {**dict.fromkeys(SUPERNET_METHODS, train_feast), **dict.fromkeys(MULTIARCH_METHODS, train_multiarch)}
+CLIENT_TRAINING = {
+    **dict.fromkeys(SUPERNET_METHODS, train_supernet_client),
+    **dict.fromkeys(MULTIARCH_METHODS, train_multiarch),
+}
 CLIENT_EVALUATION = dict.fromkeys(MULTIARCH_METHODS, evaluate_multiarch)

@@ -26,8 +26,8 @@ from fl_app.models.supernet_space import SupernetConfig, count_costs
 from fl_app.run.checkpoint import load_verified
 from fl_app.run.config import validate_run_config
 from fl_app.supernet.evaluation import accuracy, extract_subnet, recalibrate_bn
-from fl_app.supernet.federation import dataset_for, server_splits
 from fl_app.supernet.search import ValidationScorer, evolutionary_search, prefer_larger
+from fl_app.supernet.shared_setup import dataset_for, server_splits
 from fl_app.supernet.subnets import SubnetCache
 
 # --margin's default: 0, the plain best on validation. On the converged FEAST supernet (experiments/results/

@@ -622,13 +622,13 @@ def _redrawn_partitions(run, values: dict, config: RunConfig, num: int, clients:
 
     budgets = architectures = None
     if values["method"] in SUPERNET_METHODS:
-        from fl_app.supernet.federation import Federation, dataset_for, partition_rows
+        from fl_app.supernet.shared_setup import SupernetSetup, dataset_for, partition_rows
 
         recorded = clients is not None and "budget_macs" in clients.columns
         budgets = list(clients["budget_macs"]) if recorded else run.summary.get("budgets")
         if not isinstance(budgets, list) or len(budgets) != num or not all(KINDS["amount"][0](b) for b in budgets):
             raise ReportError(f"{run.folder}: no budget per client (clients.csv 'budget_macs' or summary 'budgets')")
-        train, _ = dataset_for(config, Federation.build(config, num).cfg)
+        train, _ = dataset_for(config, SupernetSetup.build(config, num).cfg)
         rows = partition_rows(config, num, budgets)
     else:
         from fl_app.data.local_splits import client_rows

@@ -10,7 +10,7 @@ from fl_app.multiarch_app import MULTIARCH_METHODS, run_multiarch
 from fl_app.node_discovery import check_federation, discover_nodes
 from fl_app.run.config import SUPERNET_METHODS, validate_run_config
 from fl_app.run.tracker import tracking
-from fl_app.supernet_app import prepare_feast, run_feast
+from fl_app.supernet_app import prepare_supernet, run_supernet
 
 app = ServerApp()
 
@@ -30,6 +30,6 @@ def main(grid: Grid, context: Context) -> None:
 
 # method -> server run; every method in fl_app.run.config.METHODS has an entry
 
-SERVER_RUNS = {**dict.fromkeys(SUPERNET_METHODS, run_feast), **dict.fromkeys(MULTIARCH_METHODS, run_multiarch)}
+SERVER_RUNS = {**dict.fromkeys(SUPERNET_METHODS, run_supernet), **dict.fromkeys(MULTIARCH_METHODS, run_multiarch)}
 # work a server run can do before it knows its nodes, done while they start up (results are cached per process)
-SERVER_PREPARE = dict.fromkeys(SUPERNET_METHODS, prepare_feast)
+SERVER_PREPARE = dict.fromkeys(SUPERNET_METHODS, prepare_supernet)

@@ -1,8 +1,8 @@
 """Server and client wiring of the supernet family: FEAST and the methods built on the supernet (SuperFedNAS,
 DeepFedNAS, HeteroFL, FedRolex, ScaleFL, FIARSE, FedAvg on the smallest model), one row each in
-``SUPERNET_METHOD_TABLE``. The server routes, aggregates, evaluates tiers and writes results (``run_feast``: a
+``SUPERNET_METHOD_TABLE``. The server routes, aggregates, evaluates tiers and writes results (``run_supernet``: a
 ``FederatedRun`` told what this family does differently by ``SupernetFamily``); clients train what they are routed
-(``train_feast``)."""
+(``train_supernet_client``)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from clients.feast import read_routed, train_subnets
+from clients.feast import train_subnets
 from clients.fiarse import fiarse_settings, masked_train_costs, train_masked
 from clients.local_training import LocalSettings
 from clients.scalefl import train_scalefl
+from clients.supernet_instruction import read_instruction
 from fl_app.data.images import DATASETS
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.models.supernet_space import load_supernet_config, width_sliced_config
@@ -34,7 +35,7 @@ from fl_app.run.payload import record_to_state, state_to_record
 from fl_app.run.records import ARRAYS_RECORD, METRICS_RECORD
 from fl_app.run.seeds import derived_seed
 from fl_app.supernet.evaluation import TierEvaluator
-from fl_app.supernet.federation import Federation, client_data, dataset_for, partition_rows, server_splits
+from fl_app.supernet.shared_setup import SupernetSetup, client_data, dataset_for, partition_rows, server_splits
 from fl_app.supernet.slicing import slice_state, subnet_shapes
 from fl_app.supernet.subnets import SubnetPlan, plan_subnets
 from fl_app.supernet.training_costs import train_costs
@@ -45,27 +46,28 @@ from strategies.heterofl import FedRolexStrategy, HeteroFLStrategy, rate_tiers
 from strategies.rounds import round_options
 from strategies.scalefl import ScaleFLStrategy
 from strategies.superfednas import SuperFedNASStrategy
+from strategies.supernet_base import SupernetStrategy
 
 
 # -- the methods: one row each ------------------------------------------------------------------------------------
-def cached_tiers(run: RunConfig, fed: Federation, strategy: FeastStrategy) -> list:
+def cached_tiers(run: RunConfig, setup: SupernetSetup, strategy: SupernetStrategy) -> list:
     """The cached subnets the run's ``tiers`` name (methods whose clients run searched subnets)."""
-    return fed.tiers(run)
+    return setup.tiers(run)
 
 
-def own_tiers(run: RunConfig, fed: Federation, strategy: FeastStrategy) -> list:
+def own_tiers(run: RunConfig, setup: SupernetSetup, strategy: SupernetStrategy) -> list:
     """The strategy's own levels: width rates (HeteroFL, FedRolex), ScaleFL's levels, FIARSE's mask levels."""
     return strategy.tiers
 
 
-def smallest_tier(run: RunConfig, fed: Federation, strategy: FeastStrategy) -> list:
+def smallest_tier(run: RunConfig, setup: SupernetSetup, strategy: SupernetStrategy) -> list:
     """The one fixed model every client trains (FedAvg on the smallest cached subnet)."""
-    return fed.cache.entries[:1]
+    return setup.cache.entries[:1]
 
 
-def maxnet_options(run: RunConfig, fed: Federation, subnet_source: str) -> dict:
+def maxnet_options(run: RunConfig, setup: SupernetSetup, subnet_source: str) -> dict:
     """SuperFedNAS / DeepFedNAS: the MaxNet schedule over the run, subnets drawn from the space or the cache, and no
-    routing (every client receives the whole supernet)."""
+    slicing to the budget (every client receives the whole supernet)."""
     return dict(
         num_rounds=run["num-server-rounds"],
         budget_constrained=run["budget-constrained"],
@@ -73,23 +75,23 @@ def maxnet_options(run: RunConfig, fed: Federation, subnet_source: str) -> dict:
         beta0=run["maxnet-beta0"],
         beta_final=run["maxnet-final"],
         decay_fraction=run["maxnet-decay-fraction"],
-        routing=False,
+        slice_to_budget=False,
     )
 
 
-def fiarse_options(run: RunConfig, fed: Federation) -> dict:
+def fiarse_options(run: RunConfig, setup: SupernetSetup) -> dict:
     """One magnitude-mask level per HeteroFL tier's MACs: the width-sliced baselines' budgets (under the reference
     mapping, the reporting tiers only: each client has its own mask size)."""
-    return {"levels": [t.macs for t in rate_tiers(width_sliced_config(fed.cfg))], "mapping": run["fiarse-mapping"]}
+    return {"levels": [t.macs for t in rate_tiers(width_sliced_config(setup.cfg))], "mapping": run["fiarse-mapping"]}
 
 
 @dataclass(frozen=True)
 class SupernetMethod:
     """How the server builds one supernet-family method and what it reports."""
 
-    strategy: type[FeastStrategy]
-    tiers: Callable[[RunConfig, Federation, FeastStrategy], list]  # the reporting tiers
-    options: Callable[[RunConfig, Federation], dict] = lambda run, fed: {}  # the strategy's own keyword arguments
+    strategy: type[SupernetStrategy]
+    tiers: Callable[[RunConfig, SupernetSetup, SupernetStrategy], list]  # the reporting tiers
+    options: Callable[[RunConfig, SupernetSetup], dict] = lambda run, setup: {}  # the strategy's own keyword arguments
     # clients deploy any cached subnet their budget affords, so each is also scored with its own largest one (the
     # other methods' clients run a width level or the fixed smallest model, which their tiers already are)
     clients_run_cached_subnets: bool = False
@@ -111,7 +113,7 @@ SUPERNET_METHOD_TABLE = {
     ),
     "heterofl": SupernetMethod(HeteroFLStrategy, own_tiers),
     "fedrolex": SupernetMethod(FedRolexStrategy, own_tiers),
-    "scalefl": SupernetMethod(ScaleFLStrategy, own_tiers, lambda run, fed: {"rule": run["scalefl-levels"]}),
+    "scalefl": SupernetMethod(ScaleFLStrategy, own_tiers, lambda run, setup: {"rule": run["scalefl-levels"]}),
     "fiarse": SupernetMethod(FiarseStrategy, own_tiers, fiarse_options),
     "fedavg-min": SupernetMethod(FedAvgMinStrategy, smallest_tier),
 }
@@ -126,33 +128,35 @@ def supernet_method(run: RunConfig) -> SupernetMethod:
 # -- server ------------------------------------------------------------------------------------------------------
 def make_supernet_strategy(
     run: RunConfig,
-    fed: Federation,
+    setup: SupernetSetup,
     budgets: dict[int, float],
     node_of_partition: dict[int, int],
     examples_of_partition: dict[int, int] | None = None,
     labels_of_partition: dict[int, list[int]] | None = None,
-) -> FeastStrategy:
+) -> SupernetStrategy:
     """The method's strategy (``SUPERNET_METHOD_TABLE``) with the options every supernet method takes."""
     method = supernet_method(run)
     common = dict(
         **round_options(run, len(budgets)),
-        routing=run["routing"],
+        slice_to_budget=run["routing"],
         weighting=run["aggregation-weights"],
         robust_aggregation=run["robust-aggregation"],
         examples_of_partition=examples_of_partition,
         labels_of_partition=labels_of_partition,
         train_subnets=run.train_subnets,
     )
-    return method.strategy(fed.cfg, fed.cache, budgets, node_of_partition, **{**common, **method.options(run, fed)})
+    return method.strategy(
+        setup.cfg, setup.cache, budgets, node_of_partition, **{**common, **method.options(run, setup)}
+    )
 
 
 def partition_reports(
-    run: RunConfig, fed: Federation, budgets: dict[int, float]
+    run: RunConfig, setup: SupernetSetup, budgets: dict[int, float]
 ) -> tuple[dict[int, int], dict[int, list[int]]]:
     """What each client must report as num-examples and labels: its partition's size and label set (the server
     splits the data from the seed and the budgets as the clients do)."""
     rows_of = partition_rows(run, len(budgets), [budgets[p] for p in range(len(budgets))])
-    train_labels = dataset_for(run, fed.cfg)[0].labels
+    train_labels = dataset_for(run, setup.cfg)[0].labels
     examples = {pid: len(rows) for pid, rows in enumerate(rows_of)}
     held = {
         pid: sorted(int(c) for c in torch.unique(train_labels[torch.as_tensor(rows, dtype=torch.long)]))
@@ -161,7 +165,7 @@ def partition_reports(
     return examples, held
 
 
-def prepare_feast(run: RunConfig) -> None:
+def prepare_supernet(run: RunConfig) -> None:
     """Decode the dataset and build the subnet shapes (the meta-device model) before the nodes have answered."""
     cfg = load_supernet_config(run["supernet"], n_classes=DATASETS[run["dataset"]].num_classes)
     dataset_for(run, cfg)
@@ -177,20 +181,20 @@ class SupernetFamily(MethodFamily):
     def __init__(self, run: RunConfig, nodes: dict[int, dict]):
         self.run, self.method, self.num_clients = run, supernet_method(run), len(nodes)
         node_of_partition = {pid: info[NODE_ID] for pid, info in nodes.items()}
-        self.fed = Federation.build(run, self.num_clients)
+        self.setup = SupernetSetup.build(run, self.num_clients)
         # a node's declared budget outside the supernet's range fails the run here, before training, as a malformed
         # partition answer does at discovery (the budgets are fixed for the run: the γ-allocation splits rows by them)
         declared = {pid: info[BUDGET_MACS] for pid, info in nodes.items() if BUDGET_MACS in info}
-        self.budgets = self.fed.client_budgets(run, declared, node_of_partition)
-        examples, held = partition_reports(run, self.fed, self.budgets)
-        self.strategy = make_supernet_strategy(run, self.fed, self.budgets, node_of_partition, examples, held)
-        self.tiers = self.method.tiers(run, self.fed, self.strategy)
+        self.budgets = self.setup.client_budgets(run, declared, node_of_partition)
+        examples, held = partition_reports(run, self.setup, self.budgets)
+        self.strategy = make_supernet_strategy(run, self.setup, self.budgets, node_of_partition, examples, held)
+        self.tiers = self.method.tiers(run, self.setup, self.strategy)
         self.fingerprint = supernet_fingerprint(run)
         self.client_columns = {"budget_macs": self.budgets, "num_examples": examples}
 
     def prepare(self, out_dir: Path) -> None:
-        run, fed, strategy = self.run, self.fed, self.strategy
-        train, test = dataset_for(run, fed.cfg)
+        run, setup, strategy = self.run, self.setup, self.strategy
+        train, test = dataset_for(run, setup.cfg)
         splits = server_splits(run, train)
         torch.manual_seed(run["seed"])  # the global model's initial weights
         initial = strategy.global_model().state_dict()
@@ -208,7 +212,7 @@ class SupernetFamily(MethodFamily):
             population_tier=run["population-tier"],
             scoring=strategy,  # how the method scores a tier (FIARSE masks it, ScaleFL scores its deepest exit)
             client_subnets=(
-                [fed.cache.local_max(self.budgets[p]) for p in sorted(self.budgets)]
+                [setup.cache.local_max(self.budgets[p]) for p in sorted(self.budgets)]
                 if self.method.clients_run_cached_subnets
                 else None
             ),
@@ -237,7 +241,7 @@ class SupernetFamily(MethodFamily):
     def summary_fields(self) -> dict:
         last = self.evaluate_fn.last
         return {
-            "supernet": self.fed.cfg.name,
+            "supernet": self.setup.cfg.name,
             "tiers": last.get("tiers", []),
             "population_weighted_accuracy": last.get("population_weighted_accuracy"),
             "client_subnet_accuracy": last.get("client_subnet_accuracy"),
@@ -274,7 +278,7 @@ class SupernetFamily(MethodFamily):
         )
 
 
-def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
+def run_supernet(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
     """FEAST and the methods built on the supernet: route, train, aggregate, evaluate tiers, write results; how
     their runs differ from the other family's is ``SupernetFamily``."""
     return FederatedRun(run, nodes, SupernetFamily(run, nodes)).execute(grid)
@@ -282,17 +286,17 @@ def run_feast(grid: Grid, run: RunConfig, nodes: dict[int, dict]) -> dict:
 
 # -- client ------------------------------------------------------------------------------------------------------
 @lru_cache(maxsize=2)
-def _federation(run_items: tuple, num_partitions: int) -> Federation:
-    return Federation.build(RunConfig(dict(run_items)), num_partitions)
+def _supernet_setup(run_items: tuple, num_partitions: int) -> SupernetSetup:
+    return SupernetSetup.build(RunConfig(dict(run_items)), num_partitions)
 
 
-def _subnet_plan(routed, fed: Federation, run: RunConfig) -> tuple[SubnetPlan, dict]:
+def _subnet_plan(instruction, setup: SupernetSetup, run: RunConfig) -> tuple[SubnetPlan, dict]:
     """(what this client trains, the shapes it sends back): the one subnet the server assigned (the baselines) and
     its slice, else its own max/min/random plan within the routed bounds and everything received."""
-    if routed.arch is not None:
-        return SubnetPlan(routed.arch, None, []), subnet_shapes(routed.cfg, routed.arch)
-    plan = plan_subnets(fed.cache, routed.budget, routed.bounds, run.train_subnets)
-    return plan, {k: v.shape for k, v in routed.received.items()}
+    if instruction.arch is not None:
+        return SubnetPlan(instruction.arch, None, []), subnet_shapes(instruction.cfg, instruction.arch)
+    plan = plan_subnets(setup.cache, instruction.budget, instruction.bounds, run.train_subnets)
+    return plan, {k: v.shape for k, v in instruction.received.items()}
 
 
 def _logit_mask(n_classes: int, labels: list[int]) -> torch.Tensor:
@@ -302,34 +306,34 @@ def _logit_mask(n_classes: int, labels: list[int]) -> torch.Tensor:
     return mask
 
 
-def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
+def train_supernet_client(msg: Message, run: RunConfig, pid: int, num: int, context: Context) -> Message:
     """FEAST and the supernet / width-sliced baselines: the server says what is routed and, for the baselines,
     which single subnet to train; FEAST clients plan their max/min/random step themselves. Stateless between rounds
     (``context`` unused): everything arrives with the message."""
     started, began = time.perf_counter(), time.time()
-    fed = _federation(tuple(sorted(run.values.items())), num)
+    setup = _supernet_setup(tuple(sorted(run.values.items())), num)
     # what the server sent, checked before anything is trained (a bad broadcast raises: an error reply)
-    routed = read_routed(msg.content, run, fed.cfg, fed.budget_range, pid, num)
+    instruction = read_instruction(msg.content, run, setup.cfg, setup.budget_range, pid, num)
     if run["method"] == "scalefl":  # a level with its early exits, trained by self-distillation
-        return train_scalefl(msg, routed, run, pid, num, started)
-    cfg, bounds, received, dtype = routed.cfg, routed.bounds, routed.received, routed.dtype
+        return train_scalefl(msg, instruction, run, pid, num, started)
+    cfg, bounds, received, dtype = instruction.cfg, instruction.bounds, instruction.received, instruction.dtype
 
     model = ElasticResNet(cfg, bounds)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in received.items()}, strict=False)
-    model.set_width_scaler(routed.width_rate)
-    plan, returned = _subnet_plan(routed, fed, run)
-    data = client_data(run, pid, num, routed.partition_budgets)  # declared budgets shape the split
+    model.set_width_scaler(instruction.width_rate)
+    plan, returned = _subnet_plan(instruction, setup, run)
+    data = client_data(run, pid, num, instruction.partition_budgets)  # declared budgets shape the split
     labels = sorted(int(c) for c in torch.unique(data.labels))
-    logit_mask = _logit_mask(cfg.n_classes, labels) if routed.mask_labels else None
-    settings = LocalSettings.from_run(run, routed.lr, derived_seed(run["seed"], routed.server_round, pid))
-    if routed.threshold is None:
+    logit_mask = _logit_mask(cfg.n_classes, labels) if instruction.mask_labels else None
+    settings = LocalSettings.from_run(run, instruction.lr, derived_seed(run["seed"], instruction.server_round, pid))
+    if instruction.threshold is None:
         metrics = train_subnets(model, plan, data, settings, logit_mask)
         samples = metrics["local-steps"] * settings.batch_size
         costs = train_costs(cfg, plan.largest, plan.smallest, plan.between, samples)
     else:  # FIARSE: the full model under its magnitude mask, costed by the MACs the mask keeps
         settings = fiarse_settings(run, settings)
-        metrics = train_masked(model, routed.threshold, data, settings)
-        costs = masked_train_costs(cfg, received, routed.threshold, metrics["local-steps"] * settings.batch_size)
+        metrics = train_masked(model, instruction.threshold, data, settings)
+        costs = masked_train_costs(cfg, received, instruction.threshold, metrics["local-steps"] * settings.batch_size)
 
     # send back exactly what was received, cut to the trained subnet when one was assigned
     trained = slice_state(model.state_dict(), {k: v for k, v in returned.items() if k in received})
@@ -349,5 +353,12 @@ def train_feast(msg: Message, run: RunConfig, pid: int, num: int, context: Conte
         }
     )
     # wall-clock span of this client's work, for a run's timeline (experiments.benchmarks.bench_default_run --timeline)
-    log(DEBUG, "client timeline: partition %d round %s from %.3f to %.3f", pid, routed.server_round, began, time.time())
+    log(
+        DEBUG,
+        "client timeline: partition %d round %s from %.3f to %.3f",
+        pid,
+        instruction.server_round,
+        began,
+        time.time(),
+    )
     return Message(reply, reply_to=msg)

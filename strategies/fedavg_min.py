@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from strategies.feast import FeastStrategy
+from strategies.supernet_base import SupernetStrategy
 
 
-class FedAvgMinStrategy(FeastStrategy):
+class FedAvgMinStrategy(SupernetStrategy):
     """Plain FedAvg of the smallest cached subnet on every client: what one fixed model gives."""
 
     def assign(self, partition_id: int, server_round: int):

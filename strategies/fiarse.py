@@ -38,8 +38,8 @@ from fl_app.supernet.magnitude_masks import (
 )
 from fl_app.supernet.message import TrainInstruction
 from fl_app.supernet.slicing import state_numel, subnet_shapes
-from strategies.feast import FeastStrategy
 from strategies.heterofl import RUNNING_STATS
+from strategies.supernet_base import SupernetStrategy
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def masked_state(state: dict, mask: dict) -> dict:
 FIARSE_MAPPINGS = ("tiers", "reference")
 
 
-class FiarseStrategy(FeastStrategy):
+class FiarseStrategy(SupernetStrategy):
     def __init__(self, *args, levels: list[float], mapping: str = "tiers", **kwargs):
         super().__init__(*args, **kwargs)
         if mapping not in FIARSE_MAPPINGS:
@@ -119,7 +119,7 @@ class FiarseStrategy(FeastStrategy):
             (threshold,) = level_thresholds(state, self.costs, [tier.macs])
         return masked_state(state, magnitude_mask(state, self.costs, threshold))
 
-    # -- FeastStrategy's hooks -------------------------------------------------------------------------------------
+    # -- SupernetStrategy's hooks --------------------------------------------------------------------------------------
     def assign(self, partition_id: int, server_round: int):
         full = self.cfg.max_subnet()
         return full, full

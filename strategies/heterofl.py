@@ -10,7 +10,7 @@ from fl_app.models.supernet_space import SupernetConfig, count_costs, width_slic
 from fl_app.supernet.message import WIDTH_SLICED
 from fl_app.supernet.slicing import subnet_shapes
 from fl_app.supernet.subnets import CachedSubnet
-from strategies.feast import FeastStrategy
+from strategies.supernet_base import SupernetStrategy
 
 RUNNING_STATS = ("running_mean", "running_var")
 
@@ -43,7 +43,7 @@ def roll_state(state: dict, dims: dict[str, tuple[int, ...]], server_round: int,
     return rolled
 
 
-class HeteroFLStrategy(FeastStrategy):
+class HeteroFLStrategy(SupernetStrategy):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.width_cfg = width_sliced_config(self.cfg)

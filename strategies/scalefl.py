@@ -25,7 +25,7 @@ from fl_app.run.device import preferred_device
 from fl_app.supernet.evaluation import accuracy, recalibrate_bn
 from fl_app.supernet.message import EARLY_EXIT
 from fl_app.supernet.slicing import slice_state
-from strategies.feast import FeastStrategy
+from strategies.supernet_base import SupernetStrategy
 
 
 def evaluate_level(cfg: SupernetConfig, state, arch: Subnet, calibration, *splits, rule: str = "tiers") -> list[float]:
@@ -38,7 +38,7 @@ def evaluate_level(cfg: SupernetConfig, state, arch: Subnet, calibration, *split
     return [accuracy(deepest, split) for split in splits]
 
 
-class ScaleFLStrategy(FeastStrategy):
+class ScaleFLStrategy(SupernetStrategy):
     def __init__(self, *args, rule: str = "tiers", **kwargs):
         super().__init__(*args, **kwargs)
         self.rule = rule

@@ -31,7 +31,7 @@ Arrays, in two stages:
    Tensors without a global counterpart (uploaded statistics) pass their own bound, e.g. ``max_abs=1.0`` for
    probabilities.
 
-   tests/test_hostile_feast.py measures honest training against it: 1.9x at most, at ten times the default lr.
+   tests/test_hostile_supernet.py measures honest training against it: 1.9x at most, at ten times the default lr.
 
    The supernet family bounds a reply tensor by the routed slice of the global tensor it updates
    (``slice_relative_bound``): a trained tensor by ``magnitude_bound(global_slice, SLICE_RELATIVE_BOUND)``, i.e. 20

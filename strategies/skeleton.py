@@ -33,7 +33,7 @@ class RoundSkeleton(Strategy):
     partitions fail; too few valid replies fail the round), ``merge`` the accepted ones and report the round's
     metrics. ``start`` runs the rounds and can continue from ``first_round``.
 
-    Hooks (the supernet family implements them in ``strategies.feast``, the model-heterogeneous one in
+    Hooks (the supernet family implements them in ``strategies.supernet_base``, the model-heterogeneous one in
     ``strategies.multiarch_base``):
       - ``begin_round``: what this round's messages are cut from (optional);
       - ``train_content``: the records sent to one partition (its arrays under ``ARRAYS_RECORD``);

@@ -11,7 +11,7 @@ from flwr.app import MetricRecord
 
 from fl_app.models.supernet_space import Subnet, count_macs
 from fl_app.supernet.subnets import random_subnet
-from strategies.feast import FeastStrategy
+from strategies.supernet_base import SupernetStrategy
 
 
 def maxnet_beta(
@@ -43,7 +43,7 @@ def sandwich_roles(sampled: list[int], largest_counts: dict[int, int], smallest_
     return roles
 
 
-class SuperFedNASStrategy(FeastStrategy):
+class SuperFedNASStrategy(SupernetStrategy):
     """``subnet_source = "space"`` (SuperFedNAS) draws the random subnet from the search space; ``"cache"``
     (DeepFedNAS) draws max/min/random from the subnet cache."""
 

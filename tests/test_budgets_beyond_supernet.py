@@ -14,8 +14,8 @@ from fl_app.data.partition import draw_budgets
 from fl_app.run.config import SUPERNET_METHODS, validate_run_config
 from fl_app.run.payload import record_to_state, state_to_record
 from fl_app.supernet.evaluation import population_weighted_accuracy
-from fl_app.supernet.federation import Federation, partition_rows
-from fl_app.supernet_app import SupernetFamily, train_feast
+from fl_app.supernet.shared_setup import SupernetSetup, partition_rows
+from fl_app.supernet_app import SupernetFamily, train_supernet_client
 
 NUM = 4
 SUPERNET_MACS = 13_546_752  # the CPU supernet whole (= the CPU cache's largest subnet)
@@ -46,7 +46,7 @@ def _round_one(family: SupernetFamily):
 @pytest.mark.parametrize("method", SUPERNET_METHODS)
 def test_a_client_above_the_supernet_trains_and_is_scored_as_one_at_the_supernet(flower_ids, method):
     above, whole = _family(method, ABOVE), _family(method, float(SUPERNET_MACS))
-    assert above.fed.supernet_macs == SUPERNET_MACS and above.budgets[0] == ABOVE
+    assert above.setup.supernet_macs == SUPERNET_MACS and above.budgets[0] == ABOVE
     # same rows (the γ share counts the budget as the supernet), same routing and assignment
     assert above.client_columns["num_examples"] == whole.client_columns["num_examples"]
     sent_above, sent_whole = _round_one(above), _round_one(whole)
@@ -59,8 +59,8 @@ def test_a_client_above_the_supernet_trains_and_is_scored_as_one_at_the_supernet
     assert config_above.pop("partition-budgets")[0] == ABOVE and config_whole.pop("partition-budgets")
     assert config_above == config_whole
     # the client accepts the broadcast and trains what a client at the supernet trains, on the same data
-    reply_above = train_feast(sent_above, above.run, 0, NUM, context=None)
-    reply_whole = train_feast(sent_whole, whole.run, 0, NUM, context=None)
+    reply_above = train_supernet_client(sent_above, above.run, 0, NUM, context=None)
+    reply_whole = train_supernet_client(sent_whole, whole.run, 0, NUM, context=None)
     metrics_above = reply_above.content.metric_records["metrics"]
     assert metrics_above["trained-macs"] == reply_whole.content.metric_records["metrics"]["trained-macs"]
     assert metrics_above["num-examples"] == above.client_columns["num_examples"][0]
@@ -73,15 +73,15 @@ def test_a_client_above_the_supernet_trains_and_is_scored_as_one_at_the_supernet
     accuracies = [0.1 * (i + 1) for i in range(len(tier_macs))]
     assert population_weighted_accuracy([ABOVE], tier_macs, accuracies) == accuracies[int(np.argmax(tier_macs))]
     if above.method.clients_run_cached_subnets:
-        assert above.fed.cache.local_max(ABOVE).macs == SUPERNET_MACS
+        assert above.setup.cache.local_max(ABOVE).macs == SUPERNET_MACS
     if method in ("feast", "heterofl", "fedrolex", "scalefl"):  # the method's largest model, whole
         assert metrics_above["trained-macs"] == max(tier_macs) == SUPERNET_MACS
 
 
 def test_the_gamma_share_counts_a_budget_above_the_supernet_as_the_supernet():
     run = validate_run_config({"clients-per-round": 2})
-    fed = Federation.build(run, NUM)
-    budgets = [float(b) for b in fed.budgets]
+    setup = SupernetSetup.build(run, NUM)
+    budgets = [float(b) for b in setup.budgets]
     at_supernet = partition_rows(run, NUM, [SUPERNET_MACS, *budgets[1:]])
     for above in (ABOVE, 1e9):
         rows = partition_rows(run, NUM, [above, *budgets[1:]])
@@ -90,18 +90,18 @@ def test_the_gamma_share_counts_a_budget_above_the_supernet_as_the_supernet():
 
 def test_budget_max_factor_draws_zipf_budgets_up_to_k_times_the_supernet(cpu_cache):
     run = validate_run_config({"budget-max-factor": 2.5, "seed": 3})
-    fed = Federation.build(run, 100)
+    setup = SupernetSetup.build(run, 100)
     expected = draw_budgets(100, cpu_cache.min_macs, 2.5 * SUPERNET_MACS, 1.2, 3)
-    assert np.array_equal(fed.budgets, expected)
-    assert fed.budgets.max() <= 2.5 * SUPERNET_MACS and (fed.budgets > SUPERNET_MACS).any()
+    assert np.array_equal(setup.budgets, expected)
+    assert setup.budgets.max() <= 2.5 * SUPERNET_MACS and (setup.budgets > SUPERNET_MACS).any()
     # the default draw is today's: Zipf up to the cache's largest subnet
-    default = Federation.build(validate_run_config({"seed": 3}), 100)
+    default = SupernetSetup.build(validate_run_config({"seed": 3}), 100)
     assert np.array_equal(default.budgets, draw_budgets(100, cpu_cache.min_macs, cpu_cache.max_macs, 1.2, 3))
 
 
 def test_budget_max_macs_above_the_supernet_is_valid():
-    fed = Federation.build(validate_run_config({"budget-max-macs": 3e7}), 100)
-    assert fed.budgets.max() <= 3e7 and (fed.budgets > SUPERNET_MACS).any()
+    setup = SupernetSetup.build(validate_run_config({"budget-max-macs": 3e7}), 100)
+    assert setup.budgets.max() <= 3e7 and (setup.budgets > SUPERNET_MACS).any()
 
 
 @pytest.mark.parametrize(
@@ -115,10 +115,10 @@ def test_budget_max_macs_above_the_supernet_is_valid():
 def test_absurd_largest_budgets_are_refused_naming_the_key(config, fragment):
     run = validate_run_config(config)
     if fragment is None:
-        assert Federation.build(run, 4).budgets.max() <= 1e12
+        assert SupernetSetup.build(run, 4).budgets.max() <= 1e12
         return
     with pytest.raises(ValueError, match=fragment):
-        Federation.build(run, 4)
+        SupernetSetup.build(run, 4)
 
 
 def test_budget_max_factor_and_budget_max_macs_are_not_both_set():

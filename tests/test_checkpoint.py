@@ -20,7 +20,7 @@ from fl_app.run.checkpoint import (
 )
 from fl_app.run.config import validate_run_config
 
-SUPERNET_JSON = Path(__file__).resolve().parents[1] / "fl_app" / "supernets" / "cpu.json"
+SUPERNET_JSON = Path(__file__).resolve().parents[1] / "fl_app" / "supernet_configs" / "cpu.json"
 
 
 def _state() -> dict[str, np.ndarray]:

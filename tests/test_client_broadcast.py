@@ -12,11 +12,11 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
 from clients.broadcast import BROADCAST_MAX_ABS
-from clients.feast import ROUTING, read_routed
+from clients.supernet_instruction import MESSAGE_SPECS, read_instruction
 from fl_app.run.config import SUPERNET_METHODS, validate_run_config
 from fl_app.run.payload import record_to_state, state_to_record
-from fl_app.supernet.federation import Federation
-from fl_app.supernet_app import make_supernet_strategy, train_feast
+from fl_app.supernet.shared_setup import SupernetSetup
+from fl_app.supernet_app import make_supernet_strategy, train_supernet_client
 from strategies.screening import MAX_ABS
 
 NUM = 4
@@ -26,14 +26,14 @@ TINY = {"clients-per-round": 2, "max-local-steps": 1, "batch-size": 8}
 def _honest(method: str, **overrides) -> tuple:
     """(run, federation, partition id, the round-1 message the method's server sends that partition)."""
     run = validate_run_config({**TINY, "method": method, **overrides})
-    fed = Federation.build(run, NUM)
-    budgets = fed.client_budgets(run, {})
-    strategy = make_supernet_strategy(run, fed, budgets, {p: 100 + p for p in range(NUM)})
+    setup = SupernetSetup.build(run, NUM)
+    budgets = setup.client_budgets(run, {})
+    strategy = make_supernet_strategy(run, setup, budgets, {p: 100 + p for p in range(NUM)})
     state = {
         k: v.numpy() for k, v in strategy.global_model().state_dict().items() if not k.endswith("num_batches_tracked")
     }
     message = strategy.configure_train(1, state_to_record(state), ConfigRecord(), grid=None)[0]
-    return run, fed, message.metadata.dst_node_id - 100, message
+    return run, setup, message.metadata.dst_node_id - 100, message
 
 
 def _resent(message: Message, arrays: dict | None = None, **config) -> Message:
@@ -61,8 +61,8 @@ def _first(message: Message, suffix: str = "weight") -> tuple[str, np.ndarray]:
     return name, state[name]
 
 
-def test_every_supernet_method_has_a_routing():
-    assert set(ROUTING) == set(SUPERNET_METHODS)
+def test_every_supernet_method_has_a_message_spec():
+    assert set(MESSAGE_SPECS) == set(SUPERNET_METHODS)
     assert BROADCAST_MAX_ABS >= MAX_ABS  # the server never builds a global value a client would refuse
 
 
@@ -71,12 +71,12 @@ def test_every_supernet_method_has_a_routing():
     [(m, {}) for m in SUPERNET_METHODS] + [("feast", {"routing": False}), ("feast", {"payload-dtype": "bfloat16"})],
 )
 def test_what_each_method_sends_passes_the_client_check(flower_ids, method, overrides):
-    run, fed, pid, message = _honest(method, **overrides)
-    routed = read_routed(message.content, run, fed.cfg, fed.budget_range, pid, NUM)
+    run, setup, pid, message = _honest(method, **overrides)
+    instruction = read_instruction(message.content, run, setup.cfg, setup.budget_range, pid, NUM)
     sent = record_to_state(message.content.array_records["arrays"], run["payload-dtype"])
-    assert routed.received.keys() == sent.keys()
-    assert all(np.array_equal(routed.received[k], v) for k, v in sent.items())
-    assert (routed.arch is None) == (method == "feast")
+    assert instruction.received.keys() == sent.keys()
+    assert all(np.array_equal(instruction.received[k], v) for k, v in sent.items())
+    assert (instruction.arch is None) == (method == "feast")
 
 
 def _nan(message):
@@ -127,7 +127,7 @@ def test_a_bad_broadcast_array_is_refused_naming_it(flower_ids, method, fault):
     change, fragment = ARRAY_FAULTS[fault]
     arrays = change(message)
     with pytest.raises(ValueError, match=f"client {pid} refuses the round-1 broadcast: .*{fragment}") as err:
-        train_feast(_resent(message, arrays), run, pid, NUM, context=None)
+        train_supernet_client(_resent(message, arrays), run, pid, NUM, context=None)
     assert any(name in str(err.value) for name in arrays) or fault in ("missing-key", "extra-key")
 
 
@@ -135,7 +135,7 @@ def test_a_negative_running_variance_is_refused(flower_ids):
     run, _, pid, message = _honest("feast")
     name, value = _first(message, "running_var")
     with pytest.raises(ValueError, match=f"broadcast '{name}' has negative values"):
-        train_feast(_resent(message, {name: -np.ones_like(value)}), run, pid, NUM, context=None)
+        train_supernet_client(_resent(message, {name: -np.ones_like(value)}), run, pid, NUM, context=None)
 
 
 CONFIG_FAULTS = [
@@ -170,13 +170,13 @@ CONFIG_FAULTS = [
 def test_a_bad_config_value_is_refused_naming_the_key(flower_ids, method, config, fragment):
     run, _, pid, message = _honest(method)
     with pytest.raises(ValueError, match=f"client {pid} refuses the round-.* broadcast: ") as err:
-        train_feast(_resent(message, **config), run, pid, NUM, context=None)
+        train_supernet_client(_resent(message, **config), run, pid, NUM, context=None)
     assert fragment in str(err.value) or re.search(fragment, str(err.value))
 
 
 def test_a_budget_that_is_not_its_own_partition_budget_is_refused(flower_ids):
-    run, fed, pid, message = _honest("feast")
+    run, setup, pid, message = _honest("feast")
     other = [b for b in message.content.config_records["config"]["partition-budgets"]]
-    other[pid] = fed.budget_range[0] if other[pid] != fed.budget_range[0] else fed.budget_range[1]
+    other[pid] = setup.budget_range[0] if other[pid] != setup.budget_range[0] else setup.budget_range[1]
     with pytest.raises(ValueError, match="config 'budget-macs'=.* is not its entry of 'partition-budgets'"):
-        train_feast(_resent(message, **{"partition-budgets": [float(b) for b in other]}), run, pid, NUM, None)
+        train_supernet_client(_resent(message, **{"partition-budgets": [float(b) for b in other]}), run, pid, NUM, None)

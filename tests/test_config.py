@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fl_app.run.config import KEYS, RunConfig, validate_run_config
-from fl_app.supernet.federation import Federation
+from fl_app.supernet.shared_setup import SupernetSetup
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,22 +91,22 @@ def test_all_errors_are_reported_at_once():
 
 def test_federation_level_checks():
     run = validate_run_config({"clients-per-round": 9})
-    fed = Federation.build(run, 8)
+    setup = SupernetSetup.build(run, 8)
     with pytest.raises(ValueError, match=r"clients-per-round=9: must be <= the number of clients \(8"):
-        fed.client_budgets(run, {})
+        setup.client_budgets(run, {})
     default = validate_run_config({})
     assert [default.clients_per_round(n) for n in (1, 2, 8, 9)] == [1, 1, 4, 4]
     run = validate_run_config({"clients-per-round": 2})
-    fed = Federation.build(run, 4)
+    setup = SupernetSetup.build(run, 4)
     with pytest.raises(ValueError, match=r"partition-id=2 declared budget-macs=1000 in its node-config; allowed: a"):
-        fed.client_budgets(run, {2: 1000.0})
-    assert fed.client_budgets(run, {2: 5e6})[2] == 5e6
+        setup.client_budgets(run, {2: 1000.0})
+    assert setup.client_budgets(run, {2: 5e6})[2] == 5e6
     with pytest.raises(ValueError, match="budget-max-macs=1000 gives a largest budget of 1000 MACs, below the"):
-        Federation.build(validate_run_config({"budget-max-macs": 1000.0}), 4)
+        SupernetSetup.build(validate_run_config({"budget-max-macs": 1000.0}), 4)
     with pytest.raises(ValueError, match="supernet: 'tiny'"):
-        Federation.build(validate_run_config({"supernet": "tiny"}), 4)
+        SupernetSetup.build(validate_run_config({"supernet": "tiny"}), 4)
     with pytest.raises(ValueError, match="tiers: 1000 MACs is below"):
-        fed.tiers(validate_run_config({"tiers": "1e3,5e6"}))
+        setup.tiers(validate_run_config({"tiers": "1e3,5e6"}))
 
 
 def test_paper_confs_validate():
@@ -161,7 +161,7 @@ def test_faulty_partitions_beyond_the_federation_are_refused():
     ):
         run.clients_per_round(4)
     with pytest.raises(ValueError, match="faulty-partitions"):
-        Federation.build(run, 4).client_budgets(run, {})
+        SupernetSetup.build(run, 4).client_budgets(run, {})
 
 
 def test_strategies_and_clients_reject_what_the_registry_rejects():

@@ -15,7 +15,7 @@ from fl_app.io.resources import bundled_file
 from fl_app.models.multiarch import build_model, family_names
 from fl_app.models.supernet_space import NAMED_SUPERNETS
 from fl_app.run.config import KEYS, MAX_MODEL_BYTES, MODEL_SIZES, validate_run_config
-from fl_app.supernet.federation import TIER_ROUNDING, Federation
+from fl_app.supernet.shared_setup import TIER_ROUNDING, SupernetSetup
 from strategies.fedtopo_baselines import PrototypeGenerator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,26 +30,26 @@ def test_a_repeated_tier_is_refused(tiers):
 
 def test_two_tiers_naming_the_same_cached_subnet_are_refused(cpu_cache):
     run = validate_run_config({"clients-per-round": 2})
-    fed = Federation.build(run, 4)
-    macs = fed.cache.entries[5].macs
+    setup = SupernetSetup.build(run, 4)
+    macs = setup.cache.entries[5].macs
     with pytest.raises(ValueError, match=f"both name the cached subnet of {macs} MACs; allowed: one tier per"):
-        fed.tiers(validate_run_config({"tiers": f"{macs},{macs + 1}"}))
+        setup.tiers(validate_run_config({"tiers": f"{macs},{macs + 1}"}))
 
 
 @pytest.mark.parametrize("factor", [1.05, 2.0, 1e4])
 def test_a_tier_above_the_largest_cached_subnet_is_refused(factor):
-    fed = Federation.build(validate_run_config({}), 4)
-    above = fed.cache.max_macs * factor
+    setup = SupernetSetup.build(validate_run_config({}), 4)
+    above = setup.cache.max_macs * factor
     with pytest.raises(ValueError, match=r"tiers: \d+ MACs is above the largest cached subnet \(\d+ MACs\); allowed"):
-        fed.tiers(validate_run_config({"tiers": f"{fed.cache.min_macs},{above}"}))
+        setup.tiers(validate_run_config({"tiers": f"{setup.cache.min_macs},{above}"}))
 
 
 def test_tiers_inside_the_cached_range_name_each_their_subnet():
-    fed = Federation.build(validate_run_config({}), 4)
-    low, high = fed.cache.min_macs, fed.cache.max_macs
+    setup = SupernetSetup.build(validate_run_config({}), 4)
+    low, high = setup.cache.min_macs, setup.cache.max_macs
     # a tier written as the rounded MACs of the end subnets still names them
     run = validate_run_config({"tiers": f"{low * (1 - TIER_ROUNDING / 2)},{high * (1 + TIER_ROUNDING / 2)}"})
-    assert [t.macs for t in fed.tiers(run)] == [low, high]
+    assert [t.macs for t in setup.tiers(run)] == [low, high]
 
 
 CONFIGS = [p for p in sorted((ROOT / "experiments" / "conf").glob("*.toml")) if "tiers" in tomllib.loads(p.read_text())]
@@ -58,7 +58,7 @@ CONFIGS = [p for p in sorted((ROOT / "experiments" / "conf").glob("*.toml")) if 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_every_committed_config_names_distinct_cached_tiers(path):
     run = validate_run_config(tomllib.loads(path.read_text()))
-    assert len(Federation.build(run, 10).tiers(run)) == len(run.tier_targets)
+    assert len(SupernetSetup.build(run, 10).tiers(run)) == len(run.tier_targets)
 
 
 # -- memory ceiling ------------------------------------------------------------------------------------------------
@@ -102,6 +102,6 @@ def test_a_supernet_json_beyond_the_ceiling_is_refused(tmp_path):
     path.write_text(json.dumps(data))
     run = validate_run_config({"supernet": str(path), "subnet-cache": "cpu"})
     with pytest.raises(ValueError, match=f"supernet='{path}': its largest subnet holds .* beyond the 2 GiB ceiling"):
-        Federation.build(run, 4)
+        SupernetSetup.build(run, 4)
     for name in NAMED_SUPERNETS:  # the bundled supernets are far below it
-        Federation.build(validate_run_config({"supernet": name, "subnet-cache": name}), 4)
+        SupernetSetup.build(validate_run_config({"supernet": name, "subnet-cache": name}), 4)

@@ -19,8 +19,8 @@ from experiments.runner.in_process_grid import InProcessGrid, run_in_process
 from fl_app.multiarch_app import MULTIARCH_METHODS, build_strategy, train_multiarch
 from fl_app.run.config import validate_run_config
 from fl_app.run.payload import state_to_record
-from fl_app.supernet.federation import Federation
-from fl_app.supernet_app import SUPERNET_METHOD_TABLE, make_supernet_strategy, partition_reports, train_feast
+from fl_app.supernet.shared_setup import SupernetSetup
+from fl_app.supernet_app import SUPERNET_METHOD_TABLE, make_supernet_strategy, partition_reports, train_supernet_client
 from tests.harness.in_process import TINY_RUN
 from tests.harness.training import answered_round
 from tests.hostile import answered_queries
@@ -135,14 +135,16 @@ def test_the_servers_flops_equal_an_honest_supernet_clients_own(flower_ids, meth
     torch.set_num_threads(1)
     payload = "bfloat16" if method == "fiarse" else "float32"  # FIARSE's mask is costed on what was received
     run = validate_run_config({**TINY, "method": method, "payload-dtype": payload, **options})
-    fed = Federation.build(run, NUM)
-    budgets = fed.client_budgets(run, {})
-    examples, held = partition_reports(run, fed, budgets)
-    strategy = make_supernet_strategy(run, fed, budgets, {p: 100 + p for p in range(NUM)}, examples, held)
+    setup = SupernetSetup.build(run, NUM)
+    budgets = setup.client_budgets(run, {})
+    examples, held = partition_reports(run, setup, budgets)
+    strategy = make_supernet_strategy(run, setup, budgets, {p: 100 + p for p in range(NUM)}, examples, held)
     torch.manual_seed(0)
     model = strategy.global_model()
     state = {k: v.numpy() for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
-    answered = answered_round(strategy, state_to_record(state), lambda m, pid: train_feast(m, run, pid, NUM, None))
+    answered = answered_round(
+        strategy, state_to_record(state), lambda m, pid: train_supernet_client(m, run, pid, NUM, None)
+    )
     _server_matches_client(strategy, answered, run)
 
 
@@ -162,10 +164,10 @@ def test_the_servers_flops_equal_an_honest_model_heterogeneous_clients_own(flowe
 
 def test_a_step_count_beyond_what_the_run_allows_is_refused():
     run = validate_run_config({**TINY, "method": "feast"})
-    fed = Federation.build(run, NUM)
-    budgets = fed.client_budgets(run, {})
-    examples, held = partition_reports(run, fed, budgets)
-    strategy = make_supernet_strategy(run, fed, budgets, {p: 100 + p for p in range(NUM)}, examples, held)
+    setup = SupernetSetup.build(run, NUM)
+    budgets = setup.client_budgets(run, {})
+    examples, held = partition_reports(run, setup, budgets)
+    strategy = make_supernet_strategy(run, setup, budgets, {p: 100 + p for p in range(NUM)}, examples, held)
     spec = strategy.metric_specs(0)["local-steps"]
     assert spec.problem("local-steps", 2) is None
     assert spec.problem("local-steps", 3) == "metric 'local-steps'=3 outside 0..2"
@@ -176,13 +178,15 @@ def test_a_step_count_beyond_what_the_run_allows_is_refused():
 
 def test_costing_what_was_routed_that_raises_never_ends_the_round(flower_ids, caplog):
     run = validate_run_config({**TINY, "method": "heterofl"})
-    fed = Federation.build(run, NUM)
-    budgets = fed.client_budgets(run, {})
-    examples, held = partition_reports(run, fed, budgets)
-    strategy = make_supernet_strategy(run, fed, budgets, {p: 100 + p for p in range(NUM)}, examples, held)
+    setup = SupernetSetup.build(run, NUM)
+    budgets = setup.client_budgets(run, {})
+    examples, held = partition_reports(run, setup, budgets)
+    strategy = make_supernet_strategy(run, setup, budgets, {p: 100 + p for p in range(NUM)}, examples, held)
     torch.manual_seed(0)
     state = {k: v.numpy() for k, v in strategy.global_model().state_dict().items() if "num_batches" not in k}
-    answered = answered_round(strategy, state_to_record(state), lambda m, pid: train_feast(m, run, pid, NUM, None))
+    answered = answered_round(
+        strategy, state_to_record(state), lambda m, pid: train_supernet_client(m, run, pid, NUM, None)
+    )
 
     def broken(pid):
         raise KeyError(pid)

@@ -183,11 +183,11 @@ def test_a_missing_bundled_file_names_every_place_looked(monkeypatch, tmp_path):
     from fl_app.io import resources
 
     copy, installed = tmp_path / "fab" / "fl_app", tmp_path / "checkout" / "fl_app"
-    (installed / "supernets").mkdir(parents=True)
-    (installed / "supernets" / "x.csv").write_text("macs\n")
+    (installed / "supernet_configs").mkdir(parents=True)
+    (installed / "supernet_configs" / "x.csv").write_text("macs\n")
     monkeypatch.setattr(resources, "PACKAGE_DIR", copy)
     monkeypatch.setattr(resources, "_installed_package_dir", lambda: installed)
-    assert resources.bundled_file("supernets/x.csv") == installed / "supernets" / "x.csv"
+    assert resources.bundled_file("supernet_configs/x.csv") == installed / "supernet_configs" / "x.csv"
     with pytest.raises(FileNotFoundError) as raised:
-        resources.bundled_file("supernets/y.csv")
+        resources.bundled_file("supernet_configs/y.csv")
     assert str(copy) in str(raised.value) and str(installed) in str(raised.value)

@@ -14,8 +14,8 @@ from experiments.runner.flower_internals import set_message_id, set_reply_source
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.run.config import validate_run_config
 from fl_app.run.payload import state_to_record
-from fl_app.supernet.federation import Federation, client_data
-from fl_app.supernet_app import make_supernet_strategy, partition_reports, train_feast
+from fl_app.supernet.shared_setup import SupernetSetup, client_data
+from fl_app.supernet_app import make_supernet_strategy, partition_reports, train_supernet_client
 
 NUM = 4
 TINY = {"clients-per-round": NUM, "max-local-steps": 1, "batch-size": 8, "min-reply-fraction": 1.0}
@@ -24,13 +24,13 @@ TINY = {"clients-per-round": NUM, "max-local-steps": 1, "batch-size": 8, "min-re
 @pytest.mark.parametrize("method", ["heterofl", "feast"])
 def test_real_supernet_clients_report_exactly_what_the_server_derives(flower_ids, method):
     run = validate_run_config({**TINY, "method": method})
-    fed = Federation.build(run, NUM)
-    budgets = fed.client_budgets(run, {})
-    examples, held = partition_reports(run, fed, budgets)
+    setup = SupernetSetup.build(run, NUM)
+    budgets = setup.client_budgets(run, {})
+    examples, held = partition_reports(run, setup, budgets)
     for pid in range(NUM):  # what a client of that partition trains on
         data = client_data(run, pid, NUM, [budgets[p] for p in range(NUM)])
         assert examples[pid] == len(data) and held[pid] == sorted(int(c) for c in torch.unique(data.labels))
-    strategy = make_supernet_strategy(run, fed, budgets, {p: 100 + p for p in range(NUM)}, examples, held)
+    strategy = make_supernet_strategy(run, setup, budgets, {p: 100 + p for p in range(NUM)}, examples, held)
     torch.manual_seed(0)
     state = {
         k: v.numpy()
@@ -41,7 +41,7 @@ def test_real_supernet_clients_report_exactly_what_the_server_derives(flower_ids
     for i, message in enumerate(strategy.configure_train(1, state_to_record(state), ConfigRecord(), grid=None)):
         set_message_id(message, f"message-{i}")
         pid = message.metadata.dst_node_id - 100
-        reply = train_feast(message, run, pid, NUM, None)
+        reply = train_supernet_client(message, run, pid, NUM, None)
         set_reply_source(reply, message.metadata.dst_node_id)
         replies.append(reply)
     strategy.aggregate_train(1, replies)  # min-reply-fraction 1.0: a rejected honest reply fails the round

@@ -34,12 +34,12 @@ from fl_app.run.outputs import CLIENT_RECORDS_KEY
 from fl_app.run.payload import record_bytes, record_to_state, state_to_record
 from fl_app.run.round_log import round_totals
 from fl_app.supernet.slicing import slice_state, slice_subnet, subnet_shapes
-from fl_app.supernet_app import run_feast, train_feast
+from fl_app.supernet_app import run_supernet, train_supernet_client
 from strategies.feast import FeastStrategy
 from strategies.rounds import sample_partitions
 from strategies.superfednas import SuperFedNASStrategy
 from tests.hostile import SUPERLINK_NODE_ID, answered_queries, honest_memo, reply_to
-from tests.test_hostile_feast import supernet_setup
+from tests.test_hostile_supernet import supernet_setup
 
 EXAMPLES = {0: 50, 1: 70, 2: 90}
 CFG = load_supernet_config("cpu")
@@ -362,8 +362,8 @@ def measured_columns_dropped(path: Path) -> list[dict]:
 
 
 class FeastGrid:
-    """Delivers each training message to the real ``train_feast`` of its partition (node id 100 + partition id);
-    the server dies when it sends round ``crash_round``'s messages."""
+    """Delivers each training message to the real ``train_supernet_client`` of its partition (node id 100 + partition
+    id); the server dies when it sends round ``crash_round``'s messages."""
 
     def __init__(self, run, num_clients: int, crash_round: int | None = None):
         self.run, self.num_clients, self.crash_round = run, num_clients, crash_round
@@ -381,7 +381,7 @@ class FeastGrid:
         replies = []
         for msg in messages:
             set_message_id(msg, uuid.uuid4().hex)
-            reply = train_feast(msg, self.run, msg.metadata.dst_node_id - 100, self.num_clients, None)
+            reply = train_supernet_client(msg, self.run, msg.metadata.dst_node_id - 100, self.num_clients, None)
             set_reply_source(reply, msg.metadata.dst_node_id)
             replies.append(reply)
         return replies
@@ -398,7 +398,7 @@ def test_a_resumed_feast_run_ends_with_the_uninterrupted_runs_results_and_client
 
     def feast(run, crash_round=None):
         grid = FeastGrid(run, 3, crash_round)
-        run_feast(grid, run, grid.nodes())
+        run_supernet(grid, run, grid.nodes())
 
     feast(run_of("straight"))
     with pytest.raises(RuntimeError, match="the server died"):

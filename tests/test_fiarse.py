@@ -17,7 +17,7 @@ from fl_app.models.supernet_space import count_macs
 from fl_app.run.payload import payload_bytes, record_to_state, state_to_record
 from fl_app.supernet.magnitude_masks import element_macs, kept_macs, level_thresholds, magnitude_mask
 from strategies.fiarse import FiarseStrategy
-from tests.test_hostile_feast import CACHE, TINY
+from tests.test_hostile_supernet import CACHE, TINY
 from tests.test_routing_budgets import _reply
 
 
@@ -235,18 +235,18 @@ def test_a_run_resumed_from_its_checkpoint_state_continues_exactly(flower_ids):
 
 @pytest.mark.parametrize("threshold, fragment", [(None, "is missing"), (-0.1, "must be"), (float("nan"), "expected")])
 def test_a_bad_mask_threshold_is_refused_naming_it(flower_ids, threshold, fragment):
-    from fl_app.supernet_app import train_feast
+    from fl_app.supernet_app import train_supernet_client
     from tests.test_client_broadcast import NUM, _honest, _resent
 
     run, _, pid, message = _honest("fiarse")
     with pytest.raises(ValueError, match=f"client {pid} refuses .*config 'mask-threshold'.*{fragment}"):
-        train_feast(_resent(message, **{"mask-threshold": threshold}), run, pid, NUM, context=None)
+        train_supernet_client(_resent(message, **{"mask-threshold": threshold}), run, pid, NUM, context=None)
 
 
 def test_other_methods_refuse_a_mask_threshold(flower_ids):
-    from fl_app.supernet_app import train_feast
+    from fl_app.supernet_app import train_supernet_client
     from tests.test_client_broadcast import NUM, _honest, _resent
 
     run, _, pid, message = _honest("heterofl")
     with pytest.raises(ValueError, match="config 'mask-threshold'=0.5: allowed: \\[\\]"):
-        train_feast(_resent(message, **{"mask-threshold": 0.5}), run, pid, NUM, context=None)
+        train_supernet_client(_resent(message, **{"mask-threshold": 0.5}), run, pid, NUM, context=None)

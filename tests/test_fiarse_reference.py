@@ -14,7 +14,7 @@ from fl_app.supernet.magnitude_masks import element_macs, magnitude_mask, model_
 from strategies.fiarse import FiarseStrategy
 from tests.harness.training import one_step_federation
 from tests.test_fiarse import _state
-from tests.test_hostile_feast import CACHE, TINY
+from tests.test_hostile_supernet import CACHE, TINY
 
 
 def test_continuous_size_mask_by_hand():
@@ -103,11 +103,11 @@ def test_real_clients_train_their_own_sizes_and_count_both_conventions(flower_id
     import math
 
     from experiments.runner.flower_internals import set_message_id, set_reply_source
-    from fl_app.supernet_app import train_feast
+    from fl_app.supernet_app import train_supernet_client
 
     num = 3
-    run, fed, strategy = one_step_federation(num, method="fiarse", **{"fiarse-mapping": "reference"})
-    full_macs = count_macs(fed.cfg, fed.cfg.max_subnet())
+    run, setup, strategy = one_step_federation(num, method="fiarse", **{"fiarse-mapping": "reference"})
+    full_macs = count_macs(setup.cfg, setup.cfg.max_subnet())
     torch_state = strategy.global_model().state_dict()
     state = {k: v.numpy() for k, v in torch_state.items() if not k.endswith("num_batches_tracked")}
     replies = []
@@ -115,8 +115,8 @@ def test_real_clients_train_their_own_sizes_and_count_both_conventions(flower_id
         set_message_id(message, f"message-{i}")
         pid = message.metadata.dst_node_id - 100
         threshold = message.content.config_records["config"]["mask-threshold"]
-        assert threshold == size_threshold(state, element_macs(fed.cfg), model_size(strategy.budgets[pid], full_macs))
-        reply = train_feast(message, run, pid, num, None)
+        assert threshold == size_threshold(state, element_macs(setup.cfg), model_size(strategy.budgets[pid], full_macs))
+        reply = train_supernet_client(message, run, pid, num, None)
         set_reply_source(reply, message.metadata.dst_node_id)
         metrics = reply.content.metric_records["metrics"]
         assert metrics["local-steps"] == 1 and math.isfinite(metrics["train-loss"])

@@ -13,7 +13,7 @@ import torch
 from clients.fiarse import masked_train_costs
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.supernet.magnitude_masks import element_macs
-from tests.test_hostile_feast import TINY
+from tests.test_hostile_supernet import TINY
 
 
 def _tiny_state() -> dict:

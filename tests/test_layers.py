@@ -188,4 +188,4 @@ def test_allowed_directions_pass():
     assert violations("fl_app.server_app", "from strategies.feast import FeastStrategy\nimport clients.feast\n") == []
     assert violations("strategies.feast", "from fl_app.supernet.slicing import slice_state\n") == []
     assert violations("clients.fedtopo", "from .feast import LocalSettings\nfrom fl_app.data import augment\n") == []
-    assert violations("fl_app.supernet.federation", "from fl_app.data.images import DATASETS\n") == []
+    assert violations("fl_app.supernet.shared_setup", "from fl_app.data.images import DATASETS\n") == []

@@ -12,8 +12,8 @@ import pytest
 from fl_app.client_app import declared_budget
 from fl_app.models.supernet_space import count_macs
 from fl_app.run.config import validate_run_config
-from fl_app.supernet.federation import Federation
-from fl_app.supernet_app import run_feast
+from fl_app.supernet.shared_setup import SupernetSetup
+from fl_app.supernet_app import run_supernet
 
 NUM = 4
 
@@ -32,17 +32,17 @@ def test_a_node_declaring_a_budget_outside_the_supernet_fails_the_run_before_tra
     with pytest.raises(
         ValueError, match=r"SuperNode 102 \(partition-id=2\) declared budget-macs=.* in its node-config"
     ):
-        run_feast(None, run, _nodes({2: value}))  # no grid: the refusal comes before any message
+        run_supernet(None, run, _nodes({2: value}))  # no grid: the refusal comes before any message
     assert not (tmp_path / "out").exists()  # nothing written: the run never started
 
 
 def test_the_refusal_names_the_allowed_range(cpu_cfg, cpu_cache):
     run = validate_run_config({"clients-per-round": 2})
-    fed = Federation.build(run, NUM)
-    supernet = count_macs(fed.cfg, fed.cfg.max_subnet())
-    assert fed.budget_range == (cpu_cache.min_macs, 1e12)  # 10^6 x the supernet is beyond MAX_MACS
+    setup = SupernetSetup.build(run, NUM)
+    supernet = count_macs(setup.cfg, setup.cfg.max_subnet())
+    assert setup.budget_range == (cpu_cache.min_macs, 1e12)  # 10^6 x the supernet is beyond MAX_MACS
     with pytest.raises(ValueError) as err:
-        fed.client_budgets(run, {1: 2e12}, {p: 100 + p for p in range(NUM)})
+        setup.client_budgets(run, {1: 2e12}, {p: 100 + p for p in range(NUM)})
     assert f"allowed: a number in [{cpu_cache.min_macs}, 1e+12] MACs (the smallest cached subnet .. 1e+06 x" in str(
         err.value
     )
@@ -51,15 +51,15 @@ def test_the_refusal_names_the_allowed_range(cpu_cfg, cpu_cache):
 
 def test_budgets_inside_the_range_are_used_as_declared():
     run = validate_run_config({"clients-per-round": 2})
-    fed = Federation.build(run, NUM)
-    low, high = fed.budget_range
-    budgets = fed.client_budgets(run, {0: low, 1: 5e6, 3: high}, {p: 100 + p for p in range(NUM)})
-    assert budgets == {0: float(low), 1: 5e6, 2: float(fed.budgets[2]), 3: float(high)}
+    setup = SupernetSetup.build(run, NUM)
+    low, high = setup.budget_range
+    budgets = setup.client_budgets(run, {0: low, 1: 5e6, 3: high}, {p: 100 + p for p in range(NUM)})
+    assert budgets == {0: float(low), 1: 5e6, 2: float(setup.budgets[2]), 3: float(high)}
 
 
 def test_budget_max_macs_below_the_smallest_cached_subnet_is_refused():
     with pytest.raises(ValueError, match=r"budget-max-macs=1000 gives a largest budget of 1000 MACs, below the"):
-        Federation.build(validate_run_config({"budget-max-macs": 1e3}), NUM)
+        SupernetSetup.build(validate_run_config({"budget-max-macs": 1e3}), NUM)
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, 0.0, -1.0, 1e13, "abc", True])

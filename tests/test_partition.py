@@ -102,18 +102,18 @@ def test_declared_budgets_shape_the_gamma_allocation_on_server_and_client(flower
     from fl_app.models.elastic_resnet import ElasticResNet
     from fl_app.run.config import validate_run_config
     from fl_app.run.payload import state_to_record
-    from fl_app.supernet.federation import Federation, client_data, dataset_for, partition_rows
+    from fl_app.supernet.shared_setup import SupernetSetup, client_data, dataset_for, partition_rows
     from fl_app.supernet_app import make_supernet_strategy
 
     run = validate_run_config({"gamma": 1.0, "dirichlet-alpha": 1.0, "clients-per-round": 4})
-    fed = Federation.build(run, 4)
-    smallest = int(np.argmin(fed.budgets))
-    budgets = fed.client_budgets(run, {smallest: float(fed.cache.max_macs)})  # it declares the largest budget
+    setup = SupernetSetup.build(run, 4)
+    smallest = int(np.argmin(setup.budgets))
+    budgets = setup.client_budgets(run, {smallest: float(setup.cache.max_macs)})  # it declares the largest budget
     ordered = [budgets[p] for p in range(4)]
-    assert ordered[smallest] == fed.cache.max_macs != fed.budgets[smallest]
-    strategy = make_supernet_strategy(run, fed, budgets, {p: 10 + p for p in range(4)})
+    assert ordered[smallest] == setup.cache.max_macs != setup.budgets[smallest]
+    strategy = make_supernet_strategy(run, setup, budgets, {p: 10 + p for p in range(4)})
     state = {
-        k: v.numpy() for k, v in ElasticResNet(fed.cfg).state_dict().items() if not k.endswith("num_batches_tracked")
+        k: v.numpy() for k, v in ElasticResNet(setup.cfg).state_dict().items() if not k.endswith("num_batches_tracked")
     }
     messages = strategy.configure_train(1, state_to_record(state), ConfigRecord(), grid=None)
     sent = [list(m.content.config_records["config"]["partition-budgets"]) for m in messages]
@@ -123,7 +123,7 @@ def test_declared_budgets_shape_the_gamma_allocation_on_server_and_client(flower
     # the γ = 1 shares follow the declared budget: that client's partition grows, and it equals the split of a
     # federation whose drawn budgets were those
     assert len(declared_rows[smallest]) > len(drawn_rows[smallest])
-    train, _ = dataset_for(run, fed.cfg)
+    train, _ = dataset_for(run, setup.cfg)
     data = client_data(run, smallest, 4, sent[0])
     assert np.array_equal(data.labels.numpy(), train.labels.numpy()[declared_rows[smallest]])
 
@@ -142,7 +142,7 @@ def test_every_committed_config_partitions_at_its_real_dataset_size(path):
 
     from fl_app.data.images import DATASETS
     from fl_app.run.config import SUPERNET_METHODS, validate_run_config
-    from fl_app.supernet.federation import Federation, pool_partitions
+    from fl_app.supernet.shared_setup import SupernetSetup, pool_partitions
 
     text = path.read_text()
     clients = int(re.search(r"num-supernodes=(\d+)", text).group(1))
@@ -150,7 +150,7 @@ def test_every_committed_config_partitions_at_its_real_dataset_size(path):
     size, classes = REAL_TRAIN_SIZES[run["dataset"]], DATASETS[run["dataset"]].num_classes
     labels = np.random.default_rng(0).permutation(np.arange(size) % classes)
     if run["method"] in SUPERNET_METHODS:
-        parts = pool_partitions(run, labels, Federation.build(run, clients).budgets)
+        parts = pool_partitions(run, labels, SupernetSetup.build(run, clients).budgets)
         held_out = run["val-size"] + run["calib-size"]
     else:  # the model-heterogeneous methods split the whole training set by plain Dirichlet
         parts = partition_indices(labels, make_partitioner("dirichlet", clients, run["seed"], run["dirichlet-alpha"]))

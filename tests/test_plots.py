@@ -223,12 +223,12 @@ def test_client_figure_stacks_each_clients_labels_over_its_budget(tmp_path):
 def test_client_labels_are_redrawn_from_the_run_config_and_checked_against_clients_csv(tmp_path):
     """A run on the bundled sample: the redrawn partitions' sizes must equal what the run recorded."""
     from fl_app.run.config import validate_run_config
-    from fl_app.supernet.federation import Federation
+    from fl_app.supernet.shared_setup import SupernetSetup
 
     folder = tmp_path / "runs/feast/seed0"
     make_run(folder, "feast", 0, 0.4)
     config = validate_run_config({"method": "feast", "seed": 0, "gamma": 1.0}).to_dict()
-    budgets = [float(b) for b in Federation.build(validate_run_config(config), 4).budgets]
+    budgets = [float(b) for b in SupernetSetup.build(validate_run_config(config), 4).budgets]
     summary = json.loads((folder / "summary.json").read_text())
     write_json(folder / "summary.json", {**summary, "num_clients": 4, "run_config": config, "budgets": budgets})
     record = json.loads((folder / "run.json").read_text())

@@ -19,14 +19,14 @@ from experiments.runner.flower_internals import message_identity, set_message_id
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.run.config import ROBUST_AGGREGATIONS, validate_run_config
 from fl_app.run.payload import record_to_state, state_to_record
-from fl_app.supernet.federation import Federation
+from fl_app.supernet.shared_setup import SupernetSetup
 from fl_app.supernet.slicing import prefix_region
-from fl_app.supernet_app import make_supernet_strategy, partition_reports, train_feast
+from fl_app.supernet_app import make_supernet_strategy, partition_reports, train_supernet_client
 from strategies.robust import AGGREGATIONS, TRIM_FRACTION
 from strategies.screening import SLICE_RELATIVE_BOUND, magnitude_bound, slice_relative_bound
 from strategies.sparse import sparse_average
 from tests.hostile import Corruption, check_hostile, node_of, run_rounds
-from tests.test_hostile_feast import CACHE, METHODS, TINY, supernet_setup
+from tests.test_hostile_supernet import CACHE, METHODS, TINY, supernet_setup
 
 
 # -- the relative screen -------------------------------------------------------------------------------------------
@@ -93,7 +93,7 @@ def test_honest_training_stays_far_inside_the_slice_bound(cpu_cfg, cpu_cache):
 
 
 class _ClientGrid:
-    """Hands each message to the app's own client function (``train_feast``) of its partition, in order."""
+    """Hands each message to the app's own client function (``train_supernet_client``) of its partition, in order."""
 
     def __init__(self, run, num: int):
         self.run, self.num = run, num
@@ -110,7 +110,7 @@ class _ClientGrid:
             context = Context(
                 run_id=1, node_id=node_of(pid), state=RecordDict(), run_config={}, node_config=node_config
             )
-            reply = train_feast(msg, self.run, pid, self.num, context)
+            reply = train_supernet_client(msg, self.run, pid, self.num, context)
             set_reply_source(reply, node_of(pid))
             replies.append(reply)
         return replies
@@ -125,10 +125,10 @@ def test_real_honest_training_of_every_method_passes_the_screen(flower_ids, meth
         {"method": method, "clients-per-round": num, "max-local-steps": 4, "batch-size": 16, "lr": 0.5}
         | {"num-server-rounds": 2, "lr-schedule": "constant"}
     )
-    fed = Federation.build(run, num)
-    budgets = fed.client_budgets(run, {})
-    examples, held = partition_reports(run, fed, budgets)
-    strategy = make_supernet_strategy(run, fed, budgets, {p: node_of(p) for p in range(num)}, examples, held)
+    setup = SupernetSetup.build(run, num)
+    budgets = setup.client_budgets(run, {})
+    examples, held = partition_reports(run, setup, budgets)
+    strategy = make_supernet_strategy(run, setup, budgets, {p: node_of(p) for p in range(num)}, examples, held)
     torch.manual_seed(0)
     initial = {k: v for k, v in strategy.global_model().state_dict().items() if not k.endswith("num_batches_tracked")}
     strategy.start(_ClientGrid(run, num), initial_arrays=state_to_record(initial), num_rounds=2, timeout=100.0)
@@ -187,7 +187,7 @@ def test_none_is_the_sparse_average_and_every_choice_has_a_merge():
         np.testing.assert_array_equal(merged[name], plain[name])
 
 
-# SHA-256 (first 32 hex digits) of the global model after tests.test_hostile_feast's two honest rounds, taken on the
+# SHA-256 (first 32 hex digits) of the global model after tests.test_hostile_supernet's two honest rounds, taken on the
 # tree before the relative screen and the robust merges: the default path's arithmetic is unchanged
 HONEST_DIGESTS = {
     "deepfednas": "b052053f1dcc6be300c429d3f008cda9",
@@ -288,8 +288,8 @@ def _accuracy(robust: str, poisoned: bool) -> float:
                 "min-reply-fraction": min_reply_fraction,
             }
         )
-        fed = SimpleNamespace(cfg=TINY, cache=CACHE)
-        return make_supernet_strategy(run, fed, BUDGETS, {p: node_of(p) for p in BUDGETS}, EXAMPLES, LABELS)
+        setup = SimpleNamespace(cfg=TINY, cache=CACHE)
+        return make_supernet_strategy(run, setup, BUDGETS, {p: node_of(p) for p in BUDGETS}, EXAMPLES, LABELS)
 
     torch.manual_seed(0)
     initial = {k: v for k, v in ElasticResNet(TINY).state_dict().items() if not k.endswith("num_batches_tracked")}
@@ -338,9 +338,9 @@ def _at_the_bound(payload: str) -> Corruption:
 
 
 def _largest_after_six_rounds(method: str, robust: str, hostile: bool) -> float:
-    from tests.test_hostile_feast import BUDGETS as THREE
-    from tests.test_hostile_feast import EXAMPLES as SIZES
-    from tests.test_hostile_feast import LABELS as HELD
+    from tests.test_hostile_supernet import BUDGETS as THREE
+    from tests.test_hostile_supernet import EXAMPLES as SIZES
+    from tests.test_hostile_supernet import LABELS as HELD
 
     _, initial, honest, payload = supernet_setup(method)
 
@@ -349,8 +349,8 @@ def _largest_after_six_rounds(method: str, robust: str, hostile: bool) -> float:
             {"method": method, "seed": 0, "num-server-rounds": 6, "clients-per-round": 3}
             | {"payload-dtype": payload, "robust-aggregation": robust}
         )
-        fed = SimpleNamespace(cfg=TINY, cache=CACHE)
-        return make_supernet_strategy(run, fed, THREE, {p: node_of(p) for p in THREE}, SIZES, HELD)
+        setup = SimpleNamespace(cfg=TINY, cache=CACHE)
+        return make_supernet_strategy(run, setup, THREE, {p: node_of(p) for p in THREE}, SIZES, HELD)
 
     attack = dict(hostile=0, corruption=_at_the_bound(payload)) if hostile else {}
     strategy = run_rounds(make_strategy, initial, honest, (0, 1, 2), 6, 1.0, **attack)

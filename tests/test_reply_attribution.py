@@ -3,8 +3,9 @@ to may answer it, and only a message of this round. Replies that answer another 
 at all, or another node's message are ignored and logged; they never push the honest reply out as "a second reply".
 The SuperLink's own error reply for an undeliverable message (its node id as sender) stays that partition's failure.
 
-Runs use the mocked grid of tests/hostile.py with one extra reply slipped in before the honest ones, for a FEAST-family
-strategy and a FedTopo-family strategy; each run must end exactly like the run without the extra reply."""
+Runs use the mocked grid of tests/hostile.py with one extra reply slipped in before the honest ones, for a
+supernet-family strategy and a FedTopo-family strategy; each run must end exactly like the run without the
+extra reply."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from experiments.runner.flower_internals import set_message_id
 from fl_app.run.payload import state_to_record
 from fl_app.run.round_log import RoundLog
 from tests.hostile import HostileGrid, _set_values, _with_array, node_of, reply_to
-from tests.test_hostile_feast import supernet_setup
 from tests.test_hostile_fedtopo import global_state_of, honest_of, make_strategy_of
+from tests.test_hostile_supernet import supernet_setup
 
 
 class SlippingGrid(HostileGrid):

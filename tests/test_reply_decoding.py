@@ -1,7 +1,7 @@
 """Decoding client bytes: values are read from the metadata the server checked (dtype, shape, byte count), never from
 the .npy header inside the data, and whatever decoding or checking one reply raises is that reply's rejection, never
 the end of the round. The crafted-header reply for every method is in the hostile matrices
-(tests/test_hostile_feast.py, tests/test_hostile_fedtopo.py: ``header-claims-a-huge-shape``)."""
+(tests/test_hostile_supernet.py, tests/test_hostile_fedtopo.py: ``header-claims-a-huge-shape``)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from fl_app.run.payload import array_values, record_to_state, state_to_record
 from strategies.feast import FeastStrategy
 from strategies.fedtopo import FedTopoStrategy
 from tests.hostile import Corruption, check_hostile, crafted_header, run_rounds
-from tests.test_hostile_feast import supernet_setup
 from tests.test_hostile_fedtopo import TEST, TRAIN, global_state_of, honest_of, make_strategy_of
+from tests.test_hostile_supernet import supernet_setup
 
 HONEST = [
     np.arange(12, dtype=np.float32).reshape(4, 3) - 5.5,

@@ -10,8 +10,8 @@ import pytest
 import torch
 from flwr.app import ConfigRecord
 
-from clients.feast import read_routed
 from clients.scalefl import KD_WEIGHT, TEMPERATURE, self_distillation_loss
+from clients.supernet_instruction import read_instruction
 from fl_app.data.images import ImageData
 from fl_app.models.early_exit import (
     SCALEFL_RATES,
@@ -27,9 +27,9 @@ from fl_app.models.supernet_space import count_costs, load_supernet_config
 from fl_app.run.config import validate_run_config
 from fl_app.run.payload import payload_bytes, record_to_state, state_to_record
 from fl_app.supernet.evaluation import evaluate_subnet
-from fl_app.supernet.federation import Federation
+from fl_app.supernet.shared_setup import SupernetSetup
 from fl_app.supernet.slicing import is_prefix_shape
-from fl_app.supernet_app import make_supernet_strategy, train_feast
+from fl_app.supernet_app import make_supernet_strategy, train_supernet_client
 from strategies.scalefl import ScaleFLStrategy, evaluate_level
 from tests.harness.training import answered_round, one_step_federation
 from tests.test_client_broadcast import _resent
@@ -176,25 +176,27 @@ def test_aggregation_averages_each_element_over_the_levels_that_hold_it(flower_i
 
 def test_a_client_refuses_bounds_that_are_no_level(flower_ids):
     run = validate_run_config({"method": "scalefl", "clients-per-round": 2, "max-local-steps": 1, "batch-size": 8})
-    fed = Federation.build(run, 4)
-    strategy = make_supernet_strategy(run, fed, fed.client_budgets(run, {}), {p: 100 + p for p in range(4)})
+    setup = SupernetSetup.build(run, 4)
+    strategy = make_supernet_strategy(run, setup, setup.client_budgets(run, {}), {p: 100 + p for p in range(4)})
     message = strategy.configure_train(1, state_to_record(_initial(strategy)), ConfigRecord(), grid=None)[0]
     pid = message.metadata.dst_node_id - 100
-    routed = read_routed(message.content, run, fed.cfg, fed.budget_range, pid, 4)
-    assert routed.arch in [level.arch for level in strategy.levels]
+    instruction = read_instruction(message.content, run, setup.cfg, setup.budget_range, pid, 4)
+    assert instruction.arch in [level.arch for level in strategy.levels]
     config = message.content.config_records["config"]
     other = [w + 1 for w in config["bounds-w"]]  # a wider subnet of the ScaleFL config that no level encodes
     with pytest.raises(ValueError, match="not one of ScaleFL's levels"):
-        read_routed(
-            _resent(message, **{"bounds-w": other, "arch-w": other}).content, run, fed.cfg, fed.budget_range, pid, 4
+        read_instruction(
+            _resent(message, **{"bounds-w": other, "arch-w": other}).content, run, setup.cfg, setup.budget_range, pid, 4
         )
 
 
 def test_real_clients_train_their_levels_and_the_server_accepts_them(flower_ids):
     num = 4
-    run, fed, strategy = one_step_federation(num, method="scalefl")
+    run, setup, strategy = one_step_federation(num, method="scalefl")
     state = _initial(strategy)
-    answered = answered_round(strategy, state_to_record(state), lambda m, pid: train_feast(m, run, pid, num, None))
+    answered = answered_round(
+        strategy, state_to_record(state), lambda m, pid: train_supernet_client(m, run, pid, num, None)
+    )
     replies = [reply for _, reply in answered]
     for reply in replies:
         metrics = reply.content.metric_records["metrics"]

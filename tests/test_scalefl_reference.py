@@ -11,7 +11,7 @@ import pytest
 
 from fl_app.models.early_exit import SCALEFL_RATES, level_of, scalefl_config, scalefl_levels
 from fl_app.run.payload import record_to_state, state_to_record
-from fl_app.supernet_app import train_feast
+from fl_app.supernet_app import train_supernet_client
 from strategies.scalefl import ScaleFLStrategy
 from tests.harness.training import answered_round, one_step_federation
 from tests.test_scalefl import _initial
@@ -56,11 +56,13 @@ def test_clients_below_the_smallest_level_train_it_and_untrained_levels_are_not_
 
 def test_real_clients_train_the_reference_levels_and_the_server_accepts_them(flower_ids):
     num = 4
-    run, fed, strategy = one_step_federation(num, method="scalefl", **{"scalefl-levels": "reference"})
+    run, setup, strategy = one_step_federation(num, method="scalefl", **{"scalefl-levels": "reference"})
     reference = scalefl_levels(strategy.model_cfg, "reference")
     assert strategy.levels == reference
     state = _initial(strategy)
-    answered = answered_round(strategy, state_to_record(state), lambda m, pid: train_feast(m, run, pid, num, None))
+    answered = answered_round(
+        strategy, state_to_record(state), lambda m, pid: train_supernet_client(m, run, pid, num, None)
+    )
     replies = [reply for _, reply in answered]
     for reply in replies:
         metrics = reply.content.metric_records["metrics"]

@@ -322,7 +322,7 @@ def test_extract_searches_without_reading_test_data_and_the_standalone_model_rep
 ):
     import fl_app.extract as extract
     from fl_app.supernet.evaluation import accuracy
-    from fl_app.supernet.federation import server_splits
+    from fl_app.supernet.shared_setup import server_splits
 
     checkpoint, train, test, log = _trained_checkpoint(tmp_path, cpu_cfg, monkeypatch)
     out = tmp_path / "subnet.pt"

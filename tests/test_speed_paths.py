@@ -132,11 +132,11 @@ import sys
 import numpy as np
 import fl_app.client_app, fl_app.server_app
 from fl_app.run.config import validate_run_config
-from fl_app.supernet.federation import Federation, pool_partitions
+from fl_app.supernet.shared_setup import SupernetSetup, pool_partitions
 run = validate_run_config({})
 assert run["partitioner"] == "gamma-class-size", run["partitioner"]
 labels = np.random.default_rng(0).integers(0, 10, 5000)
-parts = pool_partitions(run, labels, Federation.build(run, 8).budgets)
+parts = pool_partitions(run, labels, SupernetSetup.build(run, 8).budgets)
 assert len(parts) == 8 and sum(len(p) for p in parts) == 5000 - run["val-size"] - run["calib-size"]
 print(sorted(m for m in sys.modules if m.split(".")[0] in ("datasets", "flwr_datasets", "seaborn", "scipy")))
 """

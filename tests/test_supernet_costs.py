@@ -14,13 +14,13 @@ from fl_app.models.supernet_space import count_costs, load_supernet_config
 from fl_app.supernet.subnets import read_cache_rows
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference" / "feast"
-REFERENCE_CACHE = Path(__file__).resolve().parents[1] / "fl_app" / "supernets" / "paper-cache.csv"
+REFERENCE_CACHE = Path(__file__).resolve().parents[1] / "fl_app" / "supernet_configs" / "paper-cache.csv"
 
 
 def test_bundled_paper_files_equal_the_shared_reference():
     if not SHARED.is_dir():
         pytest.skip("../shared is not beside this checkout")
-    bundled = Path(__file__).resolve().parents[1] / "fl_app" / "supernets"
+    bundled = Path(__file__).resolve().parents[1] / "fl_app" / "supernet_configs"
     assert json.loads((bundled / "paper.json").read_text()) == json.loads(
         (SHARED / "supernet-cifar100.json").read_text()
     )

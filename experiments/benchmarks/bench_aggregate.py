@@ -6,7 +6,7 @@ Each client's budget comes from the Zipf draw (``fl_app.data.partition.draw_budg
 sub-supernet routed to that budget (``route_bounds`` -> ``subnet_shapes``), as an ``ArrayRecord`` like the ones a
 round receives.
 Sparse: decode the replies and ``strategies.sparse.sparse_average`` them into the global model, encode the result
-(what ``FeastStrategy.aggregate_train`` does). Dense: Flower's own FedAvg aggregation
+(what ``SupernetStrategy.aggregate_train`` does). Dense: Flower's own FedAvg aggregation
 (``aggregate_arrayrecords``) of 10 full copies. Each side runs in its own process, inputs built first; the timer and
 the peak-memory counter (Linux ``VmHWM``, reset through ``/proc/self/clear_refs``) cover only the aggregation.
 ``peak_rss_mb`` is the aggregation's working memory above the inputs it was handed (the replies a round holds

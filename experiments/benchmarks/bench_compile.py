@@ -51,17 +51,17 @@ def main(argv: list[str] | None = None) -> dict:
     from experiments.benchmarks.bench_train import default_levels
     from fl_app.models.elastic_resnet import ElasticResNet
     from fl_app.run.config import validate_run_config
-    from fl_app.supernet.federation import Federation
+    from fl_app.supernet.shared_setup import SupernetSetup
 
     torch.set_num_threads(1)
-    fed = Federation.build(validate_run_config({"supernet": "cpu"}), 8)
+    setup = SupernetSetup.build(validate_run_config({"supernet": "cpu"}), 8)
     budget = default_levels("cpu", 8)[args.level]
-    bounds = fed.cache.route_bounds(budget)
-    x = torch.randn(args.batch, 3, fed.cfg.initial_input_hw, fed.cfg.initial_input_hw)
+    bounds = setup.cache.route_bounds(budget)
+    x = torch.randn(args.batch, 3, setup.cfg.initial_input_hw, setup.cfg.initial_input_hw)
 
     def model():
         torch.manual_seed(0)
-        return ElasticResNet(fed.cfg, bounds).train()
+        return ElasticResNet(setup.cfg, bounds).train()
 
     def step(forward):
         forward(x, bounds).square().sum().backward()

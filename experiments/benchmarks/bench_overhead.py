@@ -49,23 +49,23 @@ def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = Non
     from fl_app.run.lr_schedule import lr_schedule
     from fl_app.run.seeds import derived_seed
     from fl_app.supernet.evaluation import TierEvaluator
-    from fl_app.supernet.federation import Federation, client_data, dataset_for, server_splits
+    from fl_app.supernet.shared_setup import SupernetSetup, client_data, dataset_for, server_splits
     from fl_app.supernet.slicing import slice_state, subnet_shapes
     from strategies.rounds import sample_partitions
     from strategies.sparse import sparse_average
 
     run = validate_run_config(run_values)
-    fed = Federation.build(run, num_clients)
-    budgets = fed.client_budgets(run, {})
-    train, test = dataset_for(run, fed.cfg)
+    setup = SupernetSetup.build(run, num_clients)
+    budgets = setup.client_budgets(run, {})
+    train, test = dataset_for(run, setup.cfg)
     splits = server_splits(run, train)
     torch.manual_seed(run["seed"])
     state = {
-        k: v.numpy() for k, v in ElasticResNet(fed.cfg).state_dict().items() if not k.endswith("num_batches_tracked")
+        k: v.numpy() for k, v in ElasticResNet(setup.cfg).state_dict().items() if not k.endswith("num_batches_tracked")
     }
     evaluator = TierEvaluator(
-        fed.cfg,
-        fed.tiers(run),
+        setup.cfg,
+        setup.tiers(run),
         budgets.values(),
         train.subset(splits.calibration),
         train.subset(splits.validation),
@@ -80,15 +80,15 @@ def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = Non
         updates = []
         for pid in sample_partitions(range(num_clients), run.clients_per_round(num_clients), run["seed"], server_round):
             client_started = time.perf_counter()
-            bounds = fed.cache.route_bounds(budgets[pid])
-            routed = slice_state(state, subnet_shapes(fed.cfg, bounds))
-            model = ElasticResNet(fed.cfg, bounds)
+            bounds = setup.cache.route_bounds(budgets[pid])
+            routed = slice_state(state, subnet_shapes(setup.cfg, bounds))
+            model = ElasticResNet(setup.cfg, bounds)
             model.load_state_dict({k: torch.from_numpy(v) for k, v in routed.items()}, strict=False)
             data = client_data(run, pid, num_clients)
             settings = LocalSettings.from_run(
                 run, lr_of_round(server_round), derived_seed(run["seed"], server_round, pid)
             )
-            train_subnets(model, plan_subnets(fed.cache, budgets[pid], bounds, run.train_subnets), data, settings)
+            train_subnets(model, plan_subnets(setup.cache, budgets[pid], bounds, run.train_subnets), data, settings)
             trained = {
                 k: v.numpy()
                 for k, v in slice_state(model.state_dict(), {k: v.shape for k, v in routed.items()}).items()

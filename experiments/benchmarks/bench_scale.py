@@ -66,7 +66,7 @@ def server_round_costs(num_clients: int, per_round: int, rounds: int = 20) -> di
 
 def smallest_partition(values: dict, num_clients: int) -> int:
     from fl_app.run.config import validate_run_config
-    from fl_app.supernet.federation import partition_rows
+    from fl_app.supernet.shared_setup import partition_rows
 
     return min(len(rows) for rows in partition_rows(validate_run_config(values), num_clients))
 

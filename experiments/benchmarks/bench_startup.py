@@ -160,7 +160,7 @@ import torch
 from fl_app.run.config import validate_run_config
 started = time.perf_counter()
 from fl_app.data.images import load_dataset
-from fl_app.supernet.federation import Federation, client_data, dataset_for, partition_rows, server_splits
+from fl_app.supernet.shared_setup import SupernetSetup, client_data, dataset_for, partition_rows, server_splits
 from fl_app.supernet.evaluation import TierEvaluator
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.run.payload import record_to_state, state_to_record
@@ -168,19 +168,19 @@ run = validate_run_config({"num-server-rounds": 1, "eval-every": 1})
 out = {}
 def timed(key, fn):
     t = time.perf_counter(); value = fn(); out[key] = round(time.perf_counter() - t, 3); return value
-fed = timed("federation_build_s", lambda: Federation.build(run, %(clients)d))
-train, test = timed("dataset_load_s", lambda: dataset_for(run, fed.cfg))
+setup = timed("federation_build_s", lambda: SupernetSetup.build(run, %(clients)d))
+train, test = timed("dataset_load_s", lambda: dataset_for(run, setup.cfg))
 timed("partitions_s", lambda: partition_rows(run, %(clients)d))
 timed("client_data_s", lambda: client_data(run, 0, %(clients)d))
-model = timed("model_build_s", lambda: ElasticResNet(fed.cfg))
+model = timed("model_build_s", lambda: ElasticResNet(setup.cfg))
 state = {k: v.numpy() for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
 timed("payload_roundtrip_s", lambda: record_to_state(state_to_record(state)))
 splits = server_splits(run, train)
-evaluator = TierEvaluator(fed.cfg, fed.tiers(run), fed.budgets, train.subset(splits.calibration),
+evaluator = TierEvaluator(setup.cfg, setup.tiers(run), setup.budgets, train.subset(splits.calibration),
                           train.subset(splits.validation), test, 1, 1, lambda s: s)
 timed("evaluation_s", lambda: evaluator(1, state))
 out["evaluation_images"] = len(splits.calibration) + len(splits.validation) + len(test)
-out["evaluation_tiers"] = len(fed.tiers(run))
+out["evaluation_tiers"] = len(setup.tiers(run))
 print(json.dumps(out))
 """
 

@@ -58,6 +58,7 @@ PLAIN_LAYOUTS = {"plain_channels_last": "channels_last", "plain_contiguous": "co
 # where a module lived before fl_app's subpackages, so that --base can measure a checkout from before them
 FORMERLY = {"fl_app.run.config": "fl_app.config", "fl_app.supernet.federation": "fl_app.federation"}
 FORMERLY["fl_app.data.images"] = "fl_app.data"
+FORMERLY["fl_app.supernet.shared_setup"] = "fl_app.supernet.federation"  # its class was Federation there
 
 
 def _module(name: str):
@@ -66,7 +67,13 @@ def _module(name: str):
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError:
-        return importlib.import_module(FORMERLY[name])
+        return _module(FORMERLY[name]) if FORMERLY[name] in FORMERLY else importlib.import_module(FORMERLY[name])
+
+
+def _supernet_setup(run, clients: int):
+    """``SupernetSetup.build`` (``Federation.build`` in a checkout from before its rename)."""
+    module = _module("fl_app.supernet.shared_setup")
+    return (getattr(module, "SupernetSetup", None) or module.Federation).build(run, clients)
 
 
 def _timed(fn, repeats: int, clock=time.perf_counter) -> float:
@@ -112,7 +119,7 @@ def machine_peaks(device, repeats: int = 3, size: int = 1024, dtype=None) -> dic
 def default_levels(supernet: str, clients: int) -> list[float]:
     """The distinct client budgets (MACs) of the default run config with ``clients`` clients, cheapest first."""
     run = _module("fl_app.run.config").validate_run_config({"supernet": supernet})
-    return sorted({float(b) for b in _module("fl_app.supernet.federation").Federation.build(run, clients).budgets})
+    return sorted({float(b) for b in _supernet_setup(run, clients).budgets})
 
 
 def random_images(n: int, num_classes: int, hw: int, seed: int = 0):
@@ -433,8 +440,8 @@ def worker(args) -> dict:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     run = _module("fl_app.run.config").validate_run_config({"supernet": args.supernet})
-    fed = _module("fl_app.supernet.federation").Federation.build(run, DEFAULT_CLIENTS)
-    levels = args.levels or sorted({float(b) for b in fed.budgets})
+    setup = _supernet_setup(run, DEFAULT_CLIENTS)
+    levels = args.levels or sorted({float(b) for b in setup.budgets})
     # the peak in the precision the step computes in: bf16 matmuls/convolutions under --bf16
     result = {
         "peak": machine_peaks(device, dtype=torch.bfloat16 if args.bf16 else torch.float32),
@@ -442,12 +449,12 @@ def worker(args) -> dict:
         "fedtopo": None,
     }
     for budget in levels:
-        step, plan = feast_step(fed.cfg, fed.cache, budget, args.batch, device, args.bf16)
+        step, plan = feast_step(setup.cfg, setup.cache, budget, args.batch, device, args.bf16)
         steps_by_name = {"supernet": step}
         if not args.skip_plain:
             for layout, memory_format in PLAIN_LAYOUTS.items():
                 steps_by_name[layout] = feast_step(
-                    fed.cfg, fed.cache, budget, args.batch, device, args.bf16, memory_format
+                    setup.cfg, setup.cache, budget, args.batch, device, args.bf16, memory_format
                 )[0]
         rows = _measure(steps_by_name, args.steps, args.batch, args.repeats, device)
         row = {"budget_macs": int(budget), **rows.pop("supernet")}

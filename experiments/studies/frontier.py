@@ -32,8 +32,8 @@ from fl_app.models.supernet_space import count_costs
 from fl_app.run.device import preferred_device
 from fl_app.run.outputs import write_csv, write_json, write_text
 from fl_app.supernet.evaluation import accuracy, correct_predictions, extract_subnet, recalibrate_bn
-from fl_app.supernet.federation import dataset_for, server_splits
 from fl_app.supernet.search import ValidationScorer
+from fl_app.supernet.shared_setup import dataset_for, server_splits
 from fl_app.supernet.subnets import SubnetCache
 
 OUTPUTS = ("frontier.csv", "budgets.csv", "budgets.md", "frontier.png", "summary.json")  # what --out receives

@@ -96,30 +96,30 @@ def suite_run(alpha: float, seed: int, factor: float, data_path: str):
 
 def cifar10_clients(alpha: float, seed: int, factor: float, data_path: str) -> list[tuple[float, int, int]]:
     """The split a reference-regime suite run draws (the project's own partition code, real labels)."""
-    from fl_app.supernet.federation import Federation, dataset_for, partition_rows
+    from fl_app.supernet.shared_setup import SupernetSetup, dataset_for, partition_rows
 
     run = suite_run(alpha, seed, factor, data_path)
-    labels = dataset_for(run, Federation.build(run, CLIENTS).cfg)[0].labels.numpy()
+    labels = dataset_for(run, SupernetSetup.build(run, CLIENTS).cfg)[0].labels.numpy()
     return [(*relative_entropy(labels[rows], 10), len(rows)) for rows in partition_rows(run, CLIENTS)]
 
 
 def budget_rows(seeds: list[int], factor: float, data_path: str) -> tuple[list[dict], dict]:
     """Per seed: the share of clients above the whole CPU supernet (suite) and above the reference cache's top."""
-    from fl_app.supernet.federation import Federation
+    from fl_app.supernet.shared_setup import SupernetSetup
 
     paper = SubnetCache.load(load_supernet_config("paper", n_classes=REFERENCE["classes"]), "paper")
     rows, drawn = [], {}
     for seed in seeds:
-        fed = Federation.build(suite_run(1.0, seed, factor, data_path), CLIENTS)
+        setup = SupernetSetup.build(suite_run(1.0, seed, factor, data_path), CLIENTS)
         reference = draw_budgets(CLIENTS, paper.min_macs, REFERENCE["max_budget"], ZIPF_A, seed)
-        drawn[seed] = fed.budgets / fed.supernet_macs
+        drawn[seed] = setup.budgets / setup.supernet_macs
         rows.append(
             {
                 "seed": seed,
-                "supernet_macs": fed.supernet_macs,
-                "max_budget_macs": round(float(fed.budgets.max())),
-                "share_above_supernet": float(np.mean(fed.budgets > fed.supernet_macs)),
-                "share_at_cache_min": float(np.mean(fed.budgets < 1.01 * fed.cache.min_macs)),
+                "supernet_macs": setup.supernet_macs,
+                "max_budget_macs": round(float(setup.budgets.max())),
+                "share_above_supernet": float(np.mean(setup.budgets > setup.supernet_macs)),
+                "share_at_cache_min": float(np.mean(setup.budgets < 1.01 * setup.cache.min_macs)),
                 "reference_share_above_cache_top": float(np.mean(reference > paper.max_macs)),
             }
         )

@@ -22,7 +22,7 @@ from fl_app.run.config import SUPERNET_METHODS, validate_run_config
 from fl_app.run.outputs import write_csv, write_text
 from fl_app.run.payload import payload_bytes
 from fl_app.run.round_log import RoundLog
-from fl_app.supernet.federation import Federation
+from fl_app.supernet.shared_setup import SupernetSetup
 from strategies.rounds import sample_partitions
 
 SCALES = {
@@ -50,9 +50,9 @@ def per_round_traffic(method: str, scale: dict, rounds: int, seed: int) -> dict:
             "num-server-rounds": rounds,
         }
     )
-    fed = Federation.build(run, clients)
-    budgets = fed.client_budgets(run, {})
-    strategy = make_supernet_strategy(run, fed, budgets, {p: p for p in range(clients)})
+    setup = SupernetSetup.build(run, clients)
+    budgets = setup.client_budgets(run, {})
+    strategy = make_supernet_strategy(run, setup, budgets, {p: p for p in range(clients)})
     down, up = [], []
     for rnd in range(1, rounds + 1):
         sampled = sample_partitions(range(clients), run.clients_per_round(clients), seed, rnd)

@@ -5,7 +5,7 @@ Fitness (no trained accuracy predictor exists before training, so a cost-only pr
 evolutionary loop: random subnets, then mutations (one d/e/w entry moved by one step) of the best per target.
 The supernet's minimum and maximum subnets are always included as the cache's endpoints.
 
-    python -m experiments.tools.search_subnets --supernet cpu --targets 20 --out fl_app/supernets/cpu-cache.csv
+    python -m experiments.tools.search_subnets --supernet cpu --targets 20 --out fl_app/supernet_configs/cpu-cache.csv
 """
 
 from __future__ import annotations

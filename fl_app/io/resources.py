@@ -28,7 +28,7 @@ def _installed_package_dir() -> Path | None:
 
 
 def bundled_file(relative: str) -> Path:
-    """Path of a file shipped inside ``fl_app`` (e.g. ``supernets/cpu-cache.csv``)."""
+    """Path of a file shipped inside ``fl_app`` (e.g. ``supernet_configs/cpu-cache.csv``)."""
     bases = [base for base in (PACKAGE_DIR, _installed_package_dir()) if base is not None]
     for base in bases:
         if (base / relative).exists():

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from fl_app.io.resources import bundled_file
 
-NAMED_SUPERNETS = {"cpu": "supernets/cpu.json", "paper": "supernets/paper.json"}
-NAMED_CACHES = {"cpu": "supernets/cpu-cache.csv", "paper": "supernets/paper-cache.csv"}
+NAMED_SUPERNETS = {"cpu": "supernet_configs/cpu.json", "paper": "supernet_configs/paper.json"}
+NAMED_CACHES = {"cpu": "supernet_configs/cpu-cache.csv", "paper": "supernet_configs/paper-cache.csv"}
 
 
 def make_divisible(value: float, divisor: int) -> int:

@@ -19,7 +19,7 @@ from fl_app.data.partition import PARTITIONERS
 from fl_app.models.multiarch import BACKBONES_PER_FAMILY, MODEL_FAMILIES
 from fl_app.run.payload import PAYLOAD_DTYPES
 
-# methods built on the elastic supernet (FEAST and its baselines) share the FEAST client and server run
+# methods built on the elastic supernet (FEAST and its baselines) share one client and server run (fl_app.supernet_app)
 SUPERNET_METHODS = ("feast", "superfednas", "deepfednas", "heterofl", "fedrolex", "fedavg-min", "fiarse", "scalefl")
 METHODS = SUPERNET_METHODS + ("fedtopo", "local", "lg-fedavg", "fd", "fedproto", "fedtgp")
 TRAIN_SUBNETS = ("max", "min", "random")
@@ -513,7 +513,7 @@ def _fedtgp_generator_params(v: dict) -> int:
 
 # method -> what it builds whose size a key sets: (what, the key, float32 parameters given the run config). The
 # model-heterogeneous backbones grow only linearly with feature-dim and stay under MAX_MODEL_BYTES over its whole
-# range (tested); the supernet's size comes from its JSON and is checked where it is loaded (Federation.build).
+# range (tested); the supernet's size comes from its JSON and is checked where it is loaded (SupernetSetup.build).
 MODEL_SIZES: dict[str, tuple[tuple[str, str, Callable[[dict], int]], ...]] = {
     "fedtgp": (("FedTGP's prototype generator", "feature-dim", _fedtgp_generator_params),),
 }

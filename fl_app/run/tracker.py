@@ -8,7 +8,7 @@
 
 The tracker only reads what ``rounds.csv`` and ``metrics.csv`` record, after they are written: every number of a
 round's row in ``rounds.csv`` as ``rounds/<column>``, and of ``metrics.csv`` as ``metrics/<column>`` (with
-``/<tier MMACs>M`` for a FEAST-family tier's row), at step = round. Nothing it does feeds back into training.
+``/<tier MMACs>M`` for a supernet-family tier's row), at step = round. Nothing it does feeds back into training.
 
 ``tracking(run, flower_run_id)`` (the ServerApp wraps a run in it) opens the session; ``record_rounds`` (called where
 the round files are written) mirrors what is new since the last call.

@@ -161,9 +161,10 @@ def population_columns(accuracies: dict[str, float | None]) -> dict[str, float]:
 
 
 class TierScoring:
-    """How a method's reporting tiers are scored, declared by its strategy (``strategies.feast.FeastStrategy`` and
-    every supernet-family strategy implement it; ``TierEvaluator`` calls it): the state a tier is cut from, and the
-    tier's accuracy on each split. The defaults: the global state itself, scored by ``evaluate_subnet``."""
+    """How a method's reporting tiers are scored, declared by its strategy
+    (``strategies.supernet_base.SupernetStrategy`` and so every supernet-family strategy implements it;
+    ``TierEvaluator`` calls it): the state a tier is cut from, and the tier's accuracy on each split. The defaults: the
+    global state itself, scored by ``evaluate_subnet``."""
 
     def tier_state(self, tier, state: dict) -> dict:
         """The state ``tier`` is evaluated on (FIARSE masks the full model per tier)."""

@@ -1,11 +1,13 @@
-"""The supernet family's TRAIN message, defined once for the server that writes it (``strategies.feast`` and its
-subclasses) and the client that reads it (``clients.feast.read_routed``): the arrays routed to the client travel in
-the record ``fl_app.run.records.ARRAYS_RECORD``, what it is told to do in ``CONFIG_RECORD`` as the keys below,
-written by ``TrainInstruction.to_config`` and read back, checked, by ``TrainInstruction.from_config``.
+"""The supernet family's TRAIN message, defined once for the server that writes it (``strategies.supernet_base``
+and its subclasses) and the client that reads it (``clients.supernet_instruction.read_instruction``): the arrays
+routed to the client travel in the record ``fl_app.run.records.ARRAYS_RECORD``, what it is told to do in
+``CONFIG_RECORD`` as the keys below, written by ``TrainInstruction.to_config`` and read back,
+checked, by ``TrainInstruction.from_config``.
 
 ``from_config`` checks what any reader needs: every key there, of its kind, a ``model`` and ``payload-dtype`` among
 the allowed values, a subnet's three lists complete. What the values must be for one run (ranges, list lengths, the
-method's model) is the client's own check (``clients.feast``). Keys the message does not define are ignored.
+method's model) is the client's own check (``clients.supernet_instruction``). Keys the message does not define are
+ignored.
 """
 
 from __future__ import annotations

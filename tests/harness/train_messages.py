@@ -27,13 +27,13 @@ def train_configs(case: str) -> dict[str, dict]:
     """Partition id (as text) -> the config record of its round-1 TRAIN message, every partition sampled."""
     from fl_app.run.config import validate_run_config
     from fl_app.run.payload import state_to_record
-    from fl_app.supernet.federation import Federation
+    from fl_app.supernet.shared_setup import SupernetSetup
     from fl_app.supernet_app import make_supernet_strategy
 
     run = validate_run_config({"method": case, "clients-per-round": NUM, "max-local-steps": 1, **CASES[case]})
-    fed = Federation.build(run, NUM)
+    setup = SupernetSetup.build(run, NUM)
     node_of_partition = {p: 100 + p for p in range(NUM)}
-    strategy = make_supernet_strategy(run, fed, fed.client_budgets(run, {}), node_of_partition)
+    strategy = make_supernet_strategy(run, setup, setup.client_budgets(run, {}), node_of_partition)
     torch.manual_seed(0)  # FIARSE's thresholds depend on the initial weights
     state = {
         k: v.numpy() for k, v in strategy.global_model().state_dict().items() if not k.endswith("num_batches_tracked")

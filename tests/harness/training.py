@@ -41,17 +41,17 @@ def one_step_federation(num: int, **options):
     """(run config, federation, strategy) of a supernet-family run of ``num`` clients, all sampled, each training one
     batch of 8, every reply needed; ``options`` are run-config values (the method among them)."""
     from fl_app.run.config import validate_run_config
-    from fl_app.supernet.federation import Federation
+    from fl_app.supernet.shared_setup import SupernetSetup
     from fl_app.supernet_app import make_supernet_strategy, partition_reports
 
     run = validate_run_config(
         {"clients-per-round": num, "max-local-steps": 1, "batch-size": 8, "min-reply-fraction": 1.0, **options}
     )
-    fed = Federation.build(run, num)
-    budgets = fed.client_budgets(run, {})
-    examples, held = partition_reports(run, fed, budgets)
-    strategy = make_supernet_strategy(run, fed, budgets, {p: 100 + p for p in range(num)}, examples, held)
-    return run, fed, strategy
+    setup = SupernetSetup.build(run, num)
+    budgets = setup.client_budgets(run, {})
+    examples, held = partition_reports(run, setup, budgets)
+    strategy = make_supernet_strategy(run, setup, budgets, {p: 100 + p for p in range(num)}, examples, held)
+    return run, setup, strategy
 
 
 def answered_round(strategy, arrays, train) -> list[tuple]:

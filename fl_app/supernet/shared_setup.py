@@ -26,11 +26,11 @@ MAX_BUDGET_FACTOR = 1e6
 
 
 @dataclass
-class Federation:
-    """The supernet family's federation as the run config and the seed define it, identical on the server and every
+class SupernetSetup:
+    """The supernet family's shared setup as the run config and the seed define it, identical on the server and every
     client (``build``): the supernet, its subnet cache, every partition's drawn budget and the supernet's MACs.
     ``client_budgets`` turns it into the run's budgets (a node's declared ``budget-macs`` wins) and ``tiers`` into the
-    reporting tiers; both refuse, before training, what the federation cannot serve."""
+    reporting tiers; both refuse, before training, what the setup cannot serve."""
 
     cfg: SupernetConfig
     cache: SubnetCache
@@ -58,7 +58,7 @@ class Federation:
         return np.minimum(np.asarray(budgets, dtype=float), float(self.supernet_macs))
 
     @staticmethod
-    def build(run: RunConfig, num_partitions: int) -> "Federation":
+    def build(run: RunConfig, num_partitions: int) -> "SupernetSetup":
         cfg = load_supernet_config(run["supernet"], n_classes=DATASETS[run["dataset"]].num_classes)
         supernet_macs, supernet_params = count_costs(cfg, cfg.max_subnet())
         if 4 * supernet_params > MAX_MODEL_BYTES:  # counted, not built: nothing is allocated yet
@@ -68,8 +68,8 @@ class Federation:
                 "one model; allowed: a supernet JSON with smaller widths, depths or expansion ratios"
             )
         cache = SubnetCache.load(cfg, run.subnet_cache)
-        fed = Federation(cfg, cache, np.empty(0), num_partitions, supernet_macs)
-        low, high = fed.budget_range
+        setup = SupernetSetup(cfg, cache, np.empty(0), num_partitions, supernet_macs)
+        low, high = setup.budget_range
         key, max_budget = "budget-max-macs", run["budget-max-macs"] or cache.max_macs
         if run["budget-max-factor"]:  # the reference's spread: budgets up to k x the whole model
             key, max_budget = "budget-max-factor", run["budget-max-factor"] * supernet_macs
@@ -77,19 +77,19 @@ class Federation:
             side = f"below the smallest cached subnet ({low} MACs)" if max_budget < low else "too large"
             raise ValueError(
                 f"{key}={run[key]:g} gives a largest budget of {max_budget:.0f} MACs, {side}; allowed: 0 (the "
-                f"largest cached subnet) or a largest budget in {fed.range_text()}"
+                f"largest cached subnet) or a largest budget in {setup.range_text()}"
             )
-        fed.budgets = draw_budgets(
+        setup.budgets = draw_budgets(
             num_partitions, cache.min_macs, max_budget, run["budget-zipf-a"], run["seed"], run["budget-levels"]
         )
-        return fed
+        return setup
 
     def client_budgets(
         self, run: RunConfig, declared: dict[int, object], node_of_partition: dict[int, int] | None = None
     ) -> dict[int, float]:
         """Budget per partition id: a node's declared ``budget-macs`` (node config) wins over the drawn one.
 
-        Raises before training when the federation cannot serve the run config, or when a declared budget is not a
+        Raises before training when the setup cannot serve the run config, or when a declared budget is not a
         finite number in ``budget_range`` (naming the node, from ``node_of_partition``, and the key). A budget above
         the whole supernet is valid: that client runs the whole supernet."""
         run.clients_per_round(self.num_partitions)
@@ -158,15 +158,15 @@ def pool_partitions(run: RunConfig, labels: np.ndarray, budgets) -> tuple[np.nda
 @lru_cache(maxsize=2)
 def _all_partitions(run_items: tuple, num_partitions: int, budgets: tuple | None) -> tuple[np.ndarray, ...]:
     run = RunConfig(dict(run_items))
-    fed = Federation.build(run, num_partitions)
-    train, _ = dataset_for(run, fed.cfg)
-    return pool_partitions(run, train.labels.numpy(), fed.data_budgets(fed.budgets if budgets is None else budgets))
+    setup = SupernetSetup.build(run, num_partitions)
+    train, _ = dataset_for(run, setup.cfg)
+    return pool_partitions(run, train.labels.numpy(), setup.data_budgets(setup.budgets if budgets is None else budgets))
 
 
 def partition_rows(run: RunConfig, num_partitions: int, budgets=None) -> tuple[np.ndarray, ...]:
     """Row indices into the training set of every client's partition (cached per process).
 
-    ``budgets``: every partition's budget, declared where a node declared one (``Federation.client_budgets``); the
+    ``budgets``: every partition's budget, declared where a node declared one (``SupernetSetup.client_budgets``); the
     drawn budgets when None. Server and clients must pass the same ones (the server sends them with each round)."""
     key = None if budgets is None else tuple(float(b) for b in budgets)
     if key is not None and len(key) != num_partitions:

@@ -69,7 +69,7 @@ def supernet_setup(method: str):
         )
 
     def honest(msg: Message, pid: int) -> RecordDict:
-        """Deterministic stand-in for train_feast: the received slice (cut to the assigned subnet) moved by a
+        """Deterministic stand-in for train_supernet_client: the received slice (cut to the assigned subnet) moved by a
         client/round constant, and the metrics a client reports."""
         config = msg.content.config_records["config"]
         received = record_to_state(msg.content.array_records["arrays"], payload)
