@@ -77,7 +77,7 @@ import importlib
 # patches it in the module that looks it up (e.g. experiments.runner.records.ROOT), not here.
 HOMES = {
     "records": "ROOT DEFAULT_DATA RUN_RECORD RUN_LOG COMPLETED RUNNING data_location portable_data_path data_record "
-    "portable_run_config make_summary_portable read_record is_finished git_state",
+    "portable_run_config make_summary_portable read_record is_finished recorded_git_state",
     "suite": "Suite SuiteMismatch load_suite match_sources",
     "planning": "PlannedRun expand decide plan settle_match",
     "matching": "flops_per_round matched_rounds resolve_match",

@@ -20,10 +20,10 @@ from experiments.runner.records import (
     RUN_LOG,
     RUN_RECORD,
     RUNNING,
-    git_state,
     make_summary_portable,
     portable_run_config,
     read_record,
+    recorded_git_state,
 )
 from experiments.runner.resume import move_aside, refuse_links, resume_point, stop_left_running, suite_lock
 from experiments.runner.suite import Suite, load_suite
@@ -79,7 +79,7 @@ def execute(
     sources, earlier in ``runs``, have ended); one that cannot run (a source failed, its folder holds a run of other
     settings) is a failure with its reason."""
     launchers = launch if isinstance(launch, list) else [launch]
-    commit, dirty = git_state()
+    commit, dirty = recorded_git_state()
     stop_left_running(runs, out, printer)
     state = {"to_train": sum(r.action in ("train", "pending") for r in runs), "trained": 0, "spent": 0.0}
     started, failed, taken, ended = time.time(), [], set(), set()

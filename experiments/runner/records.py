@@ -7,9 +7,9 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
 from pathlib import Path
 
+from experiments.tools.git_state import git_state
 from fl_app.data.provenance import data_fingerprint
 from fl_app.run.outputs import write_json
 
@@ -100,19 +100,8 @@ def read_rows(path: Path) -> list[dict] | None:
         return None
 
 
-def git_state(root: Path = ROOT) -> tuple[str, bool]:
-    """(commit, whether tracked files differ from it); ('unknown', True) outside a git checkout."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        return commit, bool(status.strip())
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown", True
+def recorded_git_state(root: Path = ROOT) -> tuple[str, bool]:
+    """(commit, dirty) as run.json records them (``experiments.tools.git_state``, over the whole checkout);
+    ('unknown', True) outside a git checkout."""
+    commit, dirty = git_state(root)
+    return ("unknown", True) if commit is None else (commit, dirty)

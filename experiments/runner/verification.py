@@ -10,7 +10,7 @@ from experiments.runner.comparison import report_comparison
 from experiments.runner.execution import run_suite
 from experiments.runner.machine import differences as machine_differences
 from experiments.runner.planning import PlannedRun, plan
-from experiments.runner.records import git_state, read_record
+from experiments.runner.records import read_record, recorded_git_state
 from experiments.runner.suite import Suite, SuiteMismatch
 from experiments.runner.suite_folder import is_committed, run_key
 
@@ -41,7 +41,7 @@ def verify(
             + ", ".join(run_key(r.label, r.cell, r.seed) for r in missing)
         )
     commits = sorted({(read_record(r.folder) or {}).get("commit", "unknown")[:7] for r in references})
-    commit, dirty = git_state()
+    commit, dirty = recorded_git_state()
     printer(
         f"committed runs made at commit {', '.join(commits)}; this tree: {commit[:7]}{' (modified)' if dirty else ''}",
         flush=True,
