@@ -57,3 +57,23 @@ def test_a_run_that_did_not_start_is_an_error(monkeypatch):
     )
     with pytest.raises(RuntimeError, match="flwr run did not start a run"):
         flower_runs.flwr_run("method='feast'")
+
+
+def test_the_status_is_asked_again_until_the_run_has_finished(monkeypatch):
+    """flwr_run reads the status as fetch_results does (fl_app.run.flwr_status: text before the JSON is skipped)
+    and asks again, once a second, until the run has finished."""
+    answers, asked = iter(["running", "running", "finished:completed"]), []
+
+    def fake_run(command, **kwargs):
+        if command[:2] == ["flwr", "run"]:
+            return subprocess.CompletedProcess(command, 0, json.dumps(STARTED), "")
+        if command[:2] == ["flwr", "ls"]:
+            asked.append(command)
+            listing = json.dumps({"runs": [{"status": next(answers)}]})
+            return subprocess.CompletedProcess(command, 0, f"Loading project configuration...\n{listing}", "")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(flower_runs.subprocess, "run", fake_run)
+    monkeypatch.setattr(flower_runs.time, "sleep", lambda seconds: None)
+    assert flower_runs.flwr_run("method='feast'", superlink="lab") == ("4242", "finished:completed")
+    assert asked == [["flwr", "ls", "lab", "--run-id", "4242", "--format", "json"]] * 3

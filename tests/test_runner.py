@@ -287,11 +287,11 @@ def test_every_committed_suite_is_valid(suite_file, tmp_path):
 
 
 def test_wrappers_run_their_suites_through_the_runner(monkeypatch):
-    from experiments import runner
+    from experiments.runner import cli
     from experiments.studies import compare, fedtopo_compare, gamma
 
     calls = []
-    monkeypatch.setattr(runner, "main", lambda argv: calls.append(argv) or 0)
+    monkeypatch.setattr(cli, "main", lambda argv: calls.append(argv) or 0)
     compare.main(["--ablations", "--out", "x", "--seeds", "0"])
     gamma.main(["--out", "y"])
     fedtopo_compare.main(["--out", "z", "--run-config", "num-server-rounds=4"])
@@ -363,9 +363,9 @@ def test_extending_a_suite_with_seeds_trains_only_the_new_runs(tmp_path):
 
 
 def test_committed_results_folders_are_refused_unless_asked_for(tmp_path, monkeypatch):
-    from experiments import runner
+    from experiments.runner import suite_folder
 
-    monkeypatch.setattr(runner, "RESULTS", tmp_path / "results", raising=False)
+    monkeypatch.setattr(suite_folder, "RESULTS", tmp_path / "results")
     suite = write_suite(tmp_path, SUITE)
     with pytest.raises(SuiteMismatch, match="--into-committed"):
         run_suite(suite, tmp_path / "results/x", launch=FakeLauncher(), printer=lambda *a, **k: None, plots=False)
@@ -442,7 +442,7 @@ def test_runs_are_reused_by_data_content_not_by_path(tmp_path):
 
 def test_committed_runs_are_reused_from_a_checkout_at_another_path(tmp_path, monkeypatch):
     """The committed ablation suite, planned as from a clone at another path with its own ../shared beside it."""
-    from experiments import runner
+    from experiments.runner import records
 
     data = ROOT.parent / "shared/data/cifar10"
     if not (data / "train.parquet").is_file():
@@ -451,7 +451,7 @@ def test_committed_runs_are_reused_from_a_checkout_at_another_path(tmp_path, mon
     (clone / "experiments").mkdir(parents=True)
     (tmp_path / "elsewhere/shared/data").mkdir(parents=True)
     (tmp_path / "elsewhere/shared/data/cifar10").symlink_to(data)
-    monkeypatch.setattr(runner, "ROOT", clone)
+    monkeypatch.setattr(records, "ROOT", clone)
     suite = load_suite(ROOT / "experiments/suites/ablations.toml")
     runs = plan(suite, ROOT / "experiments/results/ablations-seeds")
     assert [r.action for r in runs] == ["reuse"] * 10

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from fl_app.io.files import open_new_file
+from fl_app.run.flwr_status import run_status
 
 APP_DIR = Path(__file__).resolve().parents[2]
 
@@ -99,22 +100,15 @@ def flwr_run(
             stop = ["flwr", "stop", run_id, *connection]
             subprocess.run(stop, env=env, capture_output=True, timeout=120, check=False)
             raise
-    return run_id, run_status(run_id, env, connection)
+    return run_id, settled_status(run_id, env, superlink)
 
 
-def run_status(run_id: str, env: dict, connection: list[str], attempts: int = 30) -> str:
-    """The run's status from `flwr ls --format json`; it settles right after the log ends."""
+def settled_status(run_id: str, env: dict, superlink: str | None, attempts: int = 30) -> str:
+    """The run's final status: ``run_status`` asked once a second until it reads finished (it settles right after
+    the log ends), at most ``attempts`` times."""
     status = "unknown"
     for _ in range(attempts):
-        listing = subprocess.run(
-            ["flwr", "ls", *connection, "--run-id", run_id, "--format", "json"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        status = json.loads(listing.stdout)["runs"][0]["status"]
+        status = run_status(run_id, superlink, env, timeout=60)
         if status.startswith("finished"):
             break
         time.sleep(1)

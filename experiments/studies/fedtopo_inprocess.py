@@ -29,9 +29,9 @@ from experiments.runner import (
     add_run_config_option,
     data_location,
     data_record,
-    git_state,
     make_summary_portable,
     portable_run_config,
+    recorded_git_state,
     run_config_of,
 )
 from experiments.runner.in_process_grid import run_in_process
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = args.seeds or [0, 1, 2]
     args.out = args.out.resolve()  # the app wants an absolute output-dir
     torch.set_num_threads(1)
-    commit, dirty = git_state()
+    commit, dirty = recorded_git_state()
     folders = []
     for label, seed, values in suite_runs(seeds, not args.no_extra, overrides):
         folder = args.out / "runs" / label / f"seed{seed}"

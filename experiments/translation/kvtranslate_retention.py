@@ -24,7 +24,8 @@ The evaluation passages come from `--eval-seed` (default 99, the set every study
 recipe on). The confirmation set is CONFIRMATION_EVAL_SEED with translator seeds CONFIRMATION_SEEDS, neither used
 by any earlier run (tests/kvtranslate/test_kvt_confirmation.py checks both against the code's seeds and the
 committed results). Every row records the eval seed, the git commit it ran at and whether kvtranslate's code or
-checkpoints differed from that commit (`dirty`). `--translators DIR` keeps each trained translator in
+checkpoints differed from that commit (`dirty`: a tracked file under them changed, see
+experiments/tools/git_state.py). `--translators DIR` keeps each trained translator in
 DIR/<variant>/seed<N> and loads it from there the next time the same variant and seed are asked for (another study,
 e.g. kvtranslate_injection_depth.py, can reuse it; a folder trained with other settings is an error).
 """
@@ -34,13 +35,13 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from experiments.tools.git_state import git_state  # noqa: E402
 from kvtranslate.cli import HelpFormatter, comma_list, int_list, print_table  # noqa: E402
 from kvtranslate.corpus import make_dataset  # noqa: E402
 from kvtranslate.evaluate import PROBE_MODES, qa_scores, routing_diagnostics  # noqa: E402
@@ -131,26 +132,6 @@ def eval_sets(pair: ModelPair, n: int, n_long: int, seed: int = SCREENING_EVAL_S
     return {k: encode_pair_items(pair, v) for k, v in items.items()}
 
 
-def git_state(root: str = REPO, paths: tuple[str, ...] = CODE_PATHS) -> dict[str, Any]:
-    """{"commit": HEAD's hash, "dirty": whether a file under `paths` differs from it (tracked or not)}; both None
-    outside a git checkout."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        status = subprocess.run(
-            # no index refresh: other git processes may be working in the same checkout
-            ["git", "--no-optional-locks", "status", "--porcelain", "--", *paths],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return dict(commit=None, dirty=None)
-    return dict(commit=commit, dirty=bool(status.strip()))
-
-
 def translator_folder(root: str, variant: str, seed: int) -> str:
     """Where `--translators root` keeps the translator of `variant` and `seed`."""
     return os.path.join(root, variant.replace(":", "__").replace("=", "-"), f"seed{seed}")
@@ -191,6 +172,7 @@ def obtain_translator(
 
 def run_record(args: argparse.Namespace, pair: ModelPair, name: str, overrides: dict, settings: dict) -> dict:
     """The fields every study row starts with: pair, variant, seed, steps, sizes, evaluation seed, commit."""
+    commit, dirty = git_state(REPO, CODE_PATHS)  # both None outside a git checkout
     return dict(
         source=args.source,
         target=args.target,
@@ -200,7 +182,8 @@ def run_record(args: argparse.Namespace, pair: ModelPair, name: str, overrides: 
         overrides=overrides,
         device=str(pair.device),
         eval_seed=args.eval_seed,
-        **git_state(),
+        commit=commit,
+        dirty=dirty,
     )
 
 

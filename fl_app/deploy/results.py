@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 from fl_app.deploy.files import PRIVATE_DIR, make_private_dir
+from fl_app.run.flwr_status import run_status
 from fl_app.run.tracker import RUN_RECORD
 
 DEFAULT_RUNS = ("~/fl_app_runs",)
@@ -44,27 +45,6 @@ for root in "$@"; do
   done
 done
 """
-
-
-def run_status(run_id: str, connection: str, env: dict | None = None, timeout: float = 120.0) -> str:
-    """The run's status on the connection's SuperLink (``finished:completed``, ``running``, ...)."""
-    proc = subprocess.run(
-        ["flwr", "ls", connection, "--run-id", str(run_id), "--format", "json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
-    try:
-        listing = json.loads(proc.stdout[proc.stdout.find("{") :])
-        return listing["runs"][0]["status"]
-    except (ValueError, KeyError, IndexError):
-        raise ValueError(
-            f"run {run_id} on connection {connection!r}: flwr ls gave no status ({proc.returncode}):\n"
-            f"{(proc.stdout + proc.stderr)[-2000:]}"
-        ) from None
 
 
 def _on_host(command: list[str], ssh: str | None) -> list[str]:

@@ -7,7 +7,6 @@ import glob
 import json
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -86,37 +85,6 @@ def test_confirmation_seeds_were_never_used():
     assert not confirmation_draws & corpus
     eval_draws = set(range(retention.CONFIRMATION_EVAL_SEED, retention.CONFIRMATION_EVAL_SEED + 10))
     assert not eval_draws & (corpus | confirmation_draws)
-
-
-def git(cwd, *args):
-    return subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, capture_output=True, text=True, check=True
-    ).stdout
-
-
-def test_git_state_names_the_commit_and_whether_the_code_differs_from_it(tmp_path):
-    plain = tmp_path / "plain"
-    plain.mkdir()
-    assert retention.git_state(str(plain)) == dict(commit=None, dirty=None)
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q")
-    (repo / "kvtranslate").mkdir()
-    (repo / "kvtranslate" / "a.py").write_text("x = 1\n")
-    (repo / "other.py").write_text("y = 1\n")
-    git(repo, "add", ".")
-    git(repo, "commit", "-q", "-m", "one")
-    head = (repo / ".git" / "HEAD").read_text().split("ref: ")[1].strip()
-    commit = (repo / ".git" / head).read_text().strip()
-    assert retention.git_state(str(repo)) == dict(commit=commit, dirty=False)
-    (repo / "other.py").write_text("y = 2\n")  # outside the code paths: not dirty
-    (repo / "notes.txt").write_text("new")
-    assert retention.git_state(str(repo))["dirty"] is False
-    (repo / "kvtranslate" / "b.py").write_text("new\n")  # an untracked file in the package
-    assert retention.git_state(str(repo))["dirty"] is True
-    (repo / "kvtranslate" / "b.py").unlink()
-    (repo / "kvtranslate" / "a.py").write_text("x = 2\n")
-    assert retention.git_state(str(repo))["dirty"] is True
 
 
 def test_a_summary_refuses_to_pool_one_variants_runs_over_two_evaluation_sets(tmp_path):

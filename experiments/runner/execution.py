@@ -1,0 +1,312 @@
+"""Training a suite: ``run_suite`` plans, trains what is missing (``execute``: one `flwr run` per run, on one
+or more lanes side by side) and writes the suite's tables."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from experiments.runner.flower_env import process_identity
+from experiments.runner.machine import machine_record
+from experiments.runner.matching import match_sources_of, match_text
+from experiments.runner.planning import PlannedRun, cell_suffix, federation_text, plan, settle_match
+from experiments.runner.progress import Progress, duration
+from experiments.runner.records import (
+    COMPLETED,
+    RUN_LOG,
+    RUN_RECORD,
+    RUNNING,
+    make_summary_portable,
+    portable_run_config,
+    read_record,
+    recorded_git_state,
+)
+from experiments.runner.resume import move_aside, refuse_links, resume_point, stop_left_running, suite_lock
+from experiments.runner.suite import Suite, load_suite
+from experiments.runner.suite_folder import check_suite_folder, refuse_committed, suite_record
+from fl_app.report import write_suite_tables
+from fl_app.run.outputs import write_json
+
+
+def note_in_flight(folder: Path, flower: dict) -> None:
+    """Add to a running run's record what identifies its Flower run (``flower_env.in_flight``); the record written
+    when the run ends drops it again."""
+    record = read_record(folder) or {}
+    write_json(folder / RUN_RECORD, {**record, "flower": flower})
+
+
+def flower_launcher(env: dict, ray_cpus: int | None = None) -> Callable[[PlannedRun, float], str]:
+    """The real launcher: one `flwr run` of the app per run (isolated Flower home in ``env``); the run's record
+    names its Flower run while it trains (``stop_left_running``). ``ray_cpus``: the CPUs the run's Ray may use (a
+    lane's share of the cores; it caps how many clients train at once, not what they compute)."""
+    from experiments.runner.flower_env import in_flight
+    from experiments.runner.flower_runs import flwr_run
+
+    def launch(run: PlannedRun, timeout: float) -> str:
+        federation = {**run.federation, **({"init-args-num-cpus": ray_cpus} if ray_cpus else {})}
+        _, status = flwr_run(
+            run.launch_config(),
+            federation_text(federation),
+            env=env,
+            timeout=timeout,
+            log_file=run.folder / RUN_LOG,
+            started=lambda run_id: note_in_flight(run.folder, in_flight(env, run_id)),
+        )
+        return status
+
+    return launch
+
+
+def execute(
+    runs: list[PlannedRun],
+    out: Path,
+    launch: Callable[[PlannedRun, float], str] | list[Callable[[PlannedRun, float], str]] | None,
+    run_timeout: float,
+    printer=print,
+    progress_every: float = 10.0,
+    rerun_changed: bool = False,
+    ray_cpus: int | None = None,
+) -> list[PlannedRun]:
+    """Train the runs marked 'train', printing a line as each starts, after each of its rounds (``Progress``, every
+    ``progress_every`` seconds at most) and as it ends; returns failures. ``launch`` is one launcher, or a list of
+    them: one lane each, the lanes training side by side (each takes the next run in order whose sources, for a
+    match-compute run, have ended). Runs left running by a runner that died are stopped first; an interrupted run is
+    moved aside and continues from its checkpoint. A pending match-compute run is resolved when it is reached (its
+    sources, earlier in ``runs``, have ended); one that cannot run (a source failed, its folder holds a run of other
+    settings) is a failure with its reason."""
+    launchers = launch if isinstance(launch, list) else [launch]
+    commit, dirty = recorded_git_state()
+    stop_left_running(runs, out, printer)
+    state = {"to_train": sum(r.action in ("train", "pending") for r in runs), "trained": 0, "spent": 0.0}
+    started, failed, taken, ended = time.time(), [], set(), set()
+    turn = threading.Condition()
+
+    def ready(run: PlannedRun) -> bool:
+        return run.action != "pending" or all(id(source) in ended for source in match_sources_of(run, runs))
+
+    def train_one(index: int, run: PlannedRun, launch: Callable[[PlannedRun, float], str]) -> None:
+        where = f"[{index}/{len(runs)}] {run.label:<18} seed={run.seed} cell={cell_suffix(run.cell)[1:] or '-'}"
+        with turn:  # settling a match reads its sources' files and may change the plan: one lane at a time
+            if run.action == "pending":
+                settle_match(run, runs, out, rerun_changed, failed)
+                if run.action == "refuse":
+                    run.action = "skip"
+                    run.reason = (
+                        f"{run.folder.relative_to(out)} holds a finished run with other settings: "
+                        f"{'; '.join(run.differences)} (--rerun-changed trains it into a new folder)"
+                    )
+                if run.action == "train":
+                    stop_left_running([run], out, printer)  # its folder is known only now
+                else:
+                    state["to_train"] -= 1
+            if run.match_compute and run.action != "skip":
+                printer(f"{where}  {match_text(run)}", flush=True)
+            if run.action == "skip":
+                printer(f"{where}  NOT RUN: {run.reason}", flush=True)
+                failed.append(run)
+                return
+            if run.action == "reuse":
+                printer(f"{where}  reuse {run.folder.relative_to(out)}", flush=True)
+                return
+        if run.folder.exists():
+            run.moved_aside = move_aside(run.folder)
+            printer(f"{where}  unfinished earlier run kept as {run.moved_aside.relative_to(out)}", flush=True)
+        run.resume_from, run.resumed_after_round, skipped = resume_point(run, commit)
+        for reason in skipped:
+            printer(f"{where}  not continued from {reason}", flush=True)
+        run.folder.mkdir(parents=True)
+        record = {
+            "label": run.label,
+            "cell": run.cell,
+            "seed": run.seed,
+            "run_config": portable_run_config({**run.run_config, "output-dir": str(run.folder)}),
+            "federation": run.federation,
+            "data": run.data,
+            "commit": commit,
+            "dirty": dirty,
+            "status": RUNNING,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "log": RUN_LOG,
+            "machine": machine_record(len(launchers), ray_cpus),
+            **({"match_compute": run.match_compute} if run.match_compute else {}),
+            **(
+                {"resumed_from": run.resume_from.name, "resumed_after_round": run.resumed_after_round}
+                if run.resume_from
+                else {}
+            ),
+        }
+        # who trains it, while it trains: a restarted runner tells a dead runner's record from a live one's
+        write_json(run.folder / RUN_RECORD, {**record, "runner": process_identity(os.getpid())})
+        resumed = (
+            f", continuing {run.resume_from.name} after round {run.resumed_after_round}" if run.resume_from else ""
+        )
+        printer(f"{where}  start (log: {(run.folder / RUN_LOG).relative_to(out)}){resumed}", flush=True)
+        t0 = time.time()
+
+        # the runs after this one take the mean of those trained so far (none yet: this one's projected length),
+        # spread over the lanes
+        def later(run_seconds: float) -> float:
+            left = state["to_train"] - state["trained"] - len(launchers)
+            mean = state["spent"] / max(state["trained"], 1)
+            return max(left, 0) * (mean or run_seconds) / len(launchers)
+
+        try:
+            with Progress(run, where, printer, later, progress_every):
+                status = launch(run, run_timeout)
+        except Exception as error:  # a run that cannot start or times out must not stop the rest of the suite
+            status = f"error: {type(error).__name__}: {str(error)[-500:]}"
+        elapsed = time.time() - t0
+        if status == COMPLETED and not (run.folder / "summary.json").exists():
+            status = "error: completed without summary.json"
+        make_summary_portable(run.folder)
+        machine = {**record["machine"], "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
+        write_json(
+            run.folder / RUN_RECORD,
+            {**record, "machine": machine, "status": status, "elapsed_seconds": round(elapsed, 1)},
+        )
+        with turn:
+            state["trained"], state["spent"] = state["trained"] + 1, state["spent"] + elapsed
+            if status != COMPLETED:
+                failed.append(run)
+            eta = state["spent"] / state["trained"] * (state["to_train"] - state["trained"]) / len(launchers)
+            printer(
+                f"{where}  {'done' if status == COMPLETED else 'FAILED ' + status} in {duration(elapsed)} "
+                f"(suite {duration(time.time() - started)}, ETA {duration(eta)})",
+                flush=True,
+            )
+
+    def lane(launch: Callable[[PlannedRun, float], str]) -> None:
+        while True:
+            with turn:
+                while True:
+                    waiting = [(i, r) for i, r in enumerate(runs, 1) if id(r) not in taken]
+                    if not waiting:
+                        return
+                    chosen = next(((i, r) for i, r in waiting if ready(r)), None)
+                    if chosen is not None:
+                        taken.add(id(chosen[1]))
+                        break
+                    turn.wait()
+            try:
+                train_one(*chosen, launch)
+            finally:
+                with turn:
+                    ended.add(id(chosen[1]))
+                    turn.notify_all()
+
+    if len(launchers) == 1:
+        lane(launchers[0])
+    else:
+        threads = [threading.Thread(target=lane, args=(f,), name=f"lane {k}") for k, f in enumerate(launchers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return sorted(failed, key=runs.index)
+
+
+def lane_cpus(lanes: int, federation: dict, cores: int | None = None) -> int | None:
+    """The CPUs each lane's runs may give Ray so that lanes x parallel clients x threads stays within the cores:
+    None for one lane (Ray sees every core, as a run started by hand does). Raises ValueError when the suite's
+    clients each ask for more CPUs than a lane has (Ray would never schedule them)."""
+    cores = cores or os.cpu_count() or 1
+    if lanes == 1:
+        return None
+    if lanes > cores:
+        raise ValueError(f"lanes={lanes}: more runs side by side than the {cores} cores; allowed: 1 to {cores}")
+    share = cores // lanes
+    per_client = federation.get("client-resources-num-cpus", 2)  # Flower's default
+    if per_client > share:
+        raise ValueError(
+            f"lanes={lanes}: each lane has {share} of the {cores} cores, but [federation] "
+            f"client-resources-num-cpus={per_client}; allowed: at most {share} (or fewer lanes)"
+        )
+    return share
+
+
+def run_suite(
+    suite: Path | Suite,
+    out: Path,
+    rerun_changed: bool = False,
+    allow_mixed_commits: bool = False,
+    launch: Callable[[PlannedRun, float], str] | None = None,
+    printer=print,
+    plots: bool = True,
+    into_committed: bool = False,
+    progress_every: float = 10.0,
+    lanes: int | None = None,
+) -> dict:
+    """Plan (refusing mismatches before any training), train what is missing (``lanes`` runs side by side, else the
+    suite's ``lanes``), write and print the tables. One runner at a time per OUT (``suite_lock``); a run folder
+    reached through a link inside OUT is refused."""
+    suite = suite if isinstance(suite, Suite) else load_suite(suite)
+    lanes = lanes or suite.lanes
+    ray_cpus = lane_cpus(lanes, suite.federation)
+    out = Path(out).resolve()
+    refuse_committed(out, into_committed)
+    with suite_lock(out):
+        return _run_locked_suite(
+            suite, out, rerun_changed, allow_mixed_commits, launch, printer, plots, progress_every, lanes, ray_cpus
+        )
+
+
+def _run_locked_suite(
+    suite: Suite,
+    out: Path,
+    rerun_changed: bool,
+    allow_mixed_commits: bool,
+    launch: Callable[[PlannedRun, float], str] | None,
+    printer,
+    plots: bool,
+    progress_every: float,
+    lanes: int,
+    ray_cpus: int | None,
+) -> dict:
+    runs = plan(suite, out, rerun_changed)
+    refuse_links(runs, out)
+    check_suite_folder(suite, runs, out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "suite.json", suite_record(suite, runs, out), replace=True)  # check_suite_folder: this suite's
+    pending = sum(r.action == "pending" for r in runs)
+    printer(
+        f"suite {suite.path.name}: {len(runs)} runs ({sum(r.action == 'train' for r in runs)} to train, "
+        f"{sum(r.action == 'reuse' for r in runs)} finished earlier"
+        + (f", {pending} matching the compute of runs that train first" if pending else "")
+        + f") -> {out}",
+        flush=True,
+    )
+    if launch is not None or not any(r.action in ("train", "pending") for r in runs):
+        launchers = [launch] * lanes if launch is not None else None
+        failed = execute(runs, out, launchers, suite.run_timeout, printer, progress_every, rerun_changed, ray_cpus)
+    else:
+        from experiments.runner.flower_env import local_flower_env
+
+        with contextlib.ExitStack() as stack:  # one SuperLink (own FLWR_HOME, free ports) per lane for the suite
+            launchers = [flower_launcher(stack.enter_context(local_flower_env()), ray_cpus) for _ in range(lanes)]
+            failed = execute(runs, out, launchers, suite.run_timeout, printer, progress_every, rerun_changed, ray_cpus)
+    if pending:  # the folders of the matched runs are known only now (a .vK with --rerun-changed)
+        write_json(out / "suite.json", suite_record(suite, runs, out), replace=True)
+    finished = [r for r in runs if r not in failed]
+    text = write_suite_tables(
+        out,
+        [r.folder for r in finished],
+        reference=suite.reference,
+        allow_mixed_commits=allow_mixed_commits,
+        plots=plots,
+    )
+    printer(text, flush=True)
+    not_run = [r for r in failed if r.action == "skip"]
+    if not_run:
+        printer("runs not run:\n  " + "\n  ".join(f"{r.name} seed={r.seed}: {r.reason}" for r in not_run), flush=True)
+    if len(not_run) < len(failed):
+        printer(
+            "failed runs (moved aside, and continued from their last checkpoint or trained again, on the next "
+            "invocation):\n  "
+            + "\n  ".join(f"{r.folder.relative_to(out)} (log {RUN_LOG})" for r in failed if r not in not_run),
+            flush=True,
+        )
+    return {"runs": runs, "failed": failed}

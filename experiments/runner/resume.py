@@ -1,0 +1,159 @@
+"""A stopped suite resumes safely: one runner per OUT (``suite_lock``), no link followed inside OUT
+(``refuse_links``), Flower runs left by a dead runner stopped (``stop_left_running``), and an interrupted run moved
+aside and continued from its latest usable checkpoint (``resume_point``)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import itertools
+import os
+from pathlib import Path
+
+from experiments.runner.flower_env import is_alive, stop_in_flight
+from experiments.runner.planning import PlannedRun, differing_keys
+from experiments.runner.records import RUN_RECORD, RUNNING, read_record
+from experiments.runner.suite import SuiteMismatch
+from fl_app.io.files import first_link
+from fl_app.run.config import SUPERNET_METHODS
+from fl_app.run.outputs import write_json
+
+CHECKPOINT = "checkpoint.pt"  # fl_app.run.checkpoint.CHECKPOINT_FILE (not imported here: it loads torch)
+LOCK_FILE = ".runner.lock"  # in OUT: held (flock) by the one runner writing that suite folder
+
+
+def move_aside(folder: Path) -> Path:
+    """Keep an interrupted or failed run's partial files under a new name instead of deleting them."""
+    k = next(k for k in itertools.count(1) if not folder.with_name(f"{folder.name}.interrupted-{k}").exists())
+    target = folder.with_name(f"{folder.name}.interrupted-{k}")
+    folder.rename(target)
+    return target
+
+
+def interrupted_copies(folder: Path) -> list[Path]:
+    """The interrupted or failed earlier attempts at ``folder``'s run (``move_aside``), oldest first."""
+    copies = folder.parent.glob(f"{folder.name}.interrupted-*")
+    numbered = [p for p in copies if p.name.rsplit("-", 1)[1].isdigit()]
+    return sorted(numbered, key=lambda p: int(p.name.rsplit("-", 1)[1]))
+
+
+def checkpoint_round(folder: Path) -> tuple[int | None, str]:
+    """(round, '') of the verified checkpoint in ``folder``, or (None, why it cannot be used)."""
+    from fl_app.run.checkpoint import load_verified
+
+    path = folder / CHECKPOINT
+    if path.is_symlink() or not path.is_file():
+        return None, f"no {CHECKPOINT}"
+    try:
+        saved = load_verified(path, what=str(path))
+    except ValueError as error:
+        return None, str(error)
+    return (saved["round"], "") if isinstance(saved.get("round"), int) else (None, f"{path}: no round recorded")
+
+
+def resume_point(run: PlannedRun, commit: str) -> tuple[Path | None, int, list[str]]:
+    """The interrupted copy of ``run`` to continue from: the one whose checkpoint has the latest round among those
+    made with the run's settings (``differing_keys``) at this commit, before the last round. Returns (folder,
+    round, why the other copies are not used); (None, 0, ...) when none is usable, so the run starts at round 1.
+    The app checks the checkpoint again (content hash, model, run config, federation) before it trains.
+
+    The model-heterogeneous methods keep each client's model in the folder of the run that last trained it, so a
+    copy that itself continued another is never continued again (its clients' files are partly in the older copy):
+    those methods continue only from a run that started at round 1."""
+    best, best_round, skipped = None, 0, []
+    for folder in interrupted_copies(run.folder):
+        record = read_record(folder)
+        if record is None:
+            skipped.append(f"{folder.name}: no {RUN_RECORD}")
+            continue
+        differences = differing_keys(record, run)
+        number, why = checkpoint_round(folder)
+        if differences:
+            why = "other settings: " + "; ".join(differences)
+        elif record.get("commit") != commit:
+            why = f"made at commit {str(record.get('commit'))[:7]}, this tree is at {commit[:7]}"
+        elif record.get("resumed_from") and run.run_config["method"] not in SUPERNET_METHODS:
+            why = f"it continued {record['resumed_from']} (client model files lie in both)"
+        elif number is not None and number >= run.run_config["num-server-rounds"]:
+            why = f"its checkpoint is at the last round ({number})"
+        if why:
+            skipped.append(f"{folder.name}: {why}")
+        elif number >= best_round:
+            best, best_round = folder, number
+    return best, best_round, skipped
+
+
+def stop_left_running(runs: list[PlannedRun], out: Path, printer=print) -> None:
+    """Before anything trains: a run whose record says it is running was left by a runner that died (SIGKILL, out of
+    memory) and its detached SuperLink may still be training it, writing into the folder the runner is about to
+    reuse. Stop it (the processes its record names, by pid and start time, and what they spawned) and say so;
+    refuse when the runner that owns the record is still alive, or when its processes do not stop."""
+    for run in runs:
+        record = read_record(run.folder) if run.action in ("train", "pending") else None
+        if not record or record.get("status") != RUNNING:
+            continue
+        where = run.folder / RUN_RECORD
+        runner = record.get("runner")
+        if isinstance(runner, dict) and runner.get("pid") != os.getpid() and is_alive(runner):
+            raise SuiteMismatch(
+                f"{where}: runner process {runner.get('pid')} is training this run now; "
+                "wait for it to end (or stop it), then run again"
+            )
+        flower = record.get("flower")
+        if not isinstance(flower, dict):
+            continue
+        left = stop_in_flight(flower)
+        if left:
+            raise SuiteMismatch(
+                f"{where}: the Flower run {flower.get('run_id')} left running did not stop (pids {left})"
+            )
+        printer(
+            f"{run.name} seed={run.seed}: stopped Flower run {flower.get('run_id')}, left running by a runner that "
+            f"died, before retrying it ({run.folder.relative_to(out)})",
+            flush=True,
+        )
+        stopped = {k: v for k, v in record.items() if k not in ("flower", "runner")}
+        write_json(run.folder / RUN_RECORD, {**stopped, "status": "stopped: its runner died"}, replace=True)
+
+
+class SuiteBusy(SuiteMismatch):
+    pass
+
+
+@contextlib.contextmanager
+def suite_lock(out: Path):
+    """Hold OUT's lock file (``LOCK_FILE``, ``flock``) while a runner plans and writes there: a second runner on the
+    same OUT is refused at once, before it reads or moves anything. The lock ends with the process, however it
+    ends, so a killed runner leaves nothing to clean up."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as error:
+        raise SuiteMismatch(
+            f"{path}: cannot be opened as the runner's lock ({error.strerror}); nothing was changed"
+        ) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SuiteBusy(
+                f"--out {out}: another runner is writing this suite folder (it holds {LOCK_FILE}); nothing was "
+                "read, moved or written; run again when it has ended, or choose another --out"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def refuse_links(runs: list[PlannedRun], out: Path) -> None:
+    """A link inside OUT on the way to a run folder (runs/, runs/<label>, seed<N>) is refused before anything is
+    moved or written: the runner never follows one out of its folder."""
+    for run in runs:
+        for folder in (run.folder, *interrupted_copies(run.folder)):
+            link = first_link(out, folder)
+            if link is not None:
+                raise SuiteMismatch(
+                    f"{link}: a symbolic link inside --out {out}; the runner never follows links in its output "
+                    "folder (replace it with a real folder)"
+                )
