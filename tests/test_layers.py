@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# subpackages of fl_app that wire the app to the outside (the deployment tool), not parts of the core
-WIRING_PACKAGES = frozenset({"deploy"})
+# subpackages of fl_app that wire the app to the outside (the deployment tool, the report), not parts of the core
+WIRING_PACKAGES = frozenset({"deploy", "report"})
 WIRING = frozenset(p.stem for p in (ROOT / "fl_app").glob("*.py") if p.stem != "__init__") | WIRING_PACKAGES
 CORE = frozenset(p.name for p in (ROOT / "fl_app").iterdir() if (p / "__init__.py").exists()) - WIRING_PACKAGES
 # a core folder imports only folders of a lower rank: io (file writes, bundled files, CLI helpers) under everything;

@@ -578,7 +578,7 @@ def test_update_readme_does_not_write_through_a_symlink(tmp_path, capsys):
 
 # -- bounded reading and cells that stay cells ---------------------------------------------------------------------
 def test_a_huge_csv_line_or_cell_is_refused_before_it_is_parsed_with_a_short_message(tmp_path, capsys, monkeypatch):
-    import fl_app.report as report_module
+    import fl_app.report.read as report_module  # patched where read_table looks the limits up
 
     monkeypatch.setattr(report_module, "MAX_LINE_CHARS", 1000)  # the real limit is 64 KiB: same code, small file
     monkeypatch.setattr(report_module, "MAX_FIELD_CHARS", 100)
