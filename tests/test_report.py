@@ -26,6 +26,7 @@ from fl_app.report import (
 from fl_app.run.outputs import write_csv, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
+END_REPORT = "<!-- /generated:report -->"
 
 
 def make_run(
@@ -161,11 +162,11 @@ def test_cli_prints_the_table_and_writes_csv_and_plots(tmp_path, capsys):
 
 
 def test_readme_tables_match_the_committed_results():
-    """Every <!-- report: ... --> table in the READMEs is what the report tool makes of the runs it names."""
+    """Every <!-- generated:report (...) --> table in the READMEs is what the report tool makes of the runs it names."""
     checked = 0
     for readme in [ROOT / "README.md", *sorted(ROOT.glob("experiments/**/README.md")), *sorted(ROOT.glob("docs/*.md"))]:
         text = readme.read_text()
-        if "<!-- report:" in text:
+        if "<!-- generated:report (" in text:
             assert regenerate_readme(text, ROOT) == text, f"{readme}: rerun python -m fl_app.report --update-readme"
             checked += 1
     assert checked >= 1
@@ -570,10 +571,11 @@ def test_out_never_writes_through_a_planted_temporary_name(tmp_path):
 
 def test_update_readme_does_not_write_through_a_symlink(tmp_path, capsys):
     target = tmp_path / "real.md"
-    target.write_text("<!-- report: experiments/results/compare/runs -->\nold\n<!-- /report -->\n")
+    start, end = "<!-- generated:report (python -m fl_app.report experiments/results/compare/runs) -->", END_REPORT
+    target.write_text(f"{start}\nold\n{end}\n")
     (tmp_path / "link.md").symlink_to(target)
     assert main(["--update-readme", str(tmp_path / "link.md")]) == 2
-    assert "is a symlink" in capsys.readouterr().err and target.read_text().endswith("old\n<!-- /report -->\n")
+    assert "is a symlink" in capsys.readouterr().err and target.read_text().endswith(f"old\n{end}\n")
 
 
 # -- bounded reading and cells that stay cells ---------------------------------------------------------------------

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from fl_app.io.cli import tool_parser
 from fl_app.report.read import MixedCommits, find_runs
-from fl_app.report.readme import regenerate_readme
+from fl_app.report.readme import README_TABLES, regenerate_readme
 from fl_app.report.tables import report
 from fl_app.report.text import report_text
 from fl_app.report.writing import client_plot, stale_files, write_file, write_plots, write_tables
@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, help="write table.md and the CSV tables here (unset: print only)")
     parser.add_argument("--plots", action="store_true", help="with --out: also write the plots")
     parser.add_argument(
+        "--table",
+        choices=list(README_TABLES),
+        help="print only this table as markdown: what a README's generated:report block holds (unset: all tables)",
+    )
+    parser.add_argument(
         "--clients",
         action="store_true",
         help="with --out: the paths are run folders; plot each client's labels and budget (reads the run's data)",
@@ -62,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--update-readme",
         action="store_true",
-        help="the paths are markdown files: regenerate their <!-- report: ... --> tables in place",
+        help="the paths are markdown files: regenerate their <!-- generated:report (COMMAND) --> tables in place",
     )
     return parser
 
@@ -86,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"wrote {client_plot(folder, args.out)}")
             return 0
         tables = report(find_runs(args.paths), args.reference, args.allow_mixed_commits)
+        if args.table:
+            print(README_TABLES[args.table](tables))
+            return 0
         if not args.out:
             print(report_text(tables))
             return 0

@@ -1,11 +1,13 @@
-"""Tables kept in READMEs: each ``<!-- report: ARGS -->`` block is regenerated from the committed runs it names."""
+"""Tables kept in READMEs: each block ``<!-- generated:report (python -m fl_app.report ARGS --table KIND) -->`` is
+the table that command prints of the committed runs it names (``fl_app.io.markdown``'s blocks), regenerated in place
+by ``python -m fl_app.report --update-readme FILE``."""
 
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
+from fl_app.io.markdown import replace_each
 from fl_app.report.read import find_runs
 from fl_app.report.tables import report
 from fl_app.report.text import (
@@ -18,8 +20,11 @@ from fl_app.report.text import (
     tiers_markdown,
 )
 
-# <!-- report: experiments/results/x/runs --reference feast --table tiers -->  ...generated...  <!-- /report -->
-README_BLOCK = re.compile(r"(<!-- report: (?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
+# <!-- generated:report (python -m fl_app.report experiments/results/x/runs --reference feast --table tiers) -->
+# ...generated...
+# <!-- /generated:report -->
+BLOCK = "report"
+COMMAND = "python -m fl_app.report"
 README_TABLES = {
     "accuracy": lambda t: accuracy_markdown(t["accuracy"]),
     "paired": lambda t: paired_markdown(t["paired"]),
@@ -37,12 +42,12 @@ def readme_block(args_text: str, root: Path) -> str:
     parser.add_argument("--reference")
     parser.add_argument("--table", choices=list(README_TABLES), default="accuracy")
     parser.add_argument("--allow-mixed-commits", action="store_true")
-    args = parser.parse_args(args_text.split())
+    args = parser.parse_args(args_text.removeprefix(COMMAND).split())
     tables = report(find_runs([root / p for p in args.paths]), args.reference, args.allow_mixed_commits)
-    return README_TABLES[args.table](tables) + "\n"
+    return README_TABLES[args.table](tables)
 
 
 def regenerate_readme(text: str, root: Path) -> str:
     """``text`` with every marked block replaced by the table the report tool makes of the committed runs it names
     (paths relative to ``root``, the repository)."""
-    return README_BLOCK.sub(lambda m: m.group(1) + readme_block(m.group("args"), root) + m.group(4), text)
+    return replace_each(text, BLOCK, lambda command: readme_block(command, root))[0]
