@@ -617,3 +617,11 @@ def test_labels_cannot_become_spreadsheet_formulas_or_markdown_rows(tmp_path):
     rows = [line for line in text.splitlines() if line.startswith("|")]
     assert not any(line.startswith("| forged") for line in rows), text
     assert "a \\| b \\| forged \\| row \\|" in text
+
+
+def test_a_results_folder_with_a_study_summary_reads_its_runs(tmp_path):
+    """experiments/results/ablations holds an old study's summary.json beside runs/: the folder means its runs."""
+    make_run(tmp_path / "results/runs/feast/seed0", seed=0)
+    make_run(tmp_path / "results/runs/feast/seed1", seed=1)
+    (tmp_path / "results/summary.json").write_text('{"rounds": 10, "table": []}')
+    assert sorted(run.seed for run in find_runs([tmp_path / "results"])) == [0, 1]

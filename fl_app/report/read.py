@@ -432,6 +432,8 @@ def find_runs(paths: list[Path]) -> list[Run]:
     """Run folders named directly, the current runs of a suite folder (its suite.json), or any summary.json below."""
     folders = []
     for path in map(Path, paths):
+        if (path / "summary.json").exists() and not (path / "metrics.csv").exists() and (path / "runs").is_dir():
+            path = path / "runs"  # a results folder: its summary.json is an old study's table, its runs are in runs/
         if (path / "summary.json").exists():
             folders.append(path)
         elif (path / "suite.json").exists():
