@@ -133,3 +133,33 @@ def test_tool_follows_the_command_line_convention(module):
                 assert "(default: " in formatter._expand_help(action), f"{each.prog} {name}: default not shown"
             if name == "--run-config":
                 assert action.type is run_config_overrides, f"{each.prog} {name}: Flower's run-config syntax"
+
+
+def test_every_generated_block_names_the_command_that_regenerates_it():
+    import subprocess
+
+    from fl_app.io.markdown import generated_blocks
+
+    tracked = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True, check=True)
+    blocks = [
+        (path, name, command)
+        for path in tracked.stdout.split()
+        for name, command in generated_blocks((ROOT / path).read_text())
+    ]
+    assert len(blocks) > 50  # the READMEs' blocks are read, report tables included
+    bare = [f"{path}: {name}" for path, name, command in blocks if not command.startswith("python -m ")]
+    assert bare == [], "a generated block without its command: <!-- generated:NAME (python -m ...) -->"
+
+
+def test_a_start_marker_keeps_its_command_and_a_bare_one_still_reads():
+    from fl_app.io.markdown import block_body, generated_blocks, replace_block, replace_each
+
+    named = "a\n<!-- generated:x (python -m tool --out f) -->\nold\n<!-- /generated:x -->\nz\n"
+    assert replace_block(named, "x", "new") == named.replace("old", "new")
+    assert block_body(named, "x") == "old" and generated_blocks(named) == [("x", "python -m tool --out f")]
+    bare = "<!-- generated:x -->\nold\n<!-- /generated:x -->"
+    assert replace_block(bare, "x", "new") == bare.replace("old", "new") and generated_blocks(bare) == [("x", "")]
+    two = named + named.replace("--out f", "--out g")
+    text, count = replace_each(two, "x", lambda command: command.split()[-1])
+    assert count == 2 and [block_body(part, "x") for part in text.split("z\n")[:2]] == ["f", "g"]
+    assert replace_block("`<!-- generated:x (python -m t) -->` in prose", "x", "new") is None

@@ -1,7 +1,9 @@
 """The import layers: fl_app's wiring (its top-level modules) on top, strategies/ and clients/ below it and beside
 each other, fl_app's core subpackages below both, and kvtranslate/ apart from all of them. Inside the core the
 folders are ordered too (``CORE_FOLDER_RANKS``: io, then data and models, then run, then supernet), so no two
-folders import each other. Checked on the source (ast) so an import inside a function counts too."""
+folders import each other, and no two modules of fl_app import each other, directly or around a cycle (an import
+kept inside a function to break one still counts). Checked on the source (ast) so an import inside a function counts
+too."""
 
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# subpackages of fl_app that wire the app to the outside (the deployment tool), not parts of the core
-WIRING_PACKAGES = frozenset({"deploy"})
+# subpackages of fl_app that wire the app to the outside (the deployment tool, the report), not parts of the core
+WIRING_PACKAGES = frozenset({"deploy", "report"})
 WIRING = frozenset(p.stem for p in (ROOT / "fl_app").glob("*.py") if p.stem != "__init__") | WIRING_PACKAGES
 CORE = frozenset(p.name for p in (ROOT / "fl_app").iterdir() if (p / "__init__.py").exists()) - WIRING_PACKAGES
 # a core folder imports only folders of a lower rank: io (file writes, bundled files, CLI helpers) under everything;
@@ -108,6 +110,50 @@ def folder_cycles(edges: set[tuple[str, str]]) -> list[list[str]]:
     return cycles
 
 
+def module_imports(source: str, module: str, is_package: bool, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that ``source`` (the text of ``module``) imports, inside functions too: ``from pkg
+    import name`` is ``pkg.name`` where that is a module, else ``pkg``; imports under ``if TYPE_CHECKING:`` never run
+    and are left out."""
+    package = module if is_package else module.rsplit(".", 1)[0]
+    tree = ast.parse(source)
+    skipped = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for inner in ast.walk(ast.Module(body=node.body, type_ignores=[]))
+    }
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            for alias in node.names:
+                if f"{base}.{alias.name}" in modules:
+                    found.add(f"{base}.{alias.name}")
+                elif base in modules:
+                    found.add(base)
+    return found - {module}
+
+
+def fl_app_import_edges() -> set[tuple[str, str]]:
+    """(importer, imported) for every import between two modules of fl_app."""
+    paths = {}
+    for path in sorted((ROOT / "fl_app").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return {
+        (name, imported)
+        for name, path in paths.items()
+        for imported in module_imports(path.read_text(), name, path.name == "__init__.py", set(paths))
+    }
+
+
 def project_modules():
     for folder in ("fl_app", "strategies", "clients", "kvtranslate"):
         for path in sorted((ROOT / folder).rglob("*.py")):
@@ -189,3 +235,27 @@ def test_allowed_directions_pass():
     assert violations("strategies.feast", "from fl_app.supernet.slicing import slice_state\n") == []
     assert violations("clients.fedtopo", "from .feast import LocalSettings\nfrom fl_app.data import augment\n") == []
     assert violations("fl_app.supernet.shared_setup", "from fl_app.data.images import DATASETS\n") == []
+
+
+def test_no_two_fl_app_modules_import_each_other():
+    edges = fl_app_import_edges()
+    assert ("fl_app.report.plots", "fl_app.report.rows") in edges  # the graph is read, not empty
+    cycles = folder_cycles(edges)
+    assert cycles == [], "import cycles: " + "; ".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def test_module_imports_resolve_submodules_and_skip_type_checking():
+    modules = {"fl_app.report", "fl_app.report.plots", "fl_app.report.read", "fl_app.run.config"}
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "from . import plots\n"
+        "from fl_app.report import find_runs\n"
+        "if TYPE_CHECKING:\n"
+        "    from fl_app.run.config import RunConfig\n"
+        "def f():\n"
+        "    from .read import load_run\n"
+    )
+    found = module_imports(source, "fl_app.report.writing", False, modules)
+    assert found == {"fl_app.report.plots", "fl_app.report", "fl_app.report.read"}
+    assert module_imports("from . import read\n", "fl_app.report", True, modules) == {"fl_app.report.read"}
+    assert folder_cycles({("fl_app.a", "fl_app.b"), ("fl_app.b", "fl_app.a")}) == [["fl_app.a", "fl_app.b", "fl_app.a"]]

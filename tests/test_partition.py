@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fl_app.data.partition import GammaPartitioner, gamma_shares, make_partitioner, partition_indices
+from fl_app.data.gamma_partitioner import GammaPartitioner
+from fl_app.data.partition import gamma_shares, make_partitioner, partition_indices
 
 
 def test_gamma_shares_formula_with_cap():

@@ -1,6 +1,6 @@
-"""fl_app.plots: every plot kind rendered (Agg) from a small synthetic result folder, and what makes it honest: bands
-clipped to [0, 100] %, dots instead of bands below 3 seeds, a title naming the seeds and the setting, no panel mixing
-round counts, no plot of a quantity that was not recorded, and each client's labels and budget."""
+"""fl_app.report.plots: every plot kind rendered (Agg) from a small synthetic result folder, and what makes it honest:
+bands clipped to [0, 100] %, dots instead of bands below 3 seeds, a title naming the seeds and the setting, no panel
+mixing round counts, no plot of a quantity that was not recorded, and each client's labels and budget."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fl_app import plots
-from fl_app.report import ReportError, find_runs, load_run, main, report
+from fl_app.report import ReportError, client_plots, find_runs, load_run, main, plots, report
 from fl_app.run.outputs import write_csv, write_json
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -212,7 +211,7 @@ def test_client_figure_stacks_each_clients_labels_over_its_budget(tmp_path):
     run = load_run(tmp_path / "r")
     counts = pd.DataFrame(np.arange(40).reshape(4, 10), columns=[f"class {k}" for k in range(10)])
     counts.iloc[3, -1] = 0  # a class the tallest client lacks: an empty layer on top of its stack
-    fig = plots.figure_clients(run, counts, [4.9e5, 1e6, 4e6, 1.4e7], None)
+    fig = client_plots.figure_clients(run, counts, [4.9e5, 1e6, 4e6, 1.4e7], None)
     top, bottom = fig.axes[:2]
     assert len(top.containers) == 10  # one stacked bar layer per class
     assert top.get_ylim()[1] > counts.sum(axis=1).max()  # the tallest stack is inside the frame, not against it
@@ -233,7 +232,7 @@ def test_client_labels_are_redrawn_from_the_run_config_and_checked_against_clien
     write_json(folder / "summary.json", {**summary, "num_clients": 4, "run_config": config, "budgets": budgets})
     record = json.loads((folder / "run.json").read_text())
     write_json(folder / "run.json", {**record, "run_config": config})
-    counts, drawn, _ = plots.client_partitions(load_run(folder))
+    counts, drawn, _ = client_plots.client_partitions(load_run(folder))
     assert drawn == budgets and counts.shape == (4, 10) and list(counts.columns[:2]) == ["airplane", "automobile"]
     sizes = [int(n) for n in counts.sum(axis=1)]
     assert sizes[int(np.argmax(budgets))] > sizes[int(np.argmin(budgets))]  # γ = 1: data share follows the budget
@@ -245,11 +244,11 @@ def test_client_labels_are_redrawn_from_the_run_config_and_checked_against_clien
 
     write_csv(folder / "clients.csv", [{"partition_id": p, "num_examples": n + (p == 1)} for p, n in enumerate(sizes)])
     with pytest.raises(ReportError, match=r"clients.csv: partition 1 held \d+ examples in the run"):
-        plots.client_partitions(load_run(folder))
+        client_plots.client_partitions(load_run(folder))
 
 
 def test_each_method_keeps_one_hue_in_every_figure_and_no_two_methods_share_one(suite):
-    from fl_app.plots import METHOD_HUES, colours
+    from fl_app.report.plots import METHOD_HUES, colours
 
     rows = _tables(suite)["rows"]
     colour = colours(rows)
@@ -266,7 +265,7 @@ def test_each_method_keeps_one_hue_in_every_figure_and_no_two_methods_share_one(
 
 
 def test_matched_rows_whose_seeds_evaluate_at_different_rounds_get_a_mean_line(tmp_path):
-    from fl_app.plots import figure_accuracy_vs_compute
+    from fl_app.report.plots import figure_accuracy_vs_compute
 
     for seed, rounds in enumerate((6, 8, 10)):  # a matched row: each seed its own horizon and evaluation rounds
         folder = tmp_path / f"m/s{seed}"
@@ -279,7 +278,7 @@ def test_matched_rows_whose_seeds_evaluate_at_different_rounds_get_a_mean_line(t
 
 
 def test_traffic_spanning_orders_of_magnitude_is_drawn_on_a_log_axis(suite):
-    from fl_app.plots import figure_traffic
+    from fl_app.report.plots import figure_traffic
 
     tables = _tables(suite)
     for i, row in enumerate(tables["accuracy"]):

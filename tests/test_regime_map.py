@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from experiments.studies.regime_map import csv_bytes, headline, main, regime_map
+from fl_app.io.markdown import block_body
 from fl_app.run.outputs import write_csv, write_json
 
 
@@ -139,6 +140,5 @@ def test_the_committed_fedtopo_regime_map_is_what_the_study_writes():
     lines = regime_map([f for f in COMMITTED if f.exists()], "fedtopo", "local", allow_mixed_commits=True)
     assert csv_bytes(lines) == committed.read_bytes()
     text = headline(lines, "fedtopo", "local")
-    block = f"<!-- generated:regime-headline -->\n{text}\n<!-- /generated:regime-headline -->"
     for readme in ("README.md", "docs/fedtopo.md", "experiments/results/fedtopo-regime/README.md"):
-        assert block in (ROOT / readme).read_text(), readme
+        assert block_body((ROOT / readme).read_text(), "regime-headline") == text, readme

@@ -26,6 +26,7 @@ from fl_app.report import (
 from fl_app.run.outputs import write_csv, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
+END_REPORT = "<!-- /generated:report -->"
 
 
 def make_run(
@@ -161,11 +162,11 @@ def test_cli_prints_the_table_and_writes_csv_and_plots(tmp_path, capsys):
 
 
 def test_readme_tables_match_the_committed_results():
-    """Every <!-- report: ... --> table in the READMEs is what the report tool makes of the runs it names."""
+    """Every <!-- generated:report (...) --> table in the READMEs is what the report tool makes of the runs it names."""
     checked = 0
     for readme in [ROOT / "README.md", *sorted(ROOT.glob("experiments/**/README.md")), *sorted(ROOT.glob("docs/*.md"))]:
         text = readme.read_text()
-        if "<!-- report:" in text:
+        if "<!-- generated:report (" in text:
             assert regenerate_readme(text, ROOT) == text, f"{readme}: rerun python -m fl_app.report --update-readme"
             checked += 1
     assert checked >= 1
@@ -570,15 +571,16 @@ def test_out_never_writes_through_a_planted_temporary_name(tmp_path):
 
 def test_update_readme_does_not_write_through_a_symlink(tmp_path, capsys):
     target = tmp_path / "real.md"
-    target.write_text("<!-- report: experiments/results/compare/runs -->\nold\n<!-- /report -->\n")
+    start, end = "<!-- generated:report (python -m fl_app.report experiments/results/compare/runs) -->", END_REPORT
+    target.write_text(f"{start}\nold\n{end}\n")
     (tmp_path / "link.md").symlink_to(target)
     assert main(["--update-readme", str(tmp_path / "link.md")]) == 2
-    assert "is a symlink" in capsys.readouterr().err and target.read_text().endswith("old\n<!-- /report -->\n")
+    assert "is a symlink" in capsys.readouterr().err and target.read_text().endswith(f"old\n{end}\n")
 
 
 # -- bounded reading and cells that stay cells ---------------------------------------------------------------------
 def test_a_huge_csv_line_or_cell_is_refused_before_it_is_parsed_with_a_short_message(tmp_path, capsys, monkeypatch):
-    import fl_app.report as report_module
+    import fl_app.report.read as report_module  # patched where read_table looks the limits up
 
     monkeypatch.setattr(report_module, "MAX_LINE_CHARS", 1000)  # the real limit is 64 KiB: same code, small file
     monkeypatch.setattr(report_module, "MAX_FIELD_CHARS", 100)
@@ -615,3 +617,11 @@ def test_labels_cannot_become_spreadsheet_formulas_or_markdown_rows(tmp_path):
     rows = [line for line in text.splitlines() if line.startswith("|")]
     assert not any(line.startswith("| forged") for line in rows), text
     assert "a \\| b \\| forged \\| row \\|" in text
+
+
+def test_a_results_folder_with_a_study_summary_reads_its_runs(tmp_path):
+    """experiments/results/ablations holds an old study's summary.json beside runs/: the folder means its runs."""
+    make_run(tmp_path / "results/runs/feast/seed0", seed=0)
+    make_run(tmp_path / "results/runs/feast/seed1", seed=1)
+    (tmp_path / "results/summary.json").write_text('{"rounds": 10, "table": []}')
+    assert sorted(run.seed for run in find_runs([tmp_path / "results"])) == [0, 1]

@@ -149,7 +149,8 @@ def test_gamma_partitioner_on_a_dataset_deals_the_allocations_partitions():
     """flwr-datasets' way (a Dataset, ``load_partition``) gives the rows that the app's own draw gives."""
     from datasets import Dataset
 
-    from fl_app.data.partition import GammaAllocation, GammaPartitioner
+    from fl_app.data.gamma_partitioner import GammaPartitioner
+    from fl_app.data.partition import GammaAllocation
 
     labels = np.random.default_rng(3).integers(0, 10, 2000)
     budgets = np.array([0.5, 0.5, 1.0, 2.6, 13.5]) * 1e6

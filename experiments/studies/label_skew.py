@@ -29,7 +29,7 @@ from fl_app.data.partition import GammaAllocation, draw_budgets
 from fl_app.io.cli import comma_list, tool_parser
 from fl_app.io.files import write_new_file
 from fl_app.models.supernet_space import load_supernet_config
-from fl_app.plots import png_bytes, pyplot
+from fl_app.report.plots import png_bytes, pyplot
 from fl_app.run.config import validate_run_config
 from fl_app.run.outputs import write_csv, write_json
 from fl_app.supernet.subnets import SubnetCache

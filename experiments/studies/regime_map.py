@@ -189,7 +189,7 @@ def headline(lines: list[dict], method: str, against: str) -> str:
 
 def figure_map(lines: list[dict], method: str, against: str):
     """Both paired differences per cell, points with 95% intervals, one row per cell."""
-    from fl_app.plots import pyplot
+    from fl_app.report.plots import pyplot
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 0.6 * len(lines) + 1.6))
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         text = map_markdown(lines, args.method, args.against)
         print(text)
         if args.out:
-            from fl_app.plots import png_bytes
+            from fl_app.report.plots import png_bytes
 
             args.out.mkdir(parents=True, exist_ok=True)
             write_file(args.out / FILES[0], csv_bytes(lines))

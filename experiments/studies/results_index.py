@@ -1,6 +1,6 @@
 """The index of ``experiments/results/``: for every folder, what it is (its README's title), the suite that made it,
 the commits its runs were made at, and which markdown files of the repository cite it (a link or a path naming the
-folder, a ``<!-- report: ... -->`` marker or a generated block). Written into ``experiments/results/README.md``'s
+folder, a generated block's command or its text). Written into ``experiments/results/README.md``'s
 block ``results-index``:
 
     python -m experiments.studies.results_index            # rewrite the block

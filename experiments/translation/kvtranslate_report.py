@@ -252,7 +252,7 @@ def bench_table(real, tiny):
     return "\n\n".join(parts)
 
 
-def mean_ci(entry, key):
+def format_mean_ci(entry, key):
     """'mean ± half-width' of a summary entry's metric ('–' when absent)."""
     m = entry.get(key)
     return "–" if m is None else fmt(m["mean"]) + ("" if m["ci95"] is None else f" ± {fmt(m['ci95'])}")
@@ -274,7 +274,7 @@ def retention_study_table(study):
     rows = [
         [f"`{name}`", ", ".join(map(str, v["seeds"])), ", ".join(map(str, v.get("steps", [])))]
         + [
-            mean_ci(v, key)
+            format_mean_ci(v, key)
             for key in (
                 "heldout_phrasing_retention",
                 "training_phrasing_retention",
@@ -288,7 +288,7 @@ def retention_study_table(study):
     ]
     differences = [
         [f"`{name}`", f"`{b}`", ", ".join(map(str, paired_seeds(v, b)))]
-        + [mean_ci(v, f"{key}_minus_{b}") for key in ("heldout_phrasing_retention", "long_retention")]
+        + [format_mean_ci(v, f"{key}_minus_{b}") for key in ("heldout_phrasing_retention", "long_retention")]
         for i, b in enumerate(baselines)
         for name, v in variants.items()
         if f"heldout_phrasing_retention_minus_{b}" in v and name not in baselines[:i]
@@ -343,7 +343,7 @@ def retention_verdict(study, goal=0.9):
         name, v = max(variants.items(), key=lambda kv: kv[1][key]["mean"])
         reached = "reached" if v[key]["mean"] >= goal else "not reached"
         lines.append(
-            f"- F1 retention on {what}: best `{name}` with {mean_ci(v, key)} over seeds "
+            f"- F1 retention on {what}: best `{name}` with {format_mean_ci(v, key)} over seeds "
             f"{', '.join(map(str, v['seeds']))}; goal {goal}: **{reached}**."
         )
     baselines = study.get("baselines") or [next(iter(variants))]
@@ -355,8 +355,9 @@ def retention_verdict(study, goal=0.9):
             if held is None:
                 continue
             lines.append(
-                f"- `{name}` minus `{b}`: held-out phrasings {mean_ci(v, f'heldout_phrasing_retention_minus_{b}')} "
-                f"({spread_verdict(held)}), long contexts {mean_ci(v, f'long_retention_minus_{b}')} "
+                f"- `{name}` minus `{b}`: held-out phrasings "
+                f"{format_mean_ci(v, f'heldout_phrasing_retention_minus_{b}')} "
+                f"({spread_verdict(held)}), long contexts {format_mean_ci(v, f'long_retention_minus_{b}')} "
                 f"({spread_verdict(long_ctx)})."
             )
     return "\n".join(lines)
@@ -405,12 +406,12 @@ def recipe_table(study, recipe=RECIPE):
     if not kinds:
         return f"No variant trained with `{recipe}` yet."
     rows = [
-        [f"`{kind}`", str(len(v["seeds"]))] + [f"{mean_ci(v, k)} ({interval(v.get(k))})" for k in RECIPE_SETS]
+        [f"`{kind}`", str(len(v["seeds"]))] + [f"{format_mean_ci(v, k)} ({interval(v.get(k))})" for k in RECIPE_SETS]
         for kind, (_, v) in kinds.items()
     ]
     differences = [
         [f"`{a}`", f"`{b}`", str(len(paired_seeds(va, nb)))]
-        + [f"{mean_ci(va, f'{k}_minus_{nb}')} ({interval(va.get(f'{k}_minus_{nb}'))})" for k in RECIPE_SETS]
+        + [f"{format_mean_ci(va, f'{k}_minus_{nb}')} ({interval(va.get(f'{k}_minus_{nb}'))})" for k in RECIPE_SETS]
         for a, va, b, nb in mixture_differences(kinds)
     ]
     sets = [f"{what} F1 retention (95% interval)" for what in RECIPE_SETS.values()]
@@ -446,8 +447,8 @@ def confirmation_table(study, screening, recipe=RECIPE):
     screen = recipe_kinds(screening, recipe) if screening else {}
 
     def both(entry_c, entry_s, key):
-        cells = [f"{mean_ci(entry_c, key)} ({interval(entry_c.get(key))})"]
-        return cells + [mean_ci(entry_s, key) if entry_s else "–"]
+        cells = [f"{format_mean_ci(entry_c, key)} ({interval(entry_c.get(key))})"]
+        return cells + [format_mean_ci(entry_s, key) if entry_s else "–"]
 
     rows = []
     for kind, (_, v) in kinds.items():
@@ -470,7 +471,7 @@ def confirmation_table(study, screening, recipe=RECIPE):
         row = [f"`{a}`", f"`{b}`", str(len(paired_seeds(va, nb)))]
         for key in RECIPE_SETS:
             diff = f"{key}_minus_{nb}"
-            row += [f"{mean_ci(va, diff)} ({interval(va.get(diff))})", mean_ci(sa, diff) if sa else "–"]
+            row += [f"{format_mean_ci(va, diff)} ({interval(va.get(diff))})", format_mean_ci(sa, diff) if sa else "–"]
         differences.append(row)
     if differences:
         header = ["MoT kind", "minus", "seeds paired"]
@@ -512,7 +513,7 @@ def equal_capacity_table(study):
             actual = ", ".join(fmt(p) for p in v.get("parameters", [])) or "–"
             rows.append(
                 [fmt(target), f"`{kind}`", actual, widths or "–", ", ".join(map(str, v["seeds"]))]
-                + [f"{mean_ci(v, k)} ({interval(v.get(k))})" for k in RECIPE_SETS]
+                + [f"{format_mean_ci(v, k)} ({interval(v.get(k))})" for k in RECIPE_SETS]
             )
         names = list(kinds)
         for i, a in enumerate(names):
@@ -523,7 +524,7 @@ def equal_capacity_table(study):
                     seeds = next(m for m in ms if m is not None).get("seeds", [])
                     differences.append(
                         [fmt(target), f"`{a}`", f"`{b}`", str(len(seeds))]
-                        + ["–" if m is None else f"{mean_ci({'d': m}, 'd')} ({interval(m)})" for m in ms]
+                        + ["–" if m is None else f"{format_mean_ci({'d': m}, 'd')} ({interval(m)})" for m in ms]
                     )
         for key, what in RECIPE_SETS.items():
             best = max(kinds, key=lambda k: kinds[k][1][key]["mean"] if key in kinds[k][1] else float("-inf"))
@@ -534,7 +535,7 @@ def equal_capacity_table(study):
                     m = difference(vb, no, vo, nb, key)
                     against.append(f"`{other}` {'(not paired)' if m is None else spread_verdict(m)}")
             verdicts.append(
-                f"- {fmt(target)} parameters, {what}: highest mean `{best}` ({mean_ci(vb, key)}); against "
+                f"- {fmt(target)} parameters, {what}: highest mean `{best}` ({format_mean_ci(vb, key)}); against "
                 + "; ".join(against)
                 + "."
             )
@@ -581,7 +582,7 @@ def injection_depth_table(study, recipe=RECIPE):
     for s, what in DEPTH_SETS.items():
         rows = [
             [f"`{depth_name(n, recipe)}`", ", ".join(map(str, v["seeds"]))]
-            + [mean_ci(v["measures"], f"{s}/p={p}/retention") for p in points]
+            + [format_mean_ci(v["measures"], f"{s}/p={p}/retention") for p in points]
             for n, v in variants.items()
             if f"{s}/p=1.0/retention" in v["measures"]
         ]
@@ -598,9 +599,9 @@ def injection_depth_table(study, recipe=RECIPE):
                 continue
             rows.append(
                 [f"`{depth_name(n, recipe)}`", what]
-                + [mean_ci(m, f"{s}/{k}") for k in FAILURE_MODES]
-                + [mean_ci(m, f"{s}/layer={j}/retention") for j in layers]
-                + [mean_ci(m, f"{s}/layer={j}/answer_kl") for j in layers]
+                + [format_mean_ci(m, f"{s}/{k}") for k in FAILURE_MODES]
+                + [format_mean_ci(m, f"{s}/layer={j}/retention") for j in layers]
+                + [format_mean_ci(m, f"{s}/layer={j}/answer_kl") for j in layers]
             )
     parts.append(
         "The failure modes (propagated shift: the replayed tokens' relative hidden-state error, averaged over p < 1; "
@@ -623,7 +624,10 @@ def injection_depth_table(study, recipe=RECIPE):
                     seeds = next(c for c in cells if c is not None)["seeds"]
                     rows.append(
                         [f"`{depth_name(n, recipe)}`", f"`{depth_name(other, recipe)}`", what, str(len(seeds))]
-                        + ["–" if c is None else f"{mean_ci({'d': c}, 'd')} ({spread_verdict(c)})" for c in cells]
+                        + [
+                            "–" if c is None else f"{format_mean_ci({'d': c}, 'd')} ({spread_verdict(c)})"
+                            for c in cells
+                        ]
                     )
     if rows:
         parts.append(
@@ -652,8 +656,8 @@ def probe_table(study):
         return "Not run yet."
     rows = [
         [f"`{name}`", ", ".join(map(str, v["seeds"])), s.replace("_", " ")]
-        + [mean_ci(v, f"{s}_retention")]
-        + [mean_ci(v, f"{s}_{p}_retention") for p in PROBES]
+        + [format_mean_ci(v, f"{s}_retention")]
+        + [format_mean_ci(v, f"{s}_{p}_retention") for p in PROBES]
         for name, v in study["variants"].items()
         for s in ("heldout_phrasing", "long")
         if f"{s}_native_keys_retention" in v

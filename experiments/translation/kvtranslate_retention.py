@@ -308,7 +308,7 @@ def summarise(path: str, baselines: list[str] | None = None) -> dict[str, Any]:
     return summary
 
 
-def mean_ci(entry: dict[str, Any], key: str) -> str:
+def format_mean_ci(entry: dict[str, Any], key: str) -> str:
     m = entry.get(key)
     if m is None:
         return "-"
@@ -325,10 +325,13 @@ def print_summary(summary: dict[str, Any]) -> None:
     )
     print_table(
         ["variant", "seeds", *keys],
-        [[v, ",".join(map(str, e["seeds"]))] + [mean_ci(e, k) for k in keys] for v, e in summary["variants"].items()],
+        [
+            [v, ",".join(map(str, e["seeds"]))] + [format_mean_ci(e, k) for k in keys]
+            for v, e in summary["variants"].items()
+        ],
     )
     rows = [
-        [v, b] + [mean_ci(e, f"{k}_minus_{b}") for k in keys]
+        [v, b] + [format_mean_ci(e, f"{k}_minus_{b}") for k in keys]
         for b in summary["baselines"]
         for v, e in summary["variants"].items()
         if f"{keys[0]}_minus_{b}" in e

@@ -3,9 +3,9 @@ NumPy) and flwr-datasets' partitioners.
 
 flwr-datasets (with ``datasets``, seaborn, scipy and matplotlib) takes seconds to import in every process that loads
 the ClientApp, so it is imported only where a flwr-datasets partitioner is asked for: ``dirichlet``, ``iid`` and
-``GammaPartitioner``, the γ-allocation as a flwr-datasets ``Partitioner`` for use outside this app. The γ-allocation
-(``partitioner = "gamma-class-size"``, the default and the FEAST repository's concentration, or ``"gamma"``, the
-concentration of the earlier suites) draws the same partitions without it.
+``fl_app.data.gamma_partitioner``, the γ-allocation as a flwr-datasets ``Partitioner`` for use outside this app. The
+γ-allocation (``partitioner = "gamma-class-size"``, the default and the FEAST repository's concentration, or
+``"gamma"``, the concentration of the earlier suites) draws the same partitions without it.
 """
 
 from __future__ import annotations
@@ -145,14 +145,6 @@ class GammaAllocation:
             f"γ-allocation: no draw in {self.max_attempts} gave every client >= "
             f"{self.min_partition_size} samples; raise dirichlet-alpha or lower the number of clients"
         )
-
-
-def __getattr__(name: str):
-    if name == "GammaPartitioner":  # flwr-datasets is imported only by those who ask for it
-        from fl_app.data.gamma_partitioner import GammaPartitioner
-
-        return GammaPartitioner
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def make_partitioner(

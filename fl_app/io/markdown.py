@@ -1,5 +1,9 @@
-"""Generated blocks in markdown files: the text between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``
-is written by a tool and replaced whole; the rest of the file stays as its authors wrote it."""
+"""Generated blocks in markdown files: the text between ``<!-- generated:NAME (COMMAND) -->`` and
+``<!-- /generated:NAME -->`` is written by a tool and replaced whole; the rest of the file stays as its authors wrote
+it.
+
+COMMAND, in the start marker, is the command that regenerates the block (``tests/test_docs.py`` checks every committed
+block names one); a bare ``<!-- generated:NAME -->`` still reads. A tool rewriting a block keeps its start marker."""
 
 from __future__ import annotations
 
@@ -9,18 +13,45 @@ from pathlib import Path
 
 from fl_app.io.files import replace_file
 
+# a start marker on a line of its own, with the command that regenerates the block or (older files) without
+START = re.compile(r"^<!-- generated:(?P<name>[\w.-]+)(?: \((?P<command>[^\n]+)\))? -->$", re.M)
 
-def markers(name: str) -> tuple[str, str]:
-    return f"<!-- generated:{name} -->", f"<!-- /generated:{name} -->"
+
+def markers(name: str, command: str = "") -> tuple[str, str]:
+    start = f"<!-- generated:{name} ({command}) -->" if command else f"<!-- generated:{name} -->"
+    return start, f"<!-- /generated:{name} -->"
+
+
+def _block(name: str) -> re.Pattern:
+    start = re.escape(f"<!-- generated:{name}") + r"(?: \((?P<command>[^\n]+)\))? -->"
+    return re.compile(f"^(?P<start>{start})$\n?(?P<body>.*?)\n?^{re.escape(markers(name)[1])}$", re.S | re.M)
+
+
+def replace_each(text: str, name: str, body_of) -> tuple[str, int]:
+    """``text`` with every block ``name`` holding ``body_of(command)`` (the command its start marker names, "" for a
+    bare marker), and how many there were; each start marker is kept as written."""
+    return _block(name).subn(lambda m: f"{m['start']}\n{body_of(m['command'] or '')}\n{markers(name)[1]}", text)
 
 
 def replace_block(text: str, name: str, body: str) -> str | None:
     """``text`` with its block ``name`` holding ``body`` (the first such block); None when it has none. A marker
-    counts only on a line of its own: one named in prose (say, in backticks) is text, not a block."""
-    start, end = markers(name)
-    pattern = re.compile(f"^{re.escape(start)}$.*?^{re.escape(end)}$", re.S | re.M)
-    new, found = pattern.subn(lambda _: f"{start}\n{body}\n{end}", text, count=1)
-    return new if found else None
+    counts only on a line of its own: one named in prose (say, in backticks) is text, not a block. The start marker
+    (and the command it names) is kept."""
+    match = _block(name).search(text)
+    if match is None:
+        return None
+    return f"{text[: match.start()]}{match['start']}\n{body}\n{markers(name)[1]}{text[match.end() :]}"
+
+
+def block_body(text: str, name: str) -> str | None:
+    """The text of ``text``'s first block ``name`` (None when it has none)."""
+    match = _block(name).search(text)
+    return None if match is None else match["body"]
+
+
+def generated_blocks(text: str) -> list[tuple[str, str]]:
+    """(name, command) of every block's start marker in ``text`` (command "" where the marker names none)."""
+    return [(m["name"], m["command"] or "") for m in START.finditer(text)]
 
 
 def replace_blocks(text: str, bodies: dict[str, str]) -> str | None:

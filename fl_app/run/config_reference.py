@@ -3,8 +3,8 @@
     python -m fl_app.run.config_reference --out docs/run-config.md            # rewrite the table
     python -m fl_app.run.config_reference --out docs/run-config.md --check    # exit 1 when it is stale
 
-Only the table between ``<!-- generated:run-config -->`` and ``<!-- /generated:run-config -->`` is written; the text
-around it is kept (a file without the markers gets a title and the table). Nothing but the registry is read.
+Only the table between ``<!-- generated:run-config (COMMAND) -->`` and ``<!-- /generated:run-config -->`` is written;
+the text around it is kept (a file without the markers gets a title and the table). Nothing but the registry is read.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from fl_app.run.config import KEYS, Key
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = Path("docs/run-config.md")  # relative to the repository root, where the tools are run
 BLOCK = "run-config"
-START, END = markers(BLOCK)
+COMMAND = "python -m fl_app.run.config_reference --out docs/run-config.md"
+START, END = markers(BLOCK, COMMAND)  # a new file's block names the command that regenerates it
 
 
 def _code(value) -> str:
