@@ -4,6 +4,7 @@ back, and sparse aggregation of the accepted slices. FEAST's own choice of what 
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from logging import INFO
 
 import numpy as np
@@ -103,10 +104,10 @@ class SupernetStrategy(RoundSkeleton, TierScoring):
         """A freshly initialised global model (ScaleFL's also holds its exit heads)."""
         return ElasticResNet(self.model_cfg)
 
+    @abstractmethod
     def assign(self, partition_id: int, server_round: int) -> tuple[Subnet, Subnet | None]:
         """(bounds routed to the client, the single subnet it must train or None to let it plan FEAST's step): each
         method's own."""
-        raise NotImplementedError
 
     def routed_shapes(self, arch: Subnet) -> dict[str, tuple]:
         return subnet_shapes(self.model_cfg, arch)

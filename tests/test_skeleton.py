@@ -39,3 +39,16 @@ def test_configure_evaluate_receives_the_evaluate_config():
     train, evaluate = ConfigRecord({"lr": 0.1}), ConfigRecord({"what": "evaluate"})
     strategy.start(_Grid(), num_rounds=1, train_config=train, evaluate_config=evaluate)
     assert seen["config"] is evaluate
+
+
+def test_every_method_strategy_implements_every_hook_and_a_supernet_one_needs_assign():
+    from fl_app.multiarch_app import MULTIARCH_METHOD_TABLE
+    from fl_app.supernet_app import SUPERNET_METHOD_TABLE
+    from strategies.supernet_base import SupernetStrategy
+
+    classes = {m.strategy for m in SUPERNET_METHOD_TABLE.values()} | {
+        m.strategy for m in MULTIARCH_METHOD_TABLE.values()
+    }
+    assert len(classes) >= 12
+    assert {cls.__name__: sorted(cls.__abstractmethods__) for cls in classes if cls.__abstractmethods__} == {}
+    assert "assign" in SupernetStrategy.__abstractmethods__
