@@ -10,13 +10,13 @@ import torch
 from flwr.app import ConfigRecord
 
 from clients.fiarse import MagnitudeMask, masked_train_costs, masked_weight_grad, train_masked
-from clients.local_training import LocalSettings
 from fl_app.data.images import ImageData
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.models.supernet_space import count_macs
 from fl_app.run.payload import payload_bytes, record_to_state, state_to_record
 from fl_app.supernet.magnitude_masks import element_macs, kept_macs, level_thresholds, magnitude_mask
 from strategies.fiarse import FiarseStrategy
+from tests.harness.training import plain_settings
 from tests.test_hostile_supernet import CACHE, TINY
 from tests.test_routing_budgets import _reply
 
@@ -124,20 +124,7 @@ def test_masked_training_keeps_the_mask_and_the_tensor_names():
         torch.randint(0, 256, (16, 3, 8, 8), dtype=torch.uint8, generator=gen),
         torch.randint(0, 10, (16,), generator=gen),
     )
-    settings = LocalSettings(
-        epochs=1,
-        max_steps=2,
-        batch_size=8,
-        lr=0.1,
-        momentum=0.9,
-        weight_decay=5e-4,
-        kd_ratio=0.0,
-        crop_flip=False,
-        randaugment=False,
-        mixup_alpha=0.0,
-        cutmix_alpha=0.0,
-        seed=0,
-    )
+    settings = plain_settings()
     metrics = train_masked(model, threshold, data, settings)
     assert metrics["local-steps"] == 2
     trained = {k: v.numpy() for k, v in model.state_dict().items()}

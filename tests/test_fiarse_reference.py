@@ -12,7 +12,7 @@ from fl_app.models.supernet_space import count_macs
 from fl_app.run.payload import record_to_state, state_to_record
 from fl_app.supernet.magnitude_masks import element_macs, magnitude_mask, model_size, size_threshold
 from strategies.fiarse import FiarseStrategy
-from tests.harness.training import one_step_federation
+from tests.harness.training import one_step_federation, plain_settings
 from tests.test_fiarse import _state
 from tests.test_hostile_supernet import CACHE, TINY
 
@@ -74,23 +74,9 @@ def test_each_client_gets_its_own_size_not_a_level(flower_ids):
 
 def test_reference_mapping_trains_with_plain_sgd():
     from clients.fiarse import fiarse_settings
-    from clients.local_training import LocalSettings
     from fl_app.run.config import validate_run_config
 
-    settings = LocalSettings(
-        epochs=1,
-        max_steps=2,
-        batch_size=8,
-        lr=0.1,
-        momentum=0.9,
-        weight_decay=5e-4,
-        kd_ratio=0.0,
-        crop_flip=False,
-        randaugment=False,
-        mixup_alpha=0.0,
-        cutmix_alpha=0.0,
-        seed=0,
-    )
+    settings = plain_settings()
     ours = fiarse_settings(validate_run_config({"method": "fiarse"}), settings)
     assert (ours.momentum, ours.weight_decay) == (0.9, 5e-4)  # the default: the run's optimiser
     reference = fiarse_settings(validate_run_config({"method": "fiarse", "fiarse-mapping": "reference"}), settings)

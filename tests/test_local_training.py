@@ -6,22 +6,12 @@ from __future__ import annotations
 import torch
 
 from clients.local_training import LocalSettings, local_batches
+from tests.harness.training import plain_settings
 
 
 def settings(epochs: int, max_steps: int, batch_size: int) -> LocalSettings:
-    return LocalSettings(
-        epochs=epochs,
-        max_steps=max_steps,
-        batch_size=batch_size,
-        lr=0.1,
-        momentum=0.9,
-        weight_decay=0.0,
-        kd_ratio=0.5,
-        crop_flip=True,
-        randaugment=False,
-        mixup_alpha=0.0,
-        cutmix_alpha=0.0,
-        seed=0,
+    return plain_settings(
+        epochs=epochs, max_steps=max_steps, batch_size=batch_size, weight_decay=0.0, kd_ratio=0.5, crop_flip=True
     )
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from clients.local_training import LocalSettings, local_batches
+from clients.local_training import local_batches
 from fl_app.report import (
     MixedCommits,
     find_runs,
@@ -24,6 +24,7 @@ from fl_app.report import (
     write_tables,
 )
 from fl_app.run.outputs import write_csv, write_json
+from tests.harness.training import plain_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 END_REPORT = "<!-- /generated:report -->"
@@ -319,20 +320,7 @@ def test_tier_table_counts_the_clients_whose_budget_affords_each_tier(tmp_path):
 def test_images_per_round_counts_what_local_training_yields(num_samples, epochs, max_steps, batch_size):
     """The report's count equals the images ``local_batches`` hands a client in a round (a last batch of one sample
     is skipped: 9 = 4 + 4 + 1 trains 8 per epoch)."""
-    settings = LocalSettings(
-        epochs=epochs,
-        max_steps=max_steps,
-        batch_size=batch_size,
-        lr=0.1,
-        momentum=0.0,
-        weight_decay=0.0,
-        kd_ratio=0.0,
-        crop_flip=False,
-        randaugment=False,
-        mixup_alpha=0.0,
-        cutmix_alpha=0.0,
-        seed=0,
-    )
+    settings = plain_settings(epochs=epochs, max_steps=max_steps, batch_size=batch_size, momentum=0.0, weight_decay=0.0)
     generator = torch.Generator().manual_seed(0)
     yielded = sum(len(idx) for idx in local_batches(num_samples, settings, generator))
     assert images_per_round(num_samples, epochs, max_steps, batch_size) == yielded

@@ -1,4 +1,4 @@
-"""Stand-in inputs of a FEAST client's local step: its settings and random images."""
+"""Stand-in inputs of a client's local step: its settings (FEAST's or a plain one) and random images."""
 
 from __future__ import annotations
 
@@ -26,6 +26,14 @@ def feast_settings(**overrides) -> LocalSettings:
         seed=0,
     )
     return LocalSettings(**(settings | overrides))
+
+
+def plain_settings(**overrides) -> LocalSettings:
+    """A short plain step (at most 2 batches of 8, lr 0.1, momentum 0.9, weight decay 5e-4) without KD or
+    augmentation; ``overrides`` replace fields."""
+    return feast_settings(
+        **(dict(max_steps=2, lr=0.1, kd_ratio=0.0, crop_flip=False, mixup_alpha=0.0, cutmix_alpha=0.0) | overrides)
+    )
 
 
 def random_images(n: int, seed: int = 1) -> ImageData:
