@@ -13,7 +13,7 @@ from typing import Mapping
 
 import numpy as np
 
-from fl_app.run.config import TYPE_NAMES, Range
+from fl_app.run.config import TYPE_NAMES, Range, is_kind
 
 # The server accepts no reply value beyond 1e6 (strategies.screening.MAX_ABS), so no global tensor, prototype, soft
 # label or head it averages from honest replies exceeds it either; a broadcast beyond it is not something it computes.
@@ -67,21 +67,13 @@ class Expect:
         else:
             items = [value]
         for item in items:
-            if not _is_kind(item, self.kind):
+            if not is_kind(item, self.kind):
                 return f"expected {what}" if self.length is None else f"expected a list of values, each {what}"
             if isinstance(self.allowed, Range) and not self.allowed(item):
                 return f"must be {self.allowed.rule}"
             if isinstance(self.allowed, tuple) and item not in self.allowed:
                 return f"allowed: {list(self.allowed)}"
         return None
-
-
-def _is_kind(value, kind: type) -> bool:
-    if kind is float:  # an integral number is a number too; a bool is not
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, kind)
 
 
 def config_problem(config: Mapping, expected: Mapping[str, Expect]) -> str | None:

@@ -447,14 +447,18 @@ def _parse(key: str, value: str):
 TYPE_NAMES = {bool: "a bool (true or false)", int: "an integer", float: "a finite number", str: "a string"}
 
 
-def _type_ok(value, default) -> bool:
-    if isinstance(default, bool):
-        return isinstance(value, bool)
-    if isinstance(default, int):
-        return isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(default, float):
+def is_kind(value, kind: type) -> bool:
+    """Whether ``value`` is of ``kind`` (bool, int, float or str) as a config value must be: a bool is no number, an
+    integral number is a float too, a float is finite."""
+    if kind is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return isinstance(value, str)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def _type_ok(value, default) -> bool:
+    return is_kind(value, type(default))
 
 
 def _not_allowed(key: str, value) -> str:

@@ -12,11 +12,11 @@ ignored.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Mapping
 
 from fl_app.models.supernet_space import Subnet
+from fl_app.run.config import is_kind
 from fl_app.run.payload import PAYLOAD_DTYPES
 
 # -- the config keys ----------------------------------------------------------------------------------------------
@@ -104,21 +104,13 @@ def _subnet_values(name: str, subnet: Subnet) -> dict:
 KIND_NAMES = {bool: "a bool", int: "an integer", float: "a finite number", str: "a string"}
 
 
-def _is_kind(value, kind: type) -> bool:
-    if kind is float:  # an integral number is a number too; a bool is not
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, kind)
-
-
 def _value(config: Mapping, key: str, kind: type, allowed: tuple | None = None, required: bool = True):
     if key not in config:
         if required:
             raise ValueError(f"config '{key}' is missing: expected {KIND_NAMES[kind]}")
         return None
     value = config[key]
-    if not _is_kind(value, kind):
+    if not is_kind(value, kind):
         raise ValueError(f"config '{key}'={value!r}: expected {KIND_NAMES[kind]}")
     if allowed is not None and value not in allowed:
         raise ValueError(f"config '{key}'={value!r}: allowed values are {list(allowed)}")
@@ -129,7 +121,7 @@ def _list(config: Mapping, key: str, kind: type) -> list:
     if key not in config:
         raise ValueError(f"config '{key}' is missing: expected a list of values, each {KIND_NAMES[kind]}")
     value = config[key]
-    if not isinstance(value, list) or not all(_is_kind(item, kind) for item in value):
+    if not isinstance(value, list) or not all(is_kind(item, kind) for item in value):
         raise ValueError(f"config '{key}'={value!r}: expected a list of values, each {KIND_NAMES[kind]}")
     return value
 
