@@ -88,3 +88,9 @@ def test_the_command_writes_tables_and_the_readme_block(tmp_path, capsys):
     ) == 16  # against local, and fedtopo against it
     assert main([str(tmp_path), "--reference", "nobody"]) == 2
     assert "allowed: fedproto, fedtopo, local" in capsys.readouterr().err
+    # one block per cell: --block names which one, the others stay as they were
+    readme.write_text("<!-- generated:cell-a -->\nold\n<!-- /generated:cell-a -->\nkept\n")
+    assert main([str(tmp_path), "--readme", str(readme), "--block", "cell-b"]) == 2
+    assert "no <!-- generated:cell-b --> block" in capsys.readouterr().err
+    assert main([str(tmp_path), "--readme", str(readme), "--block", "cell-a"]) == 0
+    assert "A positive control" in readme.read_text() and "old" not in readme.read_text()

@@ -8,9 +8,10 @@ last round and at the best round, which the run chose on its validation split (n
         --reference local --method fedtopo --out experiments/results/fedtopo-control
 
 Writes ``sharing_scores.csv`` (one line per comparison, score and round) and ``sharing_scores.md`` (two tables and
-the verdict) into ``--out``; ``--readme FILE`` rewrites the block ``sharing-verdict`` in FILE with the verdict. A cell
-counts as a positive control when some baseline beats the reference by at least ``--margin`` points (default 1) at
-the lower end of its 95% paired interval on some score; the score and round that made it one are named.
+the verdict) into ``--out``; ``--readme FILE`` rewrites the block ``sharing-verdict`` in FILE with the verdict
+(``--block NAME``: another block, one per cell). A cell counts as a positive control when some baseline beats the
+reference by at least ``--margin`` points (default 1) at the lower end of its 95% paired interval on some score; the
+score and round that made it one are named.
 """
 
 from __future__ import annotations
@@ -193,7 +194,12 @@ def build_parser():
     parser.add_argument("--margin", type=float, default=1.0, help="points a control must clear at its low end")
     parser.add_argument("--out", type=Path, help="write sharing_scores.csv and .md here (unset: print only)")
     parser.add_argument(
-        "--readme", type=Path, action="append", default=[], help=f"markdown file whose {VERDICT} block to rewrite"
+        "--readme", type=Path, action="append", default=[], help="markdown file whose --block block to rewrite"
+    )
+    parser.add_argument(
+        "--block",
+        default=VERDICT,
+        help=f"the generated block --readme rewrites (default {VERDICT})",
     )
     return parser
 
@@ -209,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
             write_file(args.out / FILES[0], csv_bytes(lines))
             write_file(args.out / FILES[1], (text + "\n").encode())
         for path in args.readme:
-            if not rewrite_blocks(path, {VERDICT: verdict(lines, args.reference, args.method, args.margin)}):
-                raise ValueError(f"{path}: no {markers(VERDICT)[0]} block to rewrite")
+            if not rewrite_blocks(path, {args.block: verdict(lines, args.reference, args.method, args.margin)}):
+                raise ValueError(f"{path}: no {markers(args.block)[0]} block to rewrite")
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
