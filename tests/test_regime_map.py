@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from experiments.studies.regime_map import csv_bytes, headline, main, regime_map
-from fl_app.io.markdown import block_body
+from fl_app.io.markdown import block_body, generated_blocks
 from fl_app.run.outputs import write_csv, write_json
 
 
@@ -65,6 +65,15 @@ def test_each_cell_is_paired_with_the_named_and_the_best_other_baseline(folders)
     # the one-backbone cell: no other baseline; local's two seeds flat and fedtopo's curves flat too
     assert arch["vs_local_difference"] == pytest.approx(0.015) and arch["best_baseline"] == ""
     assert arch["vs_best_verdict"] == "no runs" and arch["folder"] == "regime-arch"
+
+
+def test_a_suite_without_a_grid_is_one_cell_named_by_its_folder(tmp_path):
+    for label, finals in (("fedtopo", (0.70, 0.72)), ("local", (0.71, 0.71))):
+        for seed, last in enumerate(finals):
+            make_run(tmp_path / "control", label, {}, seed, last, last)
+    (line,) = regime_map([tmp_path / "control" / "runs"], "fedtopo", "local")
+    assert (line["folder"], line["cell"]) == ("control", "control")
+    assert line["vs_local_difference"] == pytest.approx(0.0)
 
 
 def test_cli_writes_table_csv_and_plot_and_names_a_missing_method(folders, tmp_path, capsys):
@@ -130,14 +139,20 @@ def test_cli_rewrites_the_readme_block_and_refuses_a_file_without_one(folders, t
 
 ROOT = Path(__file__).resolve().parents[1]
 # the FedTopo regime map's folders, in the order its README's command names them (those committed so far)
-COMMITTED = [ROOT / f"experiments/results/fedtopo-regime{s}/runs" for s in ("", "-pat", "-data", "-arch")]
+
+
+def committed_folders() -> list[Path]:
+    """The folders the README's regime-headline marker names in its command: the map's cells, wherever they live."""
+    commands = [c for name, c in generated_blocks((ROOT / "README.md").read_text()) if name == "regime-headline"]
+    assert commands, "README.md: no regime-headline block"
+    return [ROOT / word for word in commands[0].split() if word.endswith("/runs")]
 
 
 def test_the_committed_fedtopo_regime_map_is_what_the_study_writes():
     committed = ROOT / "experiments/results/fedtopo-regime/regime_map.csv"
     if not committed.exists():
         pytest.skip("no regime map committed yet")
-    lines = regime_map([f for f in COMMITTED if f.exists()], "fedtopo", "local", allow_mixed_commits=True)
+    lines = regime_map(committed_folders(), "fedtopo", "local", allow_mixed_commits=True)
     assert csv_bytes(lines) == committed.read_bytes()
     text = headline(lines, "fedtopo", "local")
     for readme in ("README.md", "docs/fedtopo.md", "experiments/results/fedtopo-regime/README.md"):

@@ -40,8 +40,9 @@ FILES = ("regime_map.csv", "regime_map.md", "regime_map.png")
 HEADLINE = "regime-headline"  # the generated block ``--readme`` rewrites
 
 
-def cell_text(cell: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in cell.items()) or "(no grid)"
+def cell_text(cell: dict, folder: str) -> str:
+    """A cell's grid values; a suite without a grid is one cell, named by its folder (a control cell's own suite)."""
+    return ", ".join(f"{k}={v}" for k, v in cell.items()) or folder
 
 
 def versus(row, other) -> dict:
@@ -70,10 +71,11 @@ def cell_lines(folder: Path, method: str, against: str, allow_mixed_commits: boo
         best = max(others, key=lambda r: mean_over(r, row.by_seed()), default=None)
         accuracy = row.estimate()
         not_flat = sorted(r.first.label for r in cell if not flat.get(r.name, False))
+        name = folder.name if folder.name != "runs" else folder.parent.name
         lines.append(
             {
-                "folder": folder.name if folder.name != "runs" else folder.parent.name,
-                "cell": cell_text(row.first.cell),
+                "folder": name,
+                "cell": cell_text(row.first.cell, name),
                 "methods": len(cell),
                 "seeds": min(r.seeds for r in cell),
                 "accuracy": accuracy.mean,
