@@ -9,6 +9,13 @@ from experiments.runner.flower_env import isolated_env, stop_local_superlink
 from experiments.runner.flower_internals import message_identity
 from fl_app.models.supernet_space import load_supernet_config
 from fl_app.supernet.subnets import SubnetCache
+from tests.harness.collection import WHOLE_SUITE_COLLECTED
+
+
+@pytest.hookimpl(tryfirst=True)  # before the mark plugin deselects
+def pytest_collection_modifyitems(config, items):
+    if config.args_source == pytest.Config.ArgsSource.TESTPATHS:
+        WHOLE_SUITE_COLLECTED.update(total=len(items), slow=sum(1 for i in items if i.get_closest_marker("slow")))
 
 
 @pytest.fixture(autouse=True, scope="session")

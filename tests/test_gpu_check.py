@@ -13,6 +13,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # two real FEAST rounds through `flwr run`
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU path; on CUDA run the script itself")
 def test_gpu_check_runs_on_cpu_and_skips_cuda_parts(tmp_path):
     proc = subprocess.run(

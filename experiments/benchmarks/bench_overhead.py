@@ -15,6 +15,15 @@ a fresh process running the loop (imports, data loading, all rounds, evaluation)
 at a time (``client-resources-num-cpus`` = all cores, so a client trains with as many threads), as the plain loop
 does (same threads); ``flower_parallel_s`` is the README's federation (one CPU and one thread per client, clients
 side by side; its floats differ from the plain loop's, since thread counts change reduction order).
+``ratio`` = flower_s / plain_s (start-up included); ``rounds_ratio`` = flower_rounds_s / plain_rounds_s, the steady
+state: the ServerApp's round loop against the plain loop's (start-up and shutdown excluded on both sides). The
+reference regime's steady state (experiments/suites/reference-regime.toml's data and local work: 100 clients, 10 a
+round, one local epoch of about 500 images; no augmentation, so that both sides draw the same batches):
+
+    python -m experiments.benchmarks.bench_overhead --clients 100 --rounds 6 --no-parallel --run-config \\
+      "data-source='local' data-path='../shared/data/cifar10' dirichlet-alpha=0.03 budget-max-factor=2.5 \\
+       clients-per-round=10 max-local-steps=0 local-epochs=1 batch-size=64 lr=0.025"
+
 Prints one JSON line.
 """
 
@@ -200,11 +209,17 @@ def main(argv: list[str] | None = None) -> dict:
                     and np.isclose(summary["population_weighted_accuracy"], plain["population_weighted_accuracy"])
                 )
     result["ratio"] = round(result["flower_s"] / result["plain_s"], 3)
+    # steady state: the round loops alone (start-up and shutdown excluded on both sides)
+    result["rounds_ratio"] = round(result["flower_rounds_s"] / result["plain_rounds_s"], 3)
     if "flower_parallel_s" in result:
         result["ratio_parallel"] = round(result["flower_parallel_s"] / result["plain_s"], 3)
     print(json.dumps(result))
     print(
-        "\n".join(f"{k:<20} {result[k]}" for k in ("plain_s", "flower_s", "flower_parallel_s", "ratio") if k in result),
+        "\n".join(
+            f"{k:<20} {result[k]}"
+            for k in ("plain_s", "flower_s", "flower_parallel_s", "ratio", "rounds_ratio")
+            if k in result
+        ),
         file=sys.stderr,
     )
     write_json_lines(args.out, [result])
