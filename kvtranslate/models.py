@@ -56,6 +56,11 @@ TINY_SPECS = {
     "tiny-qwen2": dict(family="qwen2", vocab=1024, tokenizer="tiny-qwen2", layers=2, hidden=128, heads=4, kv_heads=2),
     # same family and tokenizer as tiny-qwen2, different depth and width (the same-family pair)
     "tiny-qwen2-b": dict(family="qwen2", vocab=1024, tokenizer="tiny-qwen2", layers=3, hidden=96, heads=4, kv_heads=2),
+    # a source three times the target's depth: with k_layers = 1 most of its layers are read by no target layer, with
+    # k_layers = 3 every one is
+    "tiny-qwen2-deep": dict(
+        family="qwen2", vocab=1024, tokenizer="tiny-qwen2", layers=6, hidden=96, heads=4, kv_heads=2
+    ),
 }
 
 

@@ -56,6 +56,7 @@ CONTROL_STUDIES = {
     "positions-steps": "positions_steps",
     "positions-study": "positions_study",
     "positions-deep": "positions_deep",
+    "positions-deep6": "positions_deep6",  # tiny-qwen2-deep (6 layers) -> tiny-qwen2 (2)
 }
 DEPTH_POSITIONS = "injection_depth_positions"
 POSITIONS_RECIPE = ":phrase_mix=0.5:w_key=16.0:target_input=positions:params=1000000:steps=1200"

@@ -95,7 +95,8 @@ def test_short_table_reads_the_eval_rows_and_the_bounds():
 
 def test_the_report_writes_a_control_block_only_once_its_rows_exist(tmp_path, monkeypatch):
     monkeypatch.setattr(kvtranslate_report, "EXPERIMENTS", str(tmp_path))
-    assert not {"positions-study", "positions-deep", "controls-short"} & set(kvtranslate_report.render())
+    studies = {"positions-study", "positions-deep", "positions-deep6", "controls-short"}
+    assert not studies & set(kvtranslate_report.render())
     rows = [row("mot", 0, 0.5, 0.3), row("no-source", 0, 0.1)]
     (tmp_path / "positions_study.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     blocks = kvtranslate_report.render()
