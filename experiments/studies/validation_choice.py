@@ -105,7 +105,7 @@ def render(rows: list[dict], chosen: dict) -> str:
         gap = f", {100 * (chosen['late_validation'] - rows[1]['late_validation']):.2f} points above the next"
     return (
         "Mean validation accuracy over each run's evaluations in its second half, then over seeds (test accuracy not "
-        f"read):\n\n{table}\nChosen on validation: **{chosen['setting']}** ({100 * chosen['late_validation']:.2f} %"
+        f"read):\n\n{table}\n\nChosen on validation: **{chosen['setting']}** ({100 * chosen['late_validation']:.2f} %"
         f"{gap}).\n"
     )
 
