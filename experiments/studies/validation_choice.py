@@ -19,7 +19,7 @@ from pathlib import Path
 from fl_app.io.cli import tool_parser
 from fl_app.io.markdown import markers, rewrite_blocks
 from fl_app.report import ReportError, csv_bytes, markdown, write_file
-from fl_app.report.read import read_json
+from fl_app.report.read import KINDS, read_json
 
 FILES = ("validation_choice.csv", "validation_choice.md")
 BLOCK = "validation-choice"
@@ -63,7 +63,8 @@ def late_validation(summary: dict, where: Path) -> float:
             raise ReportError(f"{where}: every 'history' entry needs a whole 'round'")
         if entry["round"] * 2 <= rounds:
             continue
-        if not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        is_fraction, _ = KINDS["fraction"]  # the report's own check of an accuracy (a bool is no number)
+        if value is None or not is_fraction(value):
             raise ReportError(
                 f"{where}: round {entry['round']}: 'validation_accuracy' is {value!r}; allowed: a number in [0, 1]"
             )
