@@ -31,6 +31,16 @@ def positive_int(path: str, key: str, value: Any) -> int:
     return value
 
 
+def check_segments(path: str, segments: Any, layers: Any) -> None:
+    """source_geom.segments: the layer counts of the source models read side by side, summing to its layers."""
+    if not isinstance(segments, list) or len(segments) < 2:
+        fail(path, "source_geom.segments", f"must be a list of two or more layer counts, got {segments!r}")
+    for i, n in enumerate(segments):
+        positive_int(path, f"source_geom.segments[{i}]", n)
+    if sum(segments) != layers:
+        fail(path, "source_geom.segments", f"{segments} must sum to source_geom.layers={layers!r}")
+
+
 def check_config(folder: str, config: dict[str, Any]) -> dict[str, Any]:
     """The constructor's arguments of config.json (read from `folder`), checked; raises ValueError naming the
     file and the key (unknown keys, missing keys, types, ranges, choices, and sizes over MAX_PARAMETERS /
@@ -55,7 +65,10 @@ def check_config(folder: str, config: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(geom, dict) or any(k not in geom for k in GEOMETRY_KEYS):
             fail(path, side, f"must be an object with {', '.join(GEOMETRY_KEYS)}, got {geom!r}")
         for k, v in geom.items():
-            positive_int(path, f"{side}.{k}", v)
+            if k == "segments" and side == "source_geom":
+                check_segments(path, v, geom["layers"])
+            else:
+                positive_int(path, f"{side}.{k}", v)
     choices_of = {"kind": KINDS, "gating": GATINGS, "target_input": TARGET_INPUTS}
     for key in allowed:
         if key not in ("source_geom", "target_geom", *choices_of):
@@ -93,7 +106,7 @@ def parameter_count(args: dict[str, Any]) -> int:
         count += 2 * enc_in + enc_in * latent + latent + latent * latent + latent  # LayerNorm, Linear, Linear
         src_in = latent
     else:
-        src_in = min(args["k_layers"], L_s) * src_dim
+        src_in = sum(min(args["k_layers"], n) for n in src.get("segments", [L_s])) * src_dim
     src_in *= args["src_window"]
     count += E * embed_dim if E > embed_dim else 0  # embed_proj
     emb_in = args["window"] * min(E, embed_dim)

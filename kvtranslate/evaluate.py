@@ -259,6 +259,10 @@ def translate_and_prefill(
     """Two no-argument functions for one context (batch 1): `translate` turns the source cache agent A already
     holds into the target's cache (alignment, RoPE stripping, the translator, RoPE re-rotation), `prefill` has the
     target read the context itself."""
+    if pair.more_sources:
+        raise ValueError(
+            f"translate_and_prefill takes a pair with one source (agent A's cache), got {len(pair.sources)} sources"
+        )
     source, target = pair.source, pair.target
     src_ids, src_off = char_offsets(pair.source_tok, text)
     tgt_ids, tgt_off = char_offsets(pair.target_tok, text)

@@ -207,20 +207,43 @@ def load_model(
     return model.to(device), load_tokenizer(where)
 
 
+# "a+b" as a source: several source models that read the same context feed one target (their caches side by side)
+SOURCE_SEPARATOR = "+"
+
+
 @dataclass(frozen=True, eq=False)
 class ModelPair:
     """The two sides of a translation: the source model that read the context (and its tokenizer) and the target
     model that answers from the translated cache (and its tokenizer). Every tensor the pipeline builds for a
-    pair lives on the target's device."""
+    pair lives on the target's device. `more_sources`: further source models that read the same context with
+    the same tokenizer (so one alignment serves them all); the translator reads all their caches."""
 
     source: PreTrainedModel
     source_tok: PreTrainedTokenizerBase
     target: PreTrainedModel
     target_tok: PreTrainedTokenizerBase
+    more_sources: tuple[PreTrainedModel, ...] = ()
 
     @property
     def device(self) -> torch.device:
         return self.target.device
+
+    @property
+    def sources(self) -> tuple[PreTrainedModel, ...]:
+        return (self.source, *self.more_sources)
+
+
+def source_names(source: str) -> list[str]:
+    """The source models a --source value names: one name or path, or several joined by SOURCE_SEPARATOR (a path
+    that exists is one source even if it holds the separator)."""
+    if os.path.exists(source) or SOURCE_SEPARATOR not in source:
+        return [source]
+    names = source.split(SOURCE_SEPARATOR)
+    if any(not name for name in names):
+        raise ValueError(
+            f"source {source!r}: an empty name between {SOURCE_SEPARATOR!r} (write e.g. 'tiny-qwen2-b+tiny-qwen2-deep')"
+        )
+    return names
 
 
 def load_pair(
@@ -230,9 +253,24 @@ def load_pair(
     dtype: str | torch.dtype = "auto",
     attn_implementation: str | None = ATTN_IMPLEMENTATION,
 ) -> ModelPair:
-    """Both models of a pair by name or path (see `resolve`), on `device`, in `dtype` (see `load_model`)."""
+    """Both sides of a pair by name or path (see `resolve`), on `device`, in `dtype` (see `load_model`). `source`
+    may name several models joined by "+" (`source_names`): they must share one tokenizer and one KV head shape
+    (`source_geometry`)."""
     load = dict(dtype=dtype, device=device, attn_implementation=attn_implementation)
-    return ModelPair(*load_model(source, **load), *load_model(target, **load))
+    names = source_names(source)
+    first, first_tok = load_model(names[0], **load)
+    more = []
+    for name in names[1:]:
+        model, tokenizer = load_model(name, **load)
+        if tokenizer.get_vocab() != first_tok.get_vocab():
+            raise ValueError(
+                f"source {source!r}: {name} and {names[0]} use different tokenizers; sources that feed one target "
+                "together must share one (one alignment to the target's tokens)"
+            )
+        more.append(model)
+    pair = ModelPair(first, first_tok, *load_model(target, **load), more_sources=tuple(more))
+    source_geometry(pair)  # refuses sources whose KV heads differ
+    return pair
 
 
 def pick_device(name: str) -> torch.device:
@@ -296,6 +334,24 @@ def kv_geometry(model: PreTrainedModel) -> dict[str, int]:
         hidden=c.hidden_size,
         max_positions=c.max_position_embeddings,
     )
+
+
+def source_geometry(pair: ModelPair) -> dict[str, Any]:
+    """The KV geometry of what the translator reads: the source's (`kv_geometry`), or for several sources their
+    caches side by side: layers summed, `segments` the layer count of each, in order. Their KV heads and head
+    width must agree (each layer's features are one row of the same width), else an error naming both."""
+    geometries = [kv_geometry(model) for model in pair.sources]
+    if len(geometries) == 1:
+        return geometries[0]
+    first = geometries[0]
+    for model, geometry in zip(pair.sources[1:], geometries[1:]):
+        for key in ("kv_heads", "head_dim"):
+            if geometry[key] != first[key]:
+                raise ValueError(
+                    f"sources {pair.source.name_or_path} and {model.name_or_path}: {key} {first[key]} vs "
+                    f"{geometry[key]}; sources that feed one target together need the same KV heads and head width"
+                )
+    return {**first, "layers": sum(g["layers"] for g in geometries), "segments": [g["layers"] for g in geometries]}
 
 
 def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:

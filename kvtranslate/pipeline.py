@@ -16,7 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .align import align_tokens, padded_alignment
 from .cache import KV, prefill_kv
 from .corpus import QAItem, has_same_type_distractor, make_long_dataset
-from .models import ModelPair, kv_geometry
+from .models import ModelPair, kv_geometry, source_geometry
 from .scoring import pad_left
 from .tokenization import encode_item
 from .translators import CONFIG_NAME, KVTranslator, position_features, source_features, target_embeddings
@@ -116,13 +116,19 @@ def aligned_features(source_kv: KV, index: Tensor) -> Tensor:
     return feats.gather(1, idx)
 
 
+def prefill_sources(pair: ModelPair, ids: Tensor, mask: Tensor) -> KV:
+    """The pre-RoPE KV of every source model of the pair on the context, their layers one after another (the order
+    `source_geometry`'s segments give)."""
+    return [layer for model in pair.sources for layer in prefill_kv(model, ids, mask)]
+
+
 def translate_batch(
     translator: KVTranslator, pair: ModelPair, batch: Batch, source_kv: KV | None = None
 ) -> tuple[KV, dict[str, Tensor]]:
     """Source KV (prefilled here unless given) -> translated target pre-RoPE KV for the batch's contexts."""
     if source_kv is None:
         with torch.no_grad():
-            source_kv = prefill_kv(pair.source, batch["src_ids"], batch["src_mask"])
+            source_kv = prefill_sources(pair, batch["src_ids"], batch["src_mask"])
     dtype = translator.w_src.dtype  # models in bfloat16 / float16 feed a float32 translator (no copy when equal)
     feats = aligned_features(source_kv, batch["index"]).to(dtype)
     with torch.no_grad():
@@ -139,7 +145,7 @@ def build_translator(pair: ModelPair, cfg: dict[str, Any]) -> KVTranslator:
     placed on the target's device."""
     target_geometry = kv_geometry(pair.target)
     return KVTranslator(
-        kv_geometry(pair.source),
+        source_geometry(pair),
         target_geometry,
         target_geometry["hidden"],
         kind=cfg["kind"],
@@ -184,11 +190,11 @@ def load_translator(pair: ModelPair, folder: str) -> tuple[KVTranslator, dict[st
 def check_fits(translator: KVTranslator, pair: ModelPair, folder: str) -> None:
     """The saved translator reads the pair's source cache and writes the target's (layers, KV heads, head width,
     embedding width), else an error naming the folder and both shapes."""
-    keys = ("layers", "kv_heads", "head_dim")
+    keys = ("layers", "kv_heads", "head_dim", "segments")  # segments: several sources' layer counts (else absent)
     saved = translator.config
-    for side, model in (("source", pair.source), ("target", pair.target)):
-        want = {k: kv_geometry(model)[k] for k in keys}
-        have = {k: saved[f"{side}_geom"][k] for k in keys}
+    for side, geometry in (("source", source_geometry(pair)), ("target", kv_geometry(pair.target))):
+        want = {k: geometry[k] for k in keys if k in geometry}
+        have = {k: saved[f"{side}_geom"][k] for k in keys if k in saved[f"{side}_geom"]}
         if have != want:
             raise ValueError(f"translator {folder} was made for a {side} cache of {have}, this pair's is {want}")
     if saved["target_embed_dim"] != kv_geometry(pair.target)["hidden"]:

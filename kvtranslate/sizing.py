@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .models import ModelPair, kv_geometry
+from .models import ModelPair, kv_geometry, source_geometry
 from .translators import KINDS, KVTranslator
 
 WIDTH_KNOBS = {
@@ -109,4 +109,4 @@ def size_for_pair(
 ) -> dict[str, Any]:
     """`size_to_params` for the pair's cache shapes and the target's embedding width."""
     target_geom = kv_geometry(pair.target)
-    return size_to_params(kv_geometry(pair.source), target_geom, target_geom["hidden"], settings, params, fixed)
+    return size_to_params(source_geometry(pair), target_geom, target_geom["hidden"], settings, params, fixed)

@@ -114,7 +114,7 @@ def train_translator(
     """A translator trained on training names and templates; returns it (eval mode), the loss history every 50
     steps and the settings used (TRAIN_DEFAULTS with `overrides`)."""
     cfg = {**TRAIN_DEFAULTS, **overrides}
-    for model in (pair.source, pair.target):
+    for model in (*pair.sources, pair.target):
         family_of(model)  # raises for an unsupported family
     if cfg["batch"] < 1 or cfg["steps"] < 1:
         raise ValueError(f"batch and steps must be >= 1, got batch={cfg['batch']} steps={cfg['steps']}")
@@ -134,7 +134,7 @@ def train_translator(
     long_data = long_training_data(pair, cfg) if cfg["long_mix"] > 0 else []
     translator = build_translator(pair, cfg)
     translator.balance_term = cfg["balance"]
-    for p in list(pair.source.parameters()) + list(pair.target.parameters()):
+    for p in [p for model in (*pair.sources, pair.target) for p in model.parameters()]:
         p.requires_grad_(False)
     # output statistics from a few batches of native target KV
     stats_kv, stats_mask = [], []

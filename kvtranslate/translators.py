@@ -18,6 +18,9 @@ Kinds:
   from the latent);
 - "no-source": the control every kind must beat: shared-latent's architecture and parameter count with the source
   features replaced by zeros, so it writes the target cache from the target's own embedding window alone.
+Several source models (a source geometry with `segments`, models.source_geometry) are read as one cache of their
+layers side by side: each target layer reads k layers of every one of them (`segment_layer_map`), the latent kinds
+encode all of them.
 With `src_window` > 1 each target token also reads the source part (per-layer K/V, or the latent) of its
 `src_window` - 1 predecessors, as the embedding window does for the target's lookups.
 All target layers are computed in batched matrix products, which keeps the translator cheaper than a prefill.
@@ -56,6 +59,26 @@ TARGET_INPUTS = ("embeddings", "positions")
 # a saved translator: a folder with these two files (as transformers saves a model)
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 MODEL_TYPE = "kvtranslate-translator"  # config.json's model_type
+
+
+def segment_layer_map(segments: list[int], n_target: int, k: int) -> list[list[int]]:
+    """Per target layer, the source layers it reads: the k nearest in relative depth (align.layer_map) of every
+    source model, the models' layers numbered one after another as `segments` (their layer counts) lays them out.
+    One source: layer_map(layers, n_target, k) (k capped at its depth)."""
+    reads, offset = [[] for _ in range(n_target)], 0
+    for n in segments:
+        for j, chosen in enumerate(layer_map(n, n_target, min(k, n))):
+            reads[j] += [offset + i for i in chosen]
+        offset += n
+    return reads
+
+
+def segment_layers(segments: list[int], i: int) -> tuple[int, ...]:
+    """The source-layer indices of source model `i` when the models' layers lie one after another (`segments`)."""
+    if not 0 <= i < len(segments):
+        raise ValueError(f"source index must be in 0..{len(segments) - 1}, got {i}")
+    start = sum(segments[:i])
+    return tuple(range(start, start + segments[i]))
 
 
 def source_features(kv: KV) -> Tensor:
@@ -151,11 +174,14 @@ class KVTranslator(nn.Module):
         self.kind, self.gating, self.top_k, self.window, self.src_window = kind, gating, top_k, window, src_window
         # evaluation ablation: every expert weighted 1/M (does the router's choice matter?); not saved
         self.uniform_gates = False
+        # evaluation ablation: these source layers read as zeros (with several sources, `segment_layers` of one of
+        # them: does the translator use that source?); not saved
+        self.zeroed_layers: tuple[int, ...] = ()
         self.balance_term = "switch"  # routing.BALANCE_TERMS key the training loss reads as aux["balance"]
         self.n_experts = n_experts if kind in MIXTURE_KINDS else 1
         L_t, L_s = target_geom["layers"], source_geom["layers"]
         self.layers, self.hidden = L_t, hidden
-        self.layer_map = layer_map(L_s, L_t, min(k_layers, L_s))
+        self.layer_map = segment_layer_map(source_geom.get("segments", [L_s]), L_t, k_layers)
         src_dim = 2 * source_geom["kv_heads"] * source_geom["head_dim"]
         self.kv_heads, self.head_dim = target_geom["kv_heads"], target_geom["head_dim"]
         out_dim = 2 * self.kv_heads * self.head_dim
@@ -207,6 +233,9 @@ class KVTranslator(nn.Module):
         L, N, M, H = self.layers, B * T, self.n_experts, self.hidden
         if self.kind in NO_SOURCE_KINDS:
             src_feats = torch.zeros_like(src_feats)  # same shapes and budget, no information from the source
+        elif self.zeroed_layers:
+            src_feats = src_feats.clone()
+            src_feats[:, :, list(self.zeroed_layers)] = 0
         if self.kind in LATENT_KINDS:
             z = self.source_window(self.encoder(src_feats.flatten(2)), mask).reshape(1, N, -1)  # [1, N, Z]
             a = torch.matmul(self.src_norm(z), self.w_src)  # [L, N, W]

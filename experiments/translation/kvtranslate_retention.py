@@ -45,7 +45,7 @@ from experiments.tools.git_state import git_state  # noqa: E402
 from kvtranslate.cli import HelpFormatter, comma_list, int_list, print_table  # noqa: E402
 from kvtranslate.corpus import make_dataset  # noqa: E402
 from kvtranslate.evaluate import PROBE_MODES, qa_scores, routing_diagnostics  # noqa: E402
-from kvtranslate.models import DTYPES, ModelPair, load_pair, pick_device, set_threads  # noqa: E402
+from kvtranslate.models import DTYPES, ModelPair, load_pair, pick_device, set_threads, source_names  # noqa: E402
 from kvtranslate.pipeline import (  # noqa: E402
     EncodedItem,
     encode_pair_items,
@@ -56,7 +56,7 @@ from kvtranslate.pipeline import (  # noqa: E402
 )
 from kvtranslate.sizing import WIDTH_KNOBS, size_for_pair  # noqa: E402
 from kvtranslate.train import TRAIN_DEFAULTS, train_translator  # noqa: E402
-from kvtranslate.translators import CONFIG_NAME, KVTranslator  # noqa: E402
+from kvtranslate.translators import CONFIG_NAME, NO_SOURCE_KINDS, KVTranslator, segment_layers  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(REPO, "experiments", "results", "kvtranslate")
@@ -418,12 +418,20 @@ def main(argv: list[str] | None = None) -> None:
         help="also score every mixture with each expert weighted 1/M (SET_uniform_gates_retention: does the "
         "router's choice matter)",
     )
+    parser.add_argument(
+        "--drop-each-source",
+        action="store_true",
+        help="with several sources (--source a+b), also score every translator that reads them with each source's "
+        "layers zeroed (SET_without_NAME_retention: does it use that source?)",
+    )
     parser.add_argument("--summary", action="store_true", help="only rewrite the summary of OUT")
     args = parser.parse_args(argv)
     if args.summary:
         summarise(args.out, args.baselines)
         return
     variants, pair = study_setup(parser, args)
+    if args.drop_each_source and not pair.more_sources:
+        parser.error(f"--drop-each-source needs several sources (--source a+b), got --source {args.source}")
     data = eval_sets(pair, args.n, args.n_long, args.eval_seed)
     direct = {k: qa_scores(d, "direct", pair)[0] for k, d in data.items()}
     for translator, _, row in study_runs(args, pair, variants):
@@ -443,6 +451,13 @@ def main(argv: list[str] | None = None) -> None:
                     uniform = qa_scores(d, "translated", pair, translator)[0]
                     translator.uniform_gates = False
                     row[f"{k}_uniform_gates_retention"] = uniform["f1"] / max(direct[k]["f1"], 1e-9)
+            if args.drop_each_source and translator.kind not in NO_SOURCE_KINDS:
+                segments = translator.config["source_geom"]["segments"]
+                for i, name in enumerate(source_names(args.source)):
+                    translator.zeroed_layers = segment_layers(segments, i)
+                    dropped = qa_scores(d, "translated", pair, translator)[0]
+                    translator.zeroed_layers = ()
+                    row[f"{k}_without_{name}_retention"] = dropped["f1"] / max(direct[k]["f1"], 1e-9)
     summarise(args.out, args.baselines)
 
 
