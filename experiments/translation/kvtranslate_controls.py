@@ -21,6 +21,8 @@ SETS = {"training_phrasing": "training phrasings", "heldout_phrasing": "held-out
 CONTROL = "no-source"  # the kind that never reads the source
 MIXTURES = ("mot", "mot-latent")
 UNIFORM = "uniform gates"  # a mixture scored with every expert weighted 1/M (a row's SET_uniform_gates_retention)
+FIRST_SET = f"{next(iter(SETS))}_retention"  # the set whose row keys say which ablations a study ran
+WITHOUT = "without"  # with several sources: scored with one source's layers zeroed (SET_without_NAME_retention)
 
 
 def read_rows(path):
@@ -39,16 +41,38 @@ def labels(rows):
     return {v: ":".join([p[0], *(x for x in p[1:] if x not in common)]) for v, p in parts.items()}
 
 
+def ablations(row, key):
+    """(label suffix, metric) of every evaluation ablation `row` holds for `key` (a SET_retention): the uniform
+    gates ('uniform gates'), then each source dropped ('without NAME', SET_without_NAME_retention, with several
+    sources)."""
+    stem = key.removesuffix("_retention")
+    found = [(UNIFORM, f"{stem}_uniform_gates_retention")]
+    prefix = f"{stem}_{WITHOUT}_"
+    found += [
+        (f"{WITHOUT} {m.removeprefix(prefix).removesuffix('_retention')}", m)
+        for m in row
+        if m.startswith(prefix) and m.endswith("_retention")
+    ]
+    return [(suffix, m) for suffix, m in found if row.get(m) is not None]
+
+
+def ablation_value(row, set_name, suffix):
+    """The row's retention on `set_name` under the ablation `suffix` (`ablations`), None when it has none."""
+    metric = dict(ablations(row, f"{set_name}_retention")).get(suffix)
+    return None if metric is None else row[metric]
+
+
 def by_label(rows, key):
-    """label -> {seed: value of `key`} over the rows that have it (a row's uniform-gate retention under the label
-    'KIND, uniform gates')."""
+    """label -> {seed: value of `key`} over the rows that have it (a row's ablations under the label
+    'KIND, uniform gates' or 'KIND, without NAME', `ablations`)."""
     names, out = labels(rows), {}
-    uniform = key.replace("_retention", "_uniform_gates_retention")
     for r in rows:
         label = names[r["variant"]]
-        for name, metric in ((label, key), (f"{label}, {UNIFORM}", uniform)):
-            if r.get(metric) is not None:
-                out.setdefault(name, {})[r["seed"]] = r[metric]
+        found = ([(label, key)] if r.get(key) is not None else []) + [
+            (f"{label}, {suffix}", metric) for suffix, metric in ablations(r, key)
+        ]
+        for name, metric in found:
+            out.setdefault(name, {})[r["seed"]] = r[metric]
     return out
 
 
@@ -100,9 +124,10 @@ def kinds_table(rows):
         cpu = sum(r.get("cpu_minutes", 0.0) for r in trained) / len(trained)
         sets = [ci_text([r[f"{s}_retention"] for r in runs]) for s in SETS]
         lines.append([f"`{label}`", f"{runs[0].get('parameters', 0):,}", widths, seeds, *sets, f"{cpu:.1f}"])
-        uniform = [[r.get(f"{s}_uniform_gates_retention") for r in runs] for s in SETS]
-        if all(v is not None for vs in uniform for v in vs):
-            lines.append([f"`{label}`, {UNIFORM} at evaluation", "same", "", seeds, *map(ci_text, uniform), ""])
+        for suffix, _ in ablations(runs[0], FIRST_SET):
+            values = [[ablation_value(r, s, suffix) for r in runs] for s in SETS]
+            if all(v is not None for vs in values for v in vs):
+                lines.append([f"`{label}`, {suffix} at evaluation", "same", "", seeds, *map(ci_text, values), ""])
     head = ["translator", "parameters", "widths", "seeds", *(f"{n} F1 retention" for n in SETS.values())]
     return table([*head, "CPU min per trained run"], lines)
 
@@ -116,6 +141,9 @@ def comparisons(rows):
     pairs = [(a, c) for c in control for a in names if a != c]
     pairs += [(m, b) for m in mixtures for b in names if b != m and b not in control]
     pairs += [(f"{m}, {UNIFORM}", m) for m in mixtures]
+    # with several sources: each translator with one source dropped minus itself
+    dropped = [n for n in by_label(rows, FIRST_SET) if n.rsplit(", ", 1)[-1].startswith(f"{WITHOUT} ")]
+    pairs += [(d, d.rsplit(", ", 1)[0]) for d in dropped]
     return pairs
 
 
@@ -210,6 +238,35 @@ def study_block(rows):
     if routing:
         parts += ["The mixtures' routing per seed (kvtranslate/routing.py):", routing]
     return "\n\n".join(parts)
+
+
+def sources_table(rows, alone):
+    """Several sources against each alone: every variant of the several-source study (`rows`) minus the same variant
+    (the same settings) trained on one of its sources (`alone`: source name -> that study's rows), paired by seed, per
+    set. Both must be scored on the same evaluation seed (else an error naming both)."""
+    names, lines = labels(rows), []
+    for source, other in alone.items():
+        seeds_here, seeds_there = {r["eval_seed"] for r in rows}, {r["eval_seed"] for r in other}
+        if seeds_here != seeds_there:
+            raise ValueError(
+                f"evaluation seeds differ: {sorted(seeds_here)} with every source, {sorted(seeds_there)} with "
+                f"{source} alone"
+            )
+        for variant, label in names.items():
+            here = {r["seed"]: r for r in rows if r["variant"] == variant}
+            there = {r["seed"]: r for r in other if r["variant"] == variant}
+            shared = sorted(set(here) & set(there))
+            if not shared:
+                continue
+            cells = []
+            for s in SETS:
+                diffs = [here[k][f"{s}_retention"] - there[k][f"{s}_retention"] for k in shared]
+                cells += [ci_text(diffs), verdict(diffs)]
+            lines.append([f"`{label}`", f"`{label}` from `{source}` alone", len(shared), *cells])
+    head = ["translator (every source)", "minus", "seeds paired"]
+    for n in SETS.values():
+        head += [f"{n}: difference (95% interval)", f"{n}: verdict"]
+    return table(head, lines) if lines else ""
 
 
 def short_table(rows):

@@ -25,7 +25,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from experiments.translation.kvtranslate_controls import read_rows, short_table, study_block  # noqa: E402
+from experiments.translation.kvtranslate_controls import read_rows, short_table, sources_table, study_block  # noqa: E402
 from fl_app.io.markdown import replace_blocks  # noqa: E402
 from kvtranslate.cli import HelpFormatter, comma_list  # noqa: E402
 
@@ -57,6 +57,15 @@ CONTROL_STUDIES = {
     "positions-study": "positions_study",
     "positions-deep": "positions_deep",
     "positions-deep6": "positions_deep6",  # tiny-qwen2-deep (6 layers) -> tiny-qwen2 (2)
+    "positions-two-source": "positions_two_source",  # tiny-qwen2-b + tiny-qwen2-deep -> tiny-qwen2
+}
+# the several-source study against each of its sources alone (same variants, seeds and evaluation set): block ->
+# (its file stem, {source: that source's one-source study stem})
+SOURCE_COMPARISONS = {
+    "positions-two-source-vs-one": (
+        "positions_two_source",
+        {"tiny-qwen2-b": "positions_deep", "tiny-qwen2-deep": "positions_deep6"},
+    ),
 }
 DEPTH_POSITIONS = "injection_depth_positions"
 POSITIONS_RECIPE = ":phrase_mix=0.5:w_key=16.0:target_input=positions:params=1000000:steps=1200"
@@ -966,6 +975,11 @@ def render(demo=DEMO):
         rows = read_rows(os.path.join(EXPERIMENTS, f"{stem}.jsonl"))
         if rows:
             blocks[name] = study_block(rows)
+    for name, (stem, alone) in SOURCE_COMPARISONS.items():
+        rows = read_rows(os.path.join(EXPERIMENTS, f"{stem}.jsonl"))
+        others = {source: read_rows(os.path.join(EXPERIMENTS, f"{s}.jsonl")) for source, s in alone.items()}
+        if rows and all(others.values()):
+            blocks[name] = sources_table(rows, others)
     return blocks
 
 
