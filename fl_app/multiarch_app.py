@@ -14,11 +14,13 @@ import math
 import secrets
 import time
 from dataclasses import dataclass, field
+from logging import DEBUG
 from pathlib import Path
 from typing import Callable
 
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
 
 from clients.fedtopo import (
     broadcast_problem,
@@ -59,6 +61,7 @@ from fl_app.run.lifecycle import FederatedRun, MethodFamily
 from fl_app.run.node_query import NODE_ID
 from fl_app.run.outputs import plot_accuracy_per_round
 from fl_app.run.payload import record_to_state, state_to_record
+from fl_app.run.phase_times import PhaseTimer
 from fl_app.run.records import ARRAYS_RECORD, CONFIG_RECORD, METRICS_RECORD, UPLOAD_RECORD
 from fl_app.run.seeds import derived_seed
 from strategies.evaluation_scores import best_round_scores
@@ -208,10 +211,11 @@ def train_multiarch(msg: Message, run: RunConfig, pid: int, num: int, context: C
     shares (never the weights, except LG-FedAvg's head). A broadcast that fails ``broadcast_problem`` is refused
     (the client raises: the server counts a failure) before the model is touched; a model that is no longer finite
     after training is not saved, so the node keeps its last good model."""
-    started = time.perf_counter()
+    started, timer = time.perf_counter(), PhaseTimer()
     config = msg.content.config_records[CONFIG_RECORD]
     server_round, num_classes = int(config["server-round"]), DATASETS[run["dataset"]].num_classes
     train, _ = client_data(run, pid, num)
+    timer.lap("data")
     dtype = str(config["payload-dtype"])
     record = msg.content.array_records.get(ARRAYS_RECORD)
     global_arrays = record_to_state(record, dtype) if record is not None else {}
@@ -219,7 +223,9 @@ def train_multiarch(msg: Message, run: RunConfig, pid: int, num: int, context: C
     problem = broadcast_problem(global_arrays, method.broadcast(num_classes, run["feature-dim"]))
     if problem:
         raise ValueError(f"client {pid} refuses the round-{server_round} broadcast: {problem}")
+    timer.lap("decode")
     model = load_client_model(run, pid, context.state, num, config, context.node_config)
+    timer.lap("model")
     seed = derived_seed(run["seed"], server_round, pid)
     step = dict(global_arrays=global_arrays, model=model, train=train, round_seed=seed, num_classes=num_classes)
     if method.before_training is not None:
@@ -227,6 +233,7 @@ def train_multiarch(msg: Message, run: RunConfig, pid: int, num: int, context: C
     step["loss_fn"] = method.loss(run, step) if method.loss is not None else plain_ce
     settings = LocalSettings.from_run(run, float(config["lr"]), seed)
     metrics = local_train(model, train, settings, step["loss_fn"])
+    timer.lap("steps")
     if not model_is_finite(model):
         raise FloatingPointError(f"client {pid}: training diverged in round {server_round}; the model is not saved")
     step["class_counts"] = class_counts(train, num_classes)
@@ -239,6 +246,8 @@ def train_multiarch(msg: Message, run: RunConfig, pid: int, num: int, context: C
     reply = {"num-examples": len(train), "partition-id": pid, **metrics, **costs}
     reply["client-seconds"] = time.perf_counter() - started
     content = RecordDict({UPLOAD_RECORD: state_to_record(upload, dtype), METRICS_RECORD: MetricRecord(reply)})
+    timer.lap("encode")  # the upload, its costs and the model saved for the next round
+    log(DEBUG, timer.line("client", server_round, pid))
     return Message(content, reply_to=msg)
 
 

@@ -32,6 +32,7 @@ from fl_app.run.lifecycle import FederatedRun, MethodFamily
 from fl_app.run.node_query import BUDGET_MACS, NODE_ID
 from fl_app.run.outputs import metrics_with_round_costs, plot_accuracy_vs_macs
 from fl_app.run.payload import record_to_state, state_to_record
+from fl_app.run.phase_times import PhaseTimer
 from fl_app.run.records import ARRAYS_RECORD, METRICS_RECORD
 from fl_app.run.seeds import derived_seed
 from fl_app.supernet.evaluation import TierEvaluator
@@ -310,10 +311,11 @@ def train_supernet_client(msg: Message, run: RunConfig, pid: int, num: int, cont
     """FEAST and the supernet / width-sliced baselines: the server says what is routed and, for the baselines,
     which single subnet to train; FEAST clients plan their max/min/random step themselves. Stateless between rounds
     (``context`` unused): everything arrives with the message."""
-    started, began = time.perf_counter(), time.time()
+    started, began, timer = time.perf_counter(), time.time(), PhaseTimer()
     setup = _supernet_setup(tuple(sorted(run.values.items())), num)
     # what the server sent, checked before anything is trained (a bad broadcast raises: an error reply)
     instruction = read_instruction(msg.content, run, setup.cfg, setup.budget_range, pid, num)
+    timer.lap("decode")
     if run["method"] == "scalefl":  # a level with its early exits, trained by self-distillation
         return train_scalefl(msg, instruction, run, pid, num, started)
     cfg, bounds, received, dtype = instruction.cfg, instruction.bounds, instruction.received, instruction.dtype
@@ -322,10 +324,12 @@ def train_supernet_client(msg: Message, run: RunConfig, pid: int, num: int, cont
     model.load_state_dict({k: torch.from_numpy(v) for k, v in received.items()}, strict=False)
     model.set_width_scaler(instruction.width_rate)
     plan, returned = _subnet_plan(instruction, setup, run)
+    timer.lap("model")
     data = client_data(run, pid, num, instruction.partition_budgets)  # declared budgets shape the split
     labels = sorted(int(c) for c in torch.unique(data.labels))
     logit_mask = _logit_mask(cfg.n_classes, labels) if instruction.mask_labels else None
     settings = LocalSettings.from_run(run, instruction.lr, derived_seed(run["seed"], instruction.server_round, pid))
+    timer.lap("data")
     if instruction.threshold is None:
         metrics = train_subnets(model, plan, data, settings, logit_mask)
         samples = metrics["local-steps"] * settings.batch_size
@@ -335,6 +339,7 @@ def train_supernet_client(msg: Message, run: RunConfig, pid: int, num: int, cont
         metrics = train_masked(model, instruction.threshold, data, settings)
         costs = masked_train_costs(cfg, received, instruction.threshold, metrics["local-steps"] * settings.batch_size)
 
+    timer.lap("steps")
     # send back exactly what was received, cut to the trained subnet when one was assigned
     trained = slice_state(model.state_dict(), {k: v for k, v in returned.items() if k in received})
     reply = RecordDict(
@@ -352,6 +357,8 @@ def train_supernet_client(msg: Message, run: RunConfig, pid: int, num: int, cont
             ),
         }
     )
+    timer.lap("encode")
+    log(DEBUG, timer.line("client", instruction.server_round, pid))
     # wall-clock span of this client's work, for a run's timeline (experiments.benchmarks.bench_default_run --timeline)
     log(
         DEBUG,

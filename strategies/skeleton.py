@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import time
 from abc import abstractmethod
-from logging import INFO, WARNING
+from logging import DEBUG, INFO, WARNING
 from typing import Any, Iterable
 
 import numpy as np
@@ -18,6 +18,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fl_app.run.costs import LocalTraining
 from fl_app.run.payload import RecordState, record_bytes
+from fl_app.run.phase_times import PhaseTimer
 from fl_app.run.records import ARRAYS_RECORD, METRICS_RECORD
 from fl_app.run.round_log import RoundLog
 from strategies.rounds import LiveNodes, arrays_bytes, sample_partitions
@@ -71,6 +72,7 @@ class RoundSkeleton(Strategy):
         self.rounds: dict[int, RoundLog] = {}
         self._sent: dict[int, Message] = {}  # partition id -> this round's message (the grid sets its id on push)
         self._sent_bytes: dict[int, int] = {}  # partition id -> payload bytes of that message
+        self.round_timer = PhaseTimer()  # seconds per phase of this round (logged: fl_app.run.phase_times)
 
     # -- hooks ---------------------------------------------------------------------------------------------------
     def begin_round(self, server_round: int, arrays: ArrayRecord) -> None:
@@ -192,12 +194,14 @@ class RoundSkeleton(Strategy):
             metrics = reply.content.metric_records.get(METRICS_RECORD, MetricRecord())
             accepted.append((pid, decoded, metrics))
             log_.client_seconds += float(metrics.get("client-seconds", 0.0))
+        self.round_timer.lap("screening")
         if self.credit_listener is not None:  # records keep only what was credited, keyed by partition
             self.credit_listener(
                 server_round, list(log_.sampled), [(pid, self.credited(pid, metrics)) for pid, _, metrics in accepted]
             )
         log_.close(server_round, len(accepted), self.min_reply_fraction, self._sent_bytes)
         arrays = self.merge(server_round, accepted)
+        self.round_timer.lap("aggregation")
         log_.train_loss = self.round_train_loss([float(m.get("train-loss", math.nan)) for _, _, m in accepted])
         self._sent, self._sent_bytes = {}, {}
         return arrays, MetricRecord(
@@ -254,10 +258,12 @@ class RoundSkeleton(Strategy):
         for server_round in range(first_round, num_rounds + 1):
             log(INFO, "")
             log(INFO, "[ROUND %s/%s]", server_round, num_rounds)
-            replies = grid.send_and_receive(
-                self.configure_train(server_round, arrays, train_config, grid), timeout=timeout
-            )
-            aggregated, metrics = self.aggregate_train(server_round, replies)
+            self.round_timer = timer = PhaseTimer()
+            messages = self.configure_train(server_round, arrays, train_config, grid)
+            timer.lap("dispatch")
+            replies = grid.send_and_receive(messages, timeout=timeout)
+            timer.lap("clients")  # the clients' work and the messages' way there and back
+            aggregated, metrics = self.aggregate_train(server_round, replies)  # laps screening and aggregation
             if aggregated is not None:
                 arrays = result.arrays = aggregated
             result.train_metrics_clientapp[server_round] = metrics
@@ -272,7 +278,10 @@ class RoundSkeleton(Strategy):
                 if evaluated is not None:
                     log(INFO, "\t└──> evaluation: %s", evaluated)
                     result.evaluate_metrics_serverapp[server_round] = evaluated
+            timer.lap("evaluation")
             if round_done:
                 round_done(server_round)
+            timer.lap("writes")
+            log(DEBUG, timer.line("server", server_round))
         log(INFO, "Strategy finished rounds %d-%d in %.1fs", first_round, num_rounds, time.time() - started)
         return result

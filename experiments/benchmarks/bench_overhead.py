@@ -24,6 +24,20 @@ round, one local epoch of about 500 images; no augmentation, so that both sides 
       "data-source='local' data-path='../shared/data/cifar10' dirichlet-alpha=0.03 budget-max-factor=2.5 \\
        clients-per-round=10 max-local-steps=0 local-epochs=1 batch-size=64 lr=0.025"
 
+Where a round's time goes (``*_phases_s``, seconds summed over the run, fl_app.run.phase_times): the Flower runs log
+with Flower's DEBUG level, and the server's and the clients' phase lines are summed (``server``: dispatch, clients,
+screening, aggregation, evaluation, writes; ``client``: decode, model, data, steps, encode; ``lines``: how many were
+read); the plain loop times the same work under the same names (``plain_phases_s``). Flower's own cost in a round is
+then what its ``clients`` phase holds beyond the clients' own phases, plus its decode and encode.
+
+A scarce-data FedTopo-family setting (or any suite's method) has no plain loop here; ``--suite FILE --method LABEL``
+runs that method through Flower alone and reports ``work_ratio``: the round loop's time over the work its phase lines
+measure (server dispatch, aggregation, evaluation; clients' model, data, steps), which the FEAST comparison also
+reports beside its true ``rounds_ratio`` (``flower_work_ratio``) so the two can be checked against each other:
+
+    python -m experiments.benchmarks.bench_overhead --suite experiments/suites/fedtopo-control-scarce.toml \
+      --method fedtopo --rounds 6
+
 Prints one JSON line.
 """
 
@@ -47,6 +61,7 @@ from experiments.runner.flower_env import local_flower_env
 from experiments.runner.flower_runs import flwr_run, format_run_config
 from fl_app.io.cli import run_config_overrides, tool_parser
 from fl_app.io.files import write_own_file
+from fl_app.run.phase_times import PhaseTimer, read_phases
 
 
 def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = None) -> dict:
@@ -84,28 +99,36 @@ def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = Non
         lambda s: s,
     )
     lr_of_round = lr_schedule(run)
-    started, client_seconds = time.perf_counter(), 0.0
+    started, client_seconds, timer = time.perf_counter(), 0.0, PhaseTimer()
     for server_round in range(1, run["num-server-rounds"] + 1):
         updates = []
         for pid in sample_partitions(range(num_clients), run.clients_per_round(num_clients), run["seed"], server_round):
             client_started = time.perf_counter()
             bounds = setup.cache.route_bounds(budgets[pid])
             routed = slice_state(state, subnet_shapes(setup.cfg, bounds))
+            timer.lap("dispatch")
             model = ElasticResNet(setup.cfg, bounds)
             model.load_state_dict({k: torch.from_numpy(v) for k, v in routed.items()}, strict=False)
+            plan = plan_subnets(setup.cache, budgets[pid], bounds, run.train_subnets)
+            timer.lap("model")
             data = client_data(run, pid, num_clients)
             settings = LocalSettings.from_run(
                 run, lr_of_round(server_round), derived_seed(run["seed"], server_round, pid)
             )
-            train_subnets(model, plan_subnets(setup.cache, budgets[pid], bounds, run.train_subnets), data, settings)
+            timer.lap("data")
+            train_subnets(model, plan, data, settings)
+            timer.lap("steps")
             trained = {
                 k: v.numpy()
                 for k, v in slice_state(model.state_dict(), {k: v.shape for k, v in routed.items()}).items()
             }
             updates.append((trained, len(data)))
+            timer.lap("encode")
             client_seconds += time.perf_counter() - client_started
         state = sparse_average(state, updates)
+        timer.lap("aggregation")
         evaluator(server_round, state)
+        timer.lap("evaluation")
     if state_out is not None:
         write_own_file(state_out, lambda out: np.savez(out, **state))
     return {
@@ -113,7 +136,56 @@ def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = Non
         "population_weighted_accuracy": evaluator.last["population_weighted_accuracy"],
         "rounds_s": round(time.perf_counter() - started, 1),
         "client_s": round(client_seconds, 1),
+        "phases_s": {name: round(seconds, 2) for name, seconds in timer.seconds.items()},
     }
+
+
+# DEBUG: the server's and the clients' phase lines reach the run's log (Ray folds similar lines unless told not to)
+PHASE_LOG_ENV = {"FLWR_LOG_LEVEL": "DEBUG", "RAY_DEDUP_LOGS": "0"}
+# the phases a plain loop also has (the work); the rest of a Flower round is what Flower and the app's bookkeeping add
+WORK_PHASES = {"server": ("dispatch", "aggregation", "evaluation"), "client": ("model", "data", "steps")}
+
+
+def logged_phases(log_file: Path) -> dict:
+    """The run's phase lines summed per side, in seconds (fl_app.run.phase_times.read_phases)."""
+    found = read_phases(log_file.read_text(errors="replace"))
+    return {side: {name: round(v, 2) for name, v in totals.items()} for side, totals in found.items()}
+
+
+def work_ratio(rounds_s: float, phases: dict) -> float | None:
+    """The round loop's wall time over the work inside it (WORK_PHASES): how far the rounds are from a plain loop
+    doing the same work, where no plain loop exists (the model-heterogeneous methods). Exact only when clients train
+    one at a time (their phases then add up in wall time); None without phase lines."""
+    if not phases["server"]["lines"]:
+        return None
+    work = sum(phases[side].get(name, 0.0) for side, names in WORK_PHASES.items() for name in names)
+    return round(rounds_s / work, 3) if work > 0 else None
+
+
+def suite_steady_state(suite_file: Path, label: str, rounds: int) -> dict:
+    """One Flower run of a suite's method (seed 0, ``rounds`` rounds, its [base] and [federation] otherwise) with its
+    phases logged: the round loop's seconds, the split, and ``work_ratio``."""
+    from experiments.runner.planning import expand, federation_text
+    from experiments.runner.suite import load_suite
+
+    suite = load_suite(suite_file, seeds=[0], methods=[label], overrides={"num-server-rounds": rounds})
+    run = next(r for r in expand(suite) if r.label == label)
+    result = {"suite": str(suite_file), "method": label, "rounds": rounds, "federation": run.federation}
+    with tempfile.TemporaryDirectory() as tmp, local_flower_env() as env:
+        env = {**env, **PHASE_LOG_ENV}
+        subprocess.run(["flwr", "ls"], env=env, capture_output=True, timeout=300)  # start the local SuperLink
+        run.folder = Path(tmp) / "run"
+        log_file = Path(tmp) / "run.log"
+        started = time.perf_counter()
+        _, status = flwr_run(run.launch_config(), federation_text(run.federation), env=env, log_file=log_file)
+        result["flower_s"] = round(time.perf_counter() - started, 1)
+        if status != "finished:completed":
+            raise RuntimeError(f"the Flower run ended {status}")
+        summary = json.loads((run.folder / "summary.json").read_text())
+        result["flower_rounds_s"] = summary["wall_seconds"]
+        result["flower_phases_s"] = phases = logged_phases(log_file)
+        result["work_ratio"] = work_ratio(summary["wall_seconds"], phases)
+    return result
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,6 +201,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-parallel", action="store_true", help="skip the parallel-clients Flower run (default: off)"
     )
+    parser.add_argument(
+        "--suite",
+        type=Path,
+        help="instead of the FEAST comparison: one Flower run of this suite file's --method (its [base], method and "
+        "[federation], seed 0, --rounds rounds), its steady state split by phase and its work_ratio (default: off)",
+    )
+    parser.add_argument("--method", help="the suite's method label for --suite, e.g. fedtopo")
     add_out_option(parser)
     parser.add_argument("--plain-only", action="store_true", help=argparse.SUPPRESS)  # the plain side, internal
     parser.add_argument("--state-out", type=Path, help=argparse.SUPPRESS)
@@ -139,6 +218,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser = build_parser()
     args = parser.parse_args(argv)
     refuse_existing_out(parser, args.out)
+    if (args.suite is None) != (args.method is None):
+        parser.error("--suite and --method go together (a suite file and one of its method labels)")
+    if args.suite is not None:
+        result = suite_steady_state(args.suite, args.method, args.rounds)
+        print(json.dumps(result))
+        write_json_lines(args.out, [result])
+        return result
     values = {
         "num-server-rounds": args.rounds,
         "eval-every": args.rounds,
@@ -180,6 +266,9 @@ def main(argv: list[str] | None = None) -> dict:
         plain = json.loads(out.stdout.strip().splitlines()[-1])
         result["plain_rounds_s"] = plain["rounds_s"]  # the round loop alone (training, aggregation, evaluation)
         result["plain_client_s"] = plain["client_s"]  # of which the clients' work
+        result["plain_phases_s"] = plain["phases_s"]  # the same phases as the Flower run's (fl_app.run.phase_times)
+
+        env = {**env, **PHASE_LOG_ENV}
 
         subprocess.run(["flwr", "ls"], env=env, capture_output=True, timeout=300)  # start the local SuperLink
         federations = {"flower_s": f"num-supernodes={args.clients} client-resources-num-cpus={cores}"}
@@ -188,7 +277,10 @@ def main(argv: list[str] | None = None) -> dict:
         for key, federation in federations.items():
             out_dir = Path(tmp) / key
             started = time.perf_counter()
-            _, status = flwr_run(format_run_config({**values, "output-dir": str(out_dir)}), federation, env=env)
+            log_file = Path(tmp) / f"{key}.log"
+            _, status = flwr_run(
+                format_run_config({**values, "output-dir": str(out_dir)}), federation, env=env, log_file=log_file
+            )
             result[key] = round(time.perf_counter() - started, 1)
             if status != "finished:completed":
                 raise RuntimeError(f"the Flower run ended {status}")
@@ -198,6 +290,9 @@ def main(argv: list[str] | None = None) -> dict:
                 result[key.replace("_s", "_client_s")] = round(
                     sum(float(r["client_seconds"]) for r in csv.DictReader(handle)), 1
                 )
+            phases = logged_phases(log_file)
+            result[key.replace("_s", "_phases_s")] = phases
+            result[key.replace("_s", "_work_ratio")] = work_ratio(summary["wall_seconds"], phases)
             if key == "flower_s":
                 result["flower_accuracy"] = [t["accuracy"] for t in summary["tiers"]]
                 result["plain_accuracy"] = [t["accuracy"] for t in plain["tiers"]]
