@@ -14,25 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.runner.flower_runs import flwr_run as run_app
 from experiments.runner.flower_runs import start_run
 from fl_app.models.elastic_resnet import ElasticResNet
 from fl_app.run.checkpoint import load_verified, supernet_fingerprint
 from fl_app.run.config import validate_run_config
 from tests.harness.stopping import saved_round, stop_after_checkpoint
+from tests.harness.tiny_runs import FEDERATION, TINY, flwr_run
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # real Flower processes: minutes; skipped by -m "not slow"
-TINY = (
-    "num-server-rounds=2 clients-per-round=2 max-local-steps=3 batch-size=16 eval-every=1 val-size=200 "
-    "calib-size=200 tiers='0.5e6,2e6,13.6e6' checkpoint-every=1"
-)
-FEDERATION = "num-supernodes=4 client-resources-num-cpus=1"
-
-
-def flwr_run(env, run_config: str, timeout: int = 600) -> tuple[str, str]:
-    """Run the app, wait for it (--stream) and return (run id, final status from `flwr ls`)."""
-    return run_app(run_config, FEDERATION, env=env, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -187,20 +177,3 @@ def test_bad_run_config_fails_before_training(flwr_env, tmp_path):
     _, status = flwr_run(flwr_env, f"{TINY} gamma=-1.0 output-dir='{tmp_path / 'bad'}'")
     assert status == "finished:failed"
     assert not (tmp_path / "bad").exists()
-
-
-@pytest.mark.parametrize(
-    "method", ["superfednas", "deepfednas", "heterofl", "fedrolex", "fedavg-min", "fiarse", "scalefl"]
-)
-def test_baseline_two_round_simulation_writes_a_valid_summary(flwr_env, tmp_path, method):
-    out = tmp_path / method
-    _, status = flwr_run(flwr_env, f"{TINY} method='{method}' output-dir='{out}'")
-    assert status == "finished:completed"
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["method"] == method and summary["rounds"] == 2
-    assert summary["tiers"] and all(0 <= t["accuracy"] <= 1 for t in summary["tiers"])
-    assert summary["bytes_down"] > 0 and summary["bytes_up"] > 0 and summary["rejected_replies"] == 0
-    if method in ("heterofl", "fedrolex", "scalefl", "fiarse"):
-        assert len(summary["tiers"]) == 5  # rates 1/16 .. 1 (ScaleFL, FIARSE: one level per rate's MACs)
-    if method == "fedavg-min":
-        assert len(summary["tiers"]) == 1
