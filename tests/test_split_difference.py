@@ -9,17 +9,23 @@ import pytest
 from experiments.studies import split_difference
 
 
-def _suite(folder, values):
+def _suite(folder, values, completed=True):
     for (label, seed), value in values.items():
         run = folder / "runs" / label / seed
         run.mkdir(parents=True)
-        (run / "summary.json").write_text(json.dumps({"population_weighted_accuracy": value}))
+        summary = {"completed": completed, "population_weighted_accuracy": value}
+        (run / "summary.json").write_text(json.dumps(summary))
 
 
 def test_split_difference_pairs_runs_by_label_and_seed_and_never_overwrites(tmp_path, capsys):
     old, new = tmp_path / "old", tmp_path / "new"
     _suite(old, {("feast", "seed0"): 0.30, ("feast", "seed1"): 0.20, ("other", "seed0"): 0.5})
     _suite(new, {("feast", "seed0"): 0.35, ("feast", "seed1"): 0.19, ("only-new", "seed0"): 0.9})
+    # an interrupted copy (moved aside by the runner) and a run that failed, in both folders: neither is compared
+    _suite(old, {("feast", "seed0.interrupted-1"): 0.1})
+    _suite(new, {("feast", "seed0.interrupted-1"): 0.9})
+    _suite(old, {("feast", "seed2"): 0.1}, completed=False)
+    _suite(new, {("feast", "seed2"): 0.9}, completed=False)
     runs, labels = split_difference.compare(old, new)
     assert [(r["label"], r["seed"]) for r in runs] == [("feast", "seed0"), ("feast", "seed1")]  # shared runs only
     assert labels[0]["old"] == pytest.approx(0.25) and labels[0]["new"] == pytest.approx(0.27)

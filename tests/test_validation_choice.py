@@ -7,13 +7,13 @@ import json
 
 import pytest
 
+from experiments.runner.planning import cell_suffix
 from experiments.studies.validation_choice import choose, finished_runs, main
 
 
 def write_run(root, label, cell, seed, validation, completed=True, test=0.5):
     """validation: round -> validation accuracy, over a 100-round run."""
-    suffix = "_".join(f"{k}={v}" for k, v in cell.items())
-    folder = root / "runs" / label / suffix / f"seed{seed}"
+    folder = root / "runs" / f"{label}{cell_suffix(cell)}" / f"seed{seed}"  # the runner's layout
     folder.mkdir(parents=True)
     history = [{"round": r, "validation_accuracy": v, "mean_client_accuracy": test} for r, v in validation.items()]
     summary = {"completed": completed, "rounds": 100, "history": history, "mean_client_accuracy": test}

@@ -16,12 +16,11 @@ score and round that made it one are named.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
 
-from fl_app.io.bounded import read_bounded_text
+from experiments.studies.suite_runs import completed_runs
 from fl_app.io.cli import tool_parser
 from fl_app.io.markdown import markers, rewrite_blocks
 from fl_app.report import csv_bytes, markdown, signed, write_file
@@ -40,17 +39,11 @@ ROUNDS = {"last": "", "best": "best_"}  # the best round is the run's own, chose
 
 def read_runs(folder: Path) -> dict[str, dict[int, dict]]:
     """label -> seed -> summary.json of every completed run under ``folder`` (a suite folder or its ``runs/``)."""
-    runs_dir = folder / "runs" if (folder / "runs").is_dir() else folder
-    if not runs_dir.is_dir():
-        raise ValueError(f"{folder}: no such folder; allowed: a suite folder or the runs/ folder of one")
     runs: dict[str, dict[int, dict]] = {}
-    for path in sorted(runs_dir.glob("*/seed*/summary.json")):
-        summary = json.loads(read_bounded_text(path))
-        seed_text = path.parent.name.removeprefix("seed")
-        if summary.get("completed") and seed_text.isdigit():
-            runs.setdefault(path.parent.parent.name, {})[int(seed_text)] = summary
+    for run in completed_runs(folder):
+        runs.setdefault(run.label, {})[run.seed] = run.summary
     if not runs:
-        raise ValueError(f"{runs_dir}: no completed run (runs/LABEL/seedN/summary.json)")
+        raise ValueError(f"{folder}: no completed run (runs/LABEL/seedN/summary.json)")
     return runs
 
 

@@ -12,11 +12,11 @@ means and the per-seed differences, new minus old) into the ``--out`` folder. Re
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
+from experiments.studies.suite_runs import completed_runs
 from fl_app.io.cli import tool_parser
 from fl_app.run.outputs import write_csv, write_text
 
@@ -24,12 +24,11 @@ KEY = "population_weighted_accuracy"
 
 
 def accuracies(folder: Path) -> dict[tuple[str, str], float]:
-    """(label, seed folder) -> accuracy of every finished run under ``folder/runs``."""
+    """(label, seed folder) -> accuracy of every completed run under ``folder/runs`` (interrupted copies left out)."""
     found = {}
-    for summary in sorted(folder.glob("runs/*/seed*/summary.json")):
-        value = json.loads(summary.read_text()).get(KEY)
-        if value is not None:
-            found[(summary.parent.parent.name, summary.parent.name)] = float(value)
+    for run in completed_runs(folder / "runs") if (folder / "runs").is_dir() else ():
+        if run.summary.get(KEY) is not None:
+            found[(run.label, run.folder.name)] = float(run.summary[KEY])
     return found
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from experiments.studies.suite_runs import completed_runs
 from fl_app.io.cli import tool_parser
 from fl_app.io.markdown import markers, rewrite_blocks
 from fl_app.report import ReportError, csv_bytes, markdown, write_file
@@ -28,25 +29,17 @@ BLOCK = "validation-choice"
 def finished_runs(folder: Path) -> list[tuple[str, int, dict, Path]]:
     """(setting, seed, summary, its path) of every completed run under ``folder`` (a suite folder or its runs/); the
     setting is the runner's label and grid cell (run.json)."""
-    runs_dir = folder / "runs" if (folder / "runs").is_dir() else folder
-    if not runs_dir.is_dir():
-        raise ReportError(f"{folder}: no such folder; allowed: a suite folder or the runs/ folder of one")
     runs = []
-    for path in sorted(runs_dir.rglob("summary.json")):
-        if ".interrupted-" in str(path):
-            continue
-        summary = read_json(path, {})
-        if not summary.get("completed"):
-            continue
-        record = read_json(path.parent / "run.json", {"label": "text", "seed": "whole", "cell": "object"})
+    for run in completed_runs(folder):
+        record = read_json(run.folder / "run.json", {"label": "text", "seed": "whole", "cell": "object"})
         missing = [key for key in ("label", "seed") if key not in record]
         if missing:
-            raise ReportError(f"{path.parent / 'run.json'}: no {' or '.join(map(repr, missing))} (the runner's record)")
+            raise ReportError(f"{run.folder / 'run.json'}: no {' or '.join(map(repr, missing))} (the runner's record)")
         cell = record.get("cell") or {}
         setting = " ".join([record["label"], *(f"{k}={v}" for k, v in sorted(cell.items()))])
-        runs.append((setting, record["seed"], summary, path))
+        runs.append((setting, record["seed"], run.summary, run.folder / "summary.json"))
     if not runs:
-        raise ReportError(f"{runs_dir}: no completed run (a summary.json with a run.json beside it)")
+        raise ReportError(f"{folder}: no completed run (a summary.json with a run.json beside it)")
     return runs
 
 
