@@ -45,6 +45,7 @@ TOOLS = (
     "experiments.benchmarks.bench_startup",
     "experiments.benchmarks.bench_traffic",
     "experiments.benchmarks.bench_train",
+    "experiments.benchmarks.phase_table",
     "experiments.benchmarks.gpu_check_feast",
 )
 OTHER_OUTPUT_NAMES = {"--output", "--output-dir", "--out-dir", "--outdir", "-o"}

@@ -3,6 +3,7 @@ line per round, and a FEAST client call's line."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -102,3 +103,24 @@ def test_the_suite_mode_needs_both_the_suite_and_its_method(capsys):
     with pytest.raises(SystemExit):
         main(["--suite", "experiments/suites/fedtopo-control-scarce.toml"])
     assert "--suite and --method go together" in capsys.readouterr().err
+
+
+def test_the_phase_table_divides_by_rounds_and_client_calls_and_is_checked(tmp_path, capsys):
+    from experiments.benchmarks import phase_table
+
+    phases = {
+        "server": {"lines": 4, "dispatch": 2.0, "clients": 40.0, "aggregation": 1.0, "evaluation": 8.0},
+        "client": {"lines": 8, "model": 0.8, "data": 1.6, "steps": 32.0, "encode": 0.4},
+    }
+    result = {"suite": "experiments/suites/x.toml", "method": "fedtopo", "rounds": 4}
+    result.update(flower_rounds_s=60.0, flower_phases_s=phases, work_ratio=1.42)
+    (tmp_path / "r.json").write_text(json.dumps(result) + "\n")
+    readme = tmp_path / "dev.md"
+    readme.write_text("<!-- generated:round-phases (python -m x) -->\nold\n<!-- /generated:round-phases -->\n")
+    assert phase_table.main([str(tmp_path / "r.json"), "--readme", str(readme)]) == 0
+    line = "| `r.json` | `fedtopo` of `x.toml`, 4 rounds | 15.00 | – | – | 1.42 | 0.50 | 10.00 | 0.00 | 0.25 | 2.00 "
+    line += "| 0.00 | 0.00 | 0.10 | 0.20 | 4.00 | 0.05 |"
+    assert line in readme.read_text()
+    assert phase_table.main([str(tmp_path / "r.json"), "--readme", str(readme), "--check"]) == 0
+    (tmp_path / "r.json").write_text(json.dumps({**result, "flower_rounds_s": 80.0}) + "\n")
+    assert phase_table.main([str(tmp_path / "r.json"), "--readme", str(readme), "--check"]) == 1
