@@ -97,6 +97,9 @@ def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = Non
         run["eval-every"],
         run["num-server-rounds"],
         lambda s: s,
+        population_tier=run["population-tier"],
+        # as the app's FEAST run: each client's largest affordable cached subnet scored too (evaluation is work)
+        client_subnets=[setup.cache.local_max(budgets[p]) for p in sorted(budgets)],
     )
     lr_of_round = lr_schedule(run)
     started, client_seconds, timer = time.perf_counter(), 0.0, PhaseTimer()
@@ -134,6 +137,7 @@ def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = Non
     return {
         "tiers": evaluator.last["tiers"],
         "population_weighted_accuracy": evaluator.last["population_weighted_accuracy"],
+        "client_subnet_accuracy": evaluator.last["client_subnet_accuracy"],
         "rounds_s": round(time.perf_counter() - started, 1),
         "client_s": round(client_seconds, 1),
         "phases_s": {name: round(seconds, 2) for name, seconds in timer.seconds.items()},
@@ -302,6 +306,7 @@ def main(argv: list[str] | None = None) -> dict:
                 result["same_result"] = bool(
                     summary["tiers"] == plain["tiers"]
                     and np.isclose(summary["population_weighted_accuracy"], plain["population_weighted_accuracy"])
+                    and np.isclose(summary["client_subnet_accuracy"], plain["client_subnet_accuracy"])
                 )
     result["ratio"] = round(result["flower_s"] / result["plain_s"], 3)
     # steady state: the round loops alone (start-up and shutdown excluded on both sides)
