@@ -19,6 +19,7 @@ from pathlib import Path
 
 from fl_app.io.cli import tool_parser
 from fl_app.io.markdown import sync_blocks
+from fl_app.report import markdown
 from fl_app.run.phase_times import CLIENT_PHASES, SERVER_PHASES
 
 BLOCK = "round-phases"
@@ -36,7 +37,7 @@ def table(results: list[tuple[str, dict]]) -> str:
     """The block's markdown: one line per (file name, result)."""
     head = ["result", "setting", "Flower s/round", "plain s/round", "rounds ratio", "work ratio"]
     head += [f"server {p}" for p in SERVER_PHASES] + [f"client {p}" for p in CLIENT_PHASES]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines = []
     for name, result in results:
         phases = result.get("flower_phases_s")
         if not phases or not phases["server"].get("lines"):
@@ -54,13 +55,13 @@ def table(results: list[tuple[str, dict]]) -> str:
         ]
         cells += [f"{phases['server'].get(p, 0.0) / rounds:.2f}" for p in SERVER_PHASES]
         cells += [f"{phases['client'].get(p, 0.0) / calls:.2f}" for p in CLIENT_PHASES]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(cells)
     note = (
         "Seconds per round for the server phases (`clients`: waiting for the replies), per client call for the client "
         "phases; `work ratio`: the Flower round loop over the work its phase lines measure (server dispatch, "
         "aggregation, evaluation; clients' model, data, steps)."
     )
-    return "\n".join(lines) + "\n\n" + note
+    return markdown(head, lines) + "\n\n" + note
 
 
 def build_parser():
