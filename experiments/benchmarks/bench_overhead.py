@@ -166,6 +166,26 @@ def work_ratio(rounds_s: float, phases: dict) -> float | None:
     return round(rounds_s / work, 3) if work > 0 else None
 
 
+def phased_flower_run(run_config: str | dict, federation: str, env: dict, out_dir: Path) -> dict:
+    """One `flwr run` with its phases logged (``env`` holds PHASE_LOG_ENV) into ``out_dir``: its wall seconds, the
+    ServerApp's round loop, the summed phase lines, the work ratio, and its summary (an error unless completed)."""
+    log_file = out_dir.with_suffix(".log")
+    started = time.perf_counter()
+    _, status = flwr_run(run_config, federation, env=env, log_file=log_file)
+    seconds = round(time.perf_counter() - started, 1)
+    if status != "finished:completed":
+        raise RuntimeError(f"the Flower run ended {status}")
+    summary = json.loads((out_dir / "summary.json").read_text())
+    phases = logged_phases(log_file)
+    return {
+        "s": seconds,
+        "rounds_s": summary["wall_seconds"],  # the ServerApp's round loop
+        "phases_s": phases,
+        "work_ratio": work_ratio(summary["wall_seconds"], phases),
+        "summary": summary,
+    }
+
+
 def suite_steady_state(suite_file: Path, label: str, rounds: int) -> dict:
     """One Flower run of a suite's method (seed 0, ``rounds`` rounds, its [base] and [federation] otherwise) with its
     phases logged: the round loop's seconds, the split, and ``work_ratio``."""
@@ -179,16 +199,13 @@ def suite_steady_state(suite_file: Path, label: str, rounds: int) -> dict:
         env = {**env, **PHASE_LOG_ENV}
         subprocess.run(["flwr", "ls"], env=env, capture_output=True, timeout=300)  # start the local SuperLink
         run.folder = Path(tmp) / "run"
-        log_file = Path(tmp) / "run.log"
-        started = time.perf_counter()
-        _, status = flwr_run(run.launch_config(), federation_text(run.federation), env=env, log_file=log_file)
-        result["flower_s"] = round(time.perf_counter() - started, 1)
-        if status != "finished:completed":
-            raise RuntimeError(f"the Flower run ended {status}")
-        summary = json.loads((run.folder / "summary.json").read_text())
-        result["flower_rounds_s"] = summary["wall_seconds"]
-        result["flower_phases_s"] = phases = logged_phases(log_file)
-        result["work_ratio"] = work_ratio(summary["wall_seconds"], phases)
+        flower = phased_flower_run(run.launch_config(), federation_text(run.federation), env, run.folder)
+        result.update(
+            flower_s=flower["s"],
+            flower_rounds_s=flower["rounds_s"],
+            flower_phases_s=flower["phases_s"],
+            work_ratio=flower["work_ratio"],
+        )
     return result
 
 
@@ -280,23 +297,16 @@ def main(argv: list[str] | None = None) -> dict:
             federations["flower_parallel_s"] = f"num-supernodes={args.clients} client-resources-num-cpus=1"
         for key, federation in federations.items():
             out_dir = Path(tmp) / key
-            started = time.perf_counter()
-            log_file = Path(tmp) / f"{key}.log"
-            _, status = flwr_run(
-                format_run_config({**values, "output-dir": str(out_dir)}), federation, env=env, log_file=log_file
-            )
-            result[key] = round(time.perf_counter() - started, 1)
-            if status != "finished:completed":
-                raise RuntimeError(f"the Flower run ended {status}")
-            summary = json.loads((out_dir / "summary.json").read_text())
-            result[key.replace("_s", "_rounds_s")] = summary["wall_seconds"]  # the ServerApp's round loop
+            flower = phased_flower_run({**values, "output-dir": str(out_dir)}, federation, env, out_dir)
+            summary = flower["summary"]
+            result[key] = flower["s"]
+            result[key.replace("_s", "_rounds_s")] = flower["rounds_s"]
             with open(out_dir / "rounds.csv") as handle:  # the clients' own time inside their ClientApp calls
                 result[key.replace("_s", "_client_s")] = round(
                     sum(float(r["client_seconds"]) for r in csv.DictReader(handle)), 1
                 )
-            phases = logged_phases(log_file)
-            result[key.replace("_s", "_phases_s")] = phases
-            result[key.replace("_s", "_work_ratio")] = work_ratio(summary["wall_seconds"], phases)
+            result[key.replace("_s", "_phases_s")] = flower["phases_s"]
+            result[key.replace("_s", "_work_ratio")] = flower["work_ratio"]
             if key == "flower_s":
                 result["flower_accuracy"] = [t["accuracy"] for t in summary["tiers"]]
                 result["plain_accuracy"] = [t["accuracy"] for t in plain["tiers"]]
