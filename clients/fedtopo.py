@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from clients.broadcast import BROADCAST_MAX_ABS, shapes_problem, values_problem
 from clients.local_training import GRAD_CLIP_NORM, LocalSettings, local_batches
 from fl_app.data.augment import crop_flip, normalize
-from fl_app.data.images import ImageData
+from fl_app.data.images import ImageData, take_rows
 from fl_app.run.config import check_choice
 
 
@@ -90,12 +90,12 @@ def local_train(model: torch.nn.Module, data: ImageData, settings: LocalSettings
     device = _device_of(model)
     steps, loss_sum = 0, 0.0
     for idx in local_batches(len(data), settings, generator):
-        images = data.images[idx]
+        images = take_rows(data.images, idx)
         if settings.crop_flip:
             images = crop_flip(images, generator)
         # augmentation stays on the CPU (seeded there); the batch moves to the model's device
         logits, features = model(normalize(images).to(device), with_features=True)
-        loss = loss_fn(logits, features, data.labels[idx].to(device))
+        loss = loss_fn(logits, features, take_rows(data.labels, idx).to(device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP_NORM)

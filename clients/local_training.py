@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from fl_app.data.augment import crop_flip, mix_batch, normalize, rand_augment
-from fl_app.data.images import ImageData
+from fl_app.data.images import ImageData, take_rows
 
 GRAD_CLIP_NORM = 10.0
 
@@ -81,7 +81,7 @@ def augmented_batches(
     flipped (``generator``), RandAugmented and mixed (``rng``). Augmentation stays on the CPU, where it is seeded;
     batches are made only when asked for, so draws a caller makes from ``rng`` between steps keep their order."""
     for idx in local_batches(len(data), settings, generator):
-        images, labels = data.images[idx], data.labels[idx]
+        images, labels = take_rows(data.images, idx), take_rows(data.labels, idx)
         if settings.crop_flip:
             images = crop_flip(images, generator)
         if settings.randaugment:

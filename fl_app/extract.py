@@ -8,9 +8,10 @@ budget on validation accuracy and picks the best; with ``--margin M`` it picks t
 standard errors of the best (a smaller subnet must then beat a larger one beyond the validation split's sampling
 error); ``--from-cache`` takes the largest cached subnet under it instead. Either way
 the chosen subnet's BatchNorm is recalibrated on the run's calibration split, and only then is the test split read,
-once, for the report. Saves a standalone model (``ElasticResNet.load_standalone(path)``, or plain ``torch.load``)
-and prints JSON ``{macs, params, val_accuracy, accuracy, arch, source, candidates, out}``. ``--out`` must be a new
-file: the command never overwrites anything (its checkpoint included) and never writes through a symlink.
+once, for the report (the images the run's tiers were scored on: all of it, or the run's ``test-size`` sample).
+Saves a standalone model (``ElasticResNet.load_standalone(path)``, or plain ``torch.load``) and prints JSON
+``{macs, params, val_accuracy, accuracy, arch, source, candidates, out}``. ``--out`` must be a new file: the command
+never overwrites anything (its checkpoint included) and never writes through a symlink.
 ``--checkpoint`` must be a run's final ``supernet.pt`` with its integrity record (content hash): a damaged, truncated
 or unverified file, or a file of another kind (a round ``checkpoint.pt``), is refused naming the file.
 """
@@ -27,7 +28,7 @@ from fl_app.run.checkpoint import load_verified
 from fl_app.run.config import validate_run_config
 from fl_app.supernet.evaluation import accuracy, extract_subnet, recalibrate_bn
 from fl_app.supernet.search import ValidationScorer, evolutionary_search, prefer_larger
-from fl_app.supernet.shared_setup import dataset_for, server_splits
+from fl_app.supernet.shared_setup import dataset_for, server_splits, server_test_set
 from fl_app.supernet.subnets import SubnetCache
 
 # --margin's default: 0, the plain best on validation. On the converged FEAST supernet (experiments/results/
@@ -160,7 +161,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"--macs {args.macs:.0f}: below the smallest {'cached ' if args.from_cache else ''}subnet ({smallest} MACs)"
         )
 
-    train, test = dataset_for(run, cfg)
+    train, whole_test = dataset_for(run, cfg)
+    test = server_test_set(run, whole_test)  # the images the run's tiers were scored on
     splits = server_splits(run, train)
     calibration = train.subset(splits.calibration)
     scorer = ValidationScorer(cfg, blob["state_dict"], calibration, train.subset(splits.validation))
@@ -175,7 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
         "macs": macs,
         "params": params,
         "val_accuracy": found["val_accuracy"],
-        "accuracy": accuracy(model, test),  # the test split, read once for the chosen subnet
+        "accuracy": accuracy(model, test),  # the run's test images (test-size), read once for the chosen subnet
         "arch": found["arch"].to_dict(),
         "source": found["source"],
         "candidates": found["candidates"],

@@ -233,11 +233,11 @@ def train_multiarch(msg: Message, run: RunConfig, pid: int, num: int, context: C
     step["loss_fn"] = method.loss(run, step) if method.loss is not None else plain_ce
     settings = LocalSettings.from_run(run, float(config["lr"]), seed)
     metrics = local_train(model, train, settings, step["loss_fn"])
-    timer.lap("steps")
     if not model_is_finite(model):
         raise FloatingPointError(f"client {pid}: training diverged in round {server_round}; the model is not saved")
     step["class_counts"] = class_counts(train, num_classes)
     upload = method.upload(run, step) if method.upload is not None else {}
+    timer.lap("steps")  # with what the method computes for its upload (prototypes, class means): work, not messaging
     costs = multiarch_train_costs(run, pid, tuple(train.images.shape[1:]), metrics["local-steps"] * settings.batch_size)
     save_client_model(model, context.state)
     save_dir, _ = client_model_dirs(config, context.node_config)
@@ -246,7 +246,7 @@ def train_multiarch(msg: Message, run: RunConfig, pid: int, num: int, context: C
     reply = {"num-examples": len(train), "partition-id": pid, **metrics, **costs}
     reply["client-seconds"] = time.perf_counter() - started
     content = RecordDict({UPLOAD_RECORD: state_to_record(upload, dtype), METRICS_RECORD: MetricRecord(reply)})
-    timer.lap("encode")  # the upload, its costs and the model saved for the next round
+    timer.lap("encode")  # the reply, its costs and the model saved for the next round
     log(DEBUG, timer.line("client", server_round, pid))
     return Message(content, reply_to=msg)
 

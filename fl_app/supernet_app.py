@@ -36,7 +36,14 @@ from fl_app.run.phase_times import PhaseTimer
 from fl_app.run.records import ARRAYS_RECORD, METRICS_RECORD
 from fl_app.run.seeds import derived_seed
 from fl_app.supernet.evaluation import TierEvaluator
-from fl_app.supernet.shared_setup import SupernetSetup, client_data, dataset_for, partition_rows, server_splits
+from fl_app.supernet.shared_setup import (
+    SupernetSetup,
+    client_data,
+    dataset_for,
+    partition_rows,
+    server_splits,
+    server_test_set,
+)
 from fl_app.supernet.slicing import slice_state, subnet_shapes
 from fl_app.supernet.subnets import SubnetPlan, plan_subnets
 from fl_app.supernet.training_costs import train_costs
@@ -206,7 +213,7 @@ class SupernetFamily(MethodFamily):
             self.budgets.values(),
             train.subset(splits.calibration),
             train.subset(splits.validation),
-            test,
+            server_test_set(run, test),
             run["eval-every"],
             run["num-server-rounds"],
             record_to_state,

@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
             "max-local-steps": 2,
             "calib-size": 64,
             "val-size": 64,
+            "test-size": 500,
             "round-timeout": 600.0,
             "output-dir": str(out),
         }

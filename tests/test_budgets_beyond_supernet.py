@@ -20,7 +20,14 @@ from fl_app.supernet_app import SupernetFamily, train_supernet_client
 NUM = 4
 SUPERNET_MACS = 13_546_752  # the CPU supernet whole (= the CPU cache's largest subnet)
 ABOVE = 1.4e7  # the operator's example: a SuperNode declaring a budget above the whole CPU supernet
-TINY = {"clients-per-round": NUM, "max-local-steps": 1, "batch-size": 8, "val-size": 64, "calib-size": 64}
+TINY = {
+    "clients-per-round": NUM,
+    "max-local-steps": 1,
+    "batch-size": 8,
+    "val-size": 64,
+    "calib-size": 64,
+    "test-size": 500,
+}
 
 
 def _family(method: str, budget: float) -> SupernetFamily:

@@ -21,7 +21,14 @@ from tests.harness import deployment as harness
 pytestmark = pytest.mark.slow  # real Flower processes: minutes; skipped by -m "not slow"
 ROOT = Path(__file__).resolve().parents[1]
 CONNECTION = "tls-deployment"
-RUN_CONFIG = {"num-server-rounds": 2, "eval-every": 2, "max-local-steps": 3, "calib-size": 64, "val-size": 64}
+RUN_CONFIG = {
+    "num-server-rounds": 2,
+    "eval-every": 2,
+    "max-local-steps": 3,
+    "calib-size": 64,
+    "val-size": 64,
+    "test-size": 500,
+}
 NUM_NODES = 2
 
 

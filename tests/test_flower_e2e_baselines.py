@@ -1,5 +1,8 @@
-"""Each baseline's two-round run end to end through `flwr run` (a file of its own, so that these seven runs train on
-one pytest-xdist worker while test_flower_e2e.py's FEAST runs train on the other)."""
+"""Each baseline's two-round run end to end. The baselines with client paths of their own (ScaleFL's early exits,
+FIARSE's masked training) run through `flwr run`; the five that train a width- or depth-sliced subnet as FEAST's
+clients do (whose `flwr run`s are test_flower_e2e.py's) run the same server run and client functions in one process
+(``experiments.runner.in_process_grid``), without Flower's fixed start and stop of about 20 s a run. A file of its
+own, so that these runs train on one pytest-xdist worker while test_flower_e2e.py's train on the other."""
 
 from __future__ import annotations
 
@@ -7,18 +10,14 @@ import json
 
 import pytest
 
-from tests.harness.tiny_runs import TINY, flwr_run
+from experiments.runner.in_process_grid import run_in_process
+from fl_app.run.config import validate_run_config
+from tests.harness.tiny_runs import NUM_SUPERNODES, TINY, TINY_VALUES, flwr_run
 
-pytestmark = pytest.mark.slow  # real Flower processes: minutes; skipped by -m "not slow"
+pytestmark = pytest.mark.slow  # real training and evaluation: minutes; skipped by -m "not slow"
 
 
-@pytest.mark.parametrize(
-    "method", ["superfednas", "deepfednas", "heterofl", "fedrolex", "fedavg-min", "fiarse", "scalefl"]
-)
-def test_baseline_two_round_simulation_writes_a_valid_summary(flwr_env, tmp_path, method):
-    out = tmp_path / method
-    _, status = flwr_run(flwr_env, f"{TINY} method='{method}' output-dir='{out}'")
-    assert status == "finished:completed"
+def check_summary(out, method: str) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert summary["method"] == method and summary["rounds"] == 2
     assert summary["tiers"] and all(0 <= t["accuracy"] <= 1 for t in summary["tiers"])
@@ -27,3 +26,18 @@ def test_baseline_two_round_simulation_writes_a_valid_summary(flwr_env, tmp_path
         assert len(summary["tiers"]) == 5  # rates 1/16 .. 1 (ScaleFL, FIARSE: one level per rate's MACs)
     if method == "fedavg-min":
         assert len(summary["tiers"]) == 1
+
+
+@pytest.mark.parametrize("method", ["fiarse", "scalefl"])
+def test_baseline_two_round_simulation_writes_a_valid_summary(flwr_env, tmp_path, method):
+    out = tmp_path / method
+    _, status = flwr_run(flwr_env, f"{TINY} method='{method}' output-dir='{out}'")
+    assert status == "finished:completed"
+    check_summary(out, method)
+
+
+@pytest.mark.parametrize("method", ["superfednas", "deepfednas", "heterofl", "fedrolex", "fedavg-min"])
+def test_sliced_baseline_two_round_run_in_process_writes_a_valid_summary(tmp_path, method):
+    out = tmp_path / method
+    run_in_process(validate_run_config({**TINY_VALUES, "method": method, "output-dir": str(out)}), NUM_SUPERNODES)
+    check_summary(out, method)

@@ -217,3 +217,29 @@ def test_class_size_concentration_skews_labels_less_at_the_same_alpha():
 def test_an_unknown_concentration_is_named():
     with pytest.raises(ValueError, match="concentration='x': allowed values are \\['clients', 'class-size'\\]"):
         GammaPartitioner([1, 2], gamma=1.0, alpha=0.5, concentration="x")
+
+
+def test_test_size_scores_the_tiers_on_a_seeded_class_stratified_sample(tmp_path):
+    """``test-size`` N: the server's tiers are scored on N test images whose classes keep the test split's shares
+    (within one image per class), the same for a seed and another for another seed; 0 or N >= the split: all of
+    it. The run's evaluator is given that sample."""
+    from fl_app.run.config import validate_run_config
+    from fl_app.supernet.shared_setup import SupernetSetup, dataset_for, server_test_set
+    from fl_app.supernet_app import SupernetFamily
+
+    run = validate_run_config({"test-size": 500})
+    _, test = dataset_for(run, SupernetSetup.build(run, 4).cfg)
+    sample = server_test_set(run, test)
+    assert len(sample) == 500
+    shares = np.bincount(test.labels.numpy(), minlength=10) / len(test)
+    assert np.all(np.abs(np.bincount(sample.labels.numpy(), minlength=10) - 500 * shares) <= 1)
+    rows = [np.flatnonzero((test.images == image).flatten(1).all(1))[0] for image in sample.images[:20]]
+    assert np.array_equal(test.labels.numpy()[rows], sample.labels.numpy()[:20])
+    again, other = server_test_set(run, test), server_test_set(validate_run_config({"test-size": 500, "seed": 1}), test)
+    assert np.array_equal(again.images, sample.images) and not np.array_equal(other.images, sample.images)
+    for size in (0, len(test), len(test) + 1):
+        assert server_test_set(validate_run_config({"test-size": size}), test) is test
+
+    family = SupernetFamily(run, {pid: {"node_id": 100 + pid} for pid in range(4)})
+    family.prepare(tmp_path)
+    assert np.array_equal(family.evaluate_fn.test.images, sample.images)

@@ -33,7 +33,7 @@ from fl_app.run.processes import live_group_members, process_groups, process_tab
 
 pytestmark = pytest.mark.slow  # real Flower processes: minutes; skipped by -m "not slow"
 RUN_CONFIG = (
-    "num-server-rounds=1 clients-per-round=2 max-local-steps=2 batch-size=16 eval-every=1 val-size=64 "
+    "num-server-rounds=1 clients-per-round=2 max-local-steps=2 batch-size=16 eval-every=1 val-size=64 test-size=500 "
     "calib-size=64 checkpoint-every=0"
 )
 FEDERATION = "num-supernodes=2 client-resources-num-cpus=1"
@@ -281,7 +281,7 @@ def test_clients_run_on_two_ray_nodes_and_survive_losing_one(two_node_cluster, t
     try:
         run_config = (
             f"num-server-rounds={rounds} clients-per-round=2 max-local-steps=2 batch-size=16 "
-            f"eval-every={rounds} val-size=64 calib-size=64 checkpoint-every=0 min-reply-fraction=0.5 "
+            f"eval-every={rounds} val-size=64 test-size=500 calib-size=64 checkpoint-every=0 min-reply-fraction=0.5 "
             f"output-dir='{out}'"
         )
         _, status = flwr_run(

@@ -235,6 +235,7 @@ max-local-steps = 3
 batch-size = 16
 eval-every = 1
 val-size = 200
+test-size = 500
 calib-size = 200
 tiers = "0.5e6,2e6,13.6e6"
 checkpoint-every = 1

@@ -252,3 +252,27 @@ def test_crop_flip_crops_and_flips_each_sample_by_its_own_draw():
         y, x = int(offsets[i, 0]), int(offsets[i, 1])
         crop = padded[i, :, y : y + 8, x : x + 8]
         assert torch.equal(out[i], torch.flip(crop, dims=(2,)) if flips[i] else crop), i
+
+
+def test_take_rows_equals_torch_indexing_for_every_index_form():
+    """``take_rows`` (NumPy on the CPU) returns what ``tensor[indices]`` does, bit for bit, dtype and layout, for
+    images, float batches and labels, for index lists, arrays and tensors, repeats and none; a tensor that needs a
+    gradient keeps torch's indexing (and its graph)."""
+    from fl_app.data.images import ImageData, take_rows
+
+    g = torch.Generator().manual_seed(3)
+    images = torch.randint(0, 256, (50, 3, 8, 8), dtype=torch.uint8, generator=g)
+    floats = torch.randn(50, 3, 8, 8, generator=g)
+    labels = torch.randint(0, 10, (50,), generator=g)
+    picks = [7, 0, 7, 49, 3]
+    for tensor in (images, floats, labels):
+        for form in (picks, np.array(picks), torch.tensor(picks), np.array(picks, dtype=np.int32), []):
+            got = take_rows(tensor, form)
+            want = tensor[torch.as_tensor(np.asarray(form), dtype=torch.long)]
+            assert got.dtype == want.dtype and got.shape == want.shape and got.is_contiguous()
+            assert torch.equal(got, want)
+    data = ImageData(images, labels).subset(np.array([4, 1]))
+    assert torch.equal(data.images, images[[4, 1]]) and data.labels.tolist() == labels[[4, 1]].tolist()
+    weights = torch.randn(5, 2, requires_grad=True)
+    take_rows(weights, [1, 1]).sum().backward()
+    assert weights.grad[1].tolist() == [2.0, 2.0] and weights.grad[0].tolist() == [0.0, 0.0]

@@ -73,7 +73,7 @@ def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = Non
     from fl_app.run.lr_schedule import lr_schedule
     from fl_app.run.seeds import derived_seed
     from fl_app.supernet.evaluation import TierEvaluator
-    from fl_app.supernet.shared_setup import SupernetSetup, client_data, dataset_for, server_splits
+    from fl_app.supernet.shared_setup import SupernetSetup, client_data, dataset_for, server_splits, server_test_set
     from fl_app.supernet.slicing import slice_state, subnet_shapes
     from strategies.rounds import sample_partitions
     from strategies.sparse import sparse_average
@@ -93,7 +93,7 @@ def plain_feast(run_values: dict, num_clients: int, state_out: Path | None = Non
         budgets.values(),
         train.subset(splits.calibration),
         train.subset(splits.validation),
-        test,
+        server_test_set(run, test),
         run["eval-every"],
         run["num-server-rounds"],
         lambda s: s,

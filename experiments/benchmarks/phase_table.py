@@ -3,7 +3,7 @@
 
     B=experiments/results/bench
     python -m experiments.benchmarks.phase_table $B/overhead_phases.json $B/overhead_reference_regime.json \\
-        $B/overhead_fedtopo_scarce.json --readme docs/development.md
+        $B/overhead_fedtopo_scarce.json --readme docs/development.md   # any bench_overhead results with phases
 
 One line per setting: the round loop's seconds per round through Flower and in the plain loop (where the benchmark
 had one) and their ratio, the work ratio (the round loop over the work its phase lines measure), then the seconds

@@ -33,7 +33,7 @@ from fl_app.run.device import preferred_device
 from fl_app.run.outputs import write_csv, write_json, write_text
 from fl_app.supernet.evaluation import accuracy, correct_predictions, extract_subnet, recalibrate_bn
 from fl_app.supernet.search import ValidationScorer
-from fl_app.supernet.shared_setup import dataset_for, server_splits
+from fl_app.supernet.shared_setup import dataset_for, server_splits, server_test_set
 from fl_app.supernet.subnets import SubnetCache
 
 OUTPUTS = ("frontier.csv", "budgets.csv", "budgets.md", "frontier.png", "summary.json")  # what --out receives
@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
     blob, run, cfg = load_trained(args.checkpoint)
     state = blob["state_dict"]
     cache = SubnetCache.load(cfg, run.subnet_cache)
-    train, test = dataset_for(run, cfg)
+    train, whole_test = dataset_for(run, cfg)
+    test = server_test_set(run, whole_test)  # the images the run's tiers were scored on
     splits = server_splits(run, train)
     calibration, validation = train.subset(splits.calibration), train.subset(splits.validation)
     scorer = ValidationScorer(cfg, state, calibration, validation)

@@ -6,6 +6,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fl_app.data.images import take_rows
+
 CIFAR_MEAN = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
 CIFAR_STD = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1)
 
@@ -54,7 +56,7 @@ def mix_batch(
     perm = torch.as_tensor(rng.permutation(len(labels)))
     lam = float(rng.beta(mixup_alpha, mixup_alpha) if mode == "mixup" else rng.beta(cutmix_alpha, cutmix_alpha))
     if mode == "mixup":
-        mixed = lam * images + (1 - lam) * images[perm]
+        mixed = lam * images + (1 - lam) * take_rows(images, perm)
     else:
         h, w = images.shape[-2:]
         cut_h, cut_w = int(h * np.sqrt(1 - lam)), int(w * np.sqrt(1 - lam))
@@ -62,9 +64,9 @@ def mix_batch(
         y0, y1 = max(cy - cut_h // 2, 0), min(cy + cut_h // 2, h)
         x0, x1 = max(cx - cut_w // 2, 0), min(cx + cut_w // 2, w)
         mixed = images.clone()
-        mixed[:, :, y0:y1, x0:x1] = images[perm, :, y0:y1, x0:x1]
+        mixed[:, :, y0:y1, x0:x1] = take_rows(images, perm)[:, :, y0:y1, x0:x1]
         lam = 1 - (y1 - y0) * (x1 - x0) / (h * w)  # the area actually pasted
-    return mixed, lam * targets + (1 - lam) * targets[perm]
+    return mixed, lam * targets + (1 - lam) * take_rows(targets, perm)
 
 
 def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

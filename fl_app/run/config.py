@@ -223,6 +223,12 @@ KEYS: dict[str, Key] = {
     "payload-dtype": Key("float32", "dtype of arrays in messages", PAYLOAD_DTYPES),
     "eval-every": Key(5, "evaluate the tiers every N rounds (and after the last)", check=ROUNDS),
     "val-size": Key(1000, "training images held out for validation", check=Range(0, 10_000_000)),
+    "test-size": Key(
+        0,
+        "supernet methods: test images the server scores the tiers on during the run, a seeded class-stratified "
+        "sample of the test split (0 = all of it; fewer for quick runs and tests)",
+        check=Range(0, 10_000_000),
+    ),
     "population-tier": Key(
         "largest",
         "tier each client is scored with in the population-weighted accuracy: its "

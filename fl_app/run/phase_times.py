@@ -7,8 +7,9 @@ Server: ``dispatch`` builds the round's messages (routing, slicing, encoding), `
 clients' calls and the messages' way there and back), ``screening`` checks and decodes them, ``aggregation`` merges
 them, ``evaluation`` scores the model, ``writes`` records the round (result files, checkpoints). Client: ``decode``
 reads and checks the instruction, ``model`` builds the model (and the subnet plan), ``data`` loads the partition,
-``steps`` trains (with what the method computes before training), ``encode`` builds the reply (and, for the
-model-heterogeneous methods, saves the node's model)."""
+``steps`` trains (with what the method computes before training and, for the model-heterogeneous methods, what it
+computes for its upload: prototypes, class means), ``encode`` builds the reply (and, for the model-heterogeneous
+methods, saves the node's model)."""
 
 from __future__ import annotations
 

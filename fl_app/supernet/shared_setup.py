@@ -11,7 +11,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from fl_app.data.images import DATASETS, ImageData, Splits, load_dataset, split_train
+from fl_app.data.images import DATASETS, ImageData, Splits, load_dataset, split_train, stratified_holdout
 from fl_app.data.partition import draw_budgets, make_partitioner, partition_indices
 from fl_app.models.supernet_space import SupernetConfig, count_costs, load_supernet_config
 from fl_app.run.config import MAX_MACS, MAX_MODEL_BYTES, RunConfig
@@ -136,6 +136,15 @@ def dataset_for(run: RunConfig, cfg: SupernetConfig) -> tuple[ImageData, ImageDa
 
 def server_splits(run: RunConfig, train: ImageData) -> Splits:
     return split_train(train.labels.numpy(), run["val-size"], run["calib-size"], run["seed"])
+
+
+def server_test_set(run: RunConfig, test: ImageData) -> ImageData:
+    """The test images the server scores the tiers on during a run: all of ``test``, or with ``test-size`` N > 0
+    below its size a seeded class-stratified sample of N (a stream of its own: the other splits do not move)."""
+    size = run["test-size"]
+    if not 0 < size < len(test):
+        return test
+    return test.subset(stratified_holdout(test.labels.numpy(), size, np.random.default_rng([run["seed"], 79])))
 
 
 def pool_partitions(run: RunConfig, labels: np.ndarray, budgets) -> tuple[np.ndarray, ...]:
