@@ -10,11 +10,15 @@ import json
 
 import pytest
 
+from experiments.runner.flower_runs import format_run_config
 from experiments.runner.in_process_grid import run_in_process
 from fl_app.run.config import validate_run_config
-from tests.harness.tiny_runs import NUM_SUPERNODES, TINY, TINY_VALUES, flwr_run
+from tests.harness.tiny_runs import NUM_SUPERNODES, TINY_VALUES, flwr_run
 
 pytestmark = pytest.mark.slow  # real training and evaluation: minutes; skipped by -m "not slow"
+# the tiers scored on 500 of the sample's 4,000 test images (most of a tiny run's time); test_flower_e2e.py keeps them
+# all, so that its kill-after-round-1 test stops its run before round 2 ends
+BASELINE_VALUES = {**TINY_VALUES, "test-size": 500}
 
 
 def check_summary(out, method: str) -> None:
@@ -31,7 +35,7 @@ def check_summary(out, method: str) -> None:
 @pytest.mark.parametrize("method", ["fiarse", "scalefl"])
 def test_baseline_two_round_simulation_writes_a_valid_summary(flwr_env, tmp_path, method):
     out = tmp_path / method
-    _, status = flwr_run(flwr_env, f"{TINY} method='{method}' output-dir='{out}'")
+    _, status = flwr_run(flwr_env, f"{format_run_config(BASELINE_VALUES)} method='{method}' output-dir='{out}'")
     assert status == "finished:completed"
     check_summary(out, method)
 
@@ -39,5 +43,5 @@ def test_baseline_two_round_simulation_writes_a_valid_summary(flwr_env, tmp_path
 @pytest.mark.parametrize("method", ["superfednas", "deepfednas", "heterofl", "fedrolex", "fedavg-min"])
 def test_sliced_baseline_two_round_run_in_process_writes_a_valid_summary(tmp_path, method):
     out = tmp_path / method
-    run_in_process(validate_run_config({**TINY_VALUES, "method": method, "output-dir": str(out)}), NUM_SUPERNODES)
+    run_in_process(validate_run_config({**BASELINE_VALUES, "method": method, "output-dir": str(out)}), NUM_SUPERNODES)
     check_summary(out, method)

@@ -13,7 +13,6 @@ TINY_VALUES = {
     "batch-size": 16,
     "eval-every": 1,
     "val-size": 200,
-    "test-size": 500,  # the tiers scored on 500 of the sample's 4,000 test images: most of a tiny run's time
     "calib-size": 200,
     "tiers": "0.5e6,2e6,13.6e6",
     "checkpoint-every": 1,
