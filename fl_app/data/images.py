@@ -62,7 +62,7 @@ def take_rows(tensor: torch.Tensor, indices) -> torch.Tensor:
     if tensor.device.type == "cpu" and not tensor.requires_grad:
         rows = indices.numpy() if isinstance(indices, torch.Tensor) else np.asarray(indices, dtype=np.int64)
         return torch.from_numpy(tensor.numpy()[rows.astype(np.int64, copy=False)])
-    return tensor[torch.as_tensor(np.asarray(indices), dtype=torch.long, device=tensor.device)]
+    return tensor[torch.as_tensor(indices, dtype=torch.long, device=tensor.device)]  # lists, arrays, any tensor
 
 
 def check_labels(labels, num_classes: int, where: str) -> np.ndarray:
