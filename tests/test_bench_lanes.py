@@ -19,8 +19,16 @@ def test_the_benchmark_suite_is_the_smoke_suite_with_the_asked_seeds_and_rounds(
     assert suite.federation == smoke.federation and suite.methods == smoke.methods
 
 
-@pytest.mark.parametrize("argv, fragment", [(["--seeds", "4"], "--seeds 4"), (["--rounds", "0"], "--rounds 0")])
-def test_seeds_the_three_runners_cannot_share_evenly_and_no_rounds_are_refused(argv, fragment, capsys):
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--seeds", "4"], "--seeds 4"),
+        (["--rounds", "0"], "--rounds 0"),
+        (["--settings", "lanes-2-shared-ray"], "--settings lanes-2-shared-ray: lanes-1 and any of"),
+        (["--settings", "lanes-1,lanes-3"], "lanes-1-shared-ray"),
+    ],
+)
+def test_uneven_seeds_no_rounds_and_unknown_settings_are_refused(argv, fragment, capsys):
     with pytest.raises(SystemExit):
         bench_lanes.main(argv)
     assert fragment in capsys.readouterr().err

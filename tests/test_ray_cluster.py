@@ -7,8 +7,9 @@ simulation's Ray driver log appears there too. Without RAY_ADDRESS the simulatio
 under /tmp/ray and nothing appears in the head's temp dir.
 
 Everything started here is stopped by process group at the end: the SuperLink and its simulations as for every
-`flwr run` test (experiments/runner/flower_env.py), and the Ray head (`ray start` runs in its own session; its daemons
-and workers stay in that group). `ray stop` is not used: it would stop every Ray instance on the machine.
+`flwr run` test (experiments/runner/flower_env.py), and the Ray nodes (experiments/runner/ray_head.py: `ray start`
+runs in its own session; its daemons and workers stay in that group; never `ray stop`, which would stop every Ray
+instance on the machine).
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -29,7 +28,15 @@ import pytest
 
 from experiments.runner.flower_env import free_port, isolated_env, stop_local_superlink
 from experiments.runner.flower_runs import flwr_run
-from fl_app.run.processes import live_group_members, process_groups, process_table, signal_groups
+from experiments.runner.ray_head import (
+    OBJECT_STORE_BYTES,
+    head_command,
+    ray_executable,
+    ray_head,
+    start_ray_node,
+    stop_groups,
+)
+from fl_app.run.processes import process_groups, process_table
 
 pytestmark = pytest.mark.slow  # real Flower processes: minutes; skipped by -m "not slow"
 RUN_CONFIG = (
@@ -37,99 +44,27 @@ RUN_CONFIG = (
     "calib-size=64 checkpoint-every=0"
 )
 FEDERATION = "num-supernodes=2 client-resources-num-cpus=1"
-# Ray puts unix sockets under <temp-dir>/session_<date>_<pid>/sockets/; AF_UNIX paths are limited to 107 bytes
-MAX_RAY_TEMP_DIR_LEN = 45
-
-
-def _stop_groups(groups: set[int], grace: float = 5.0) -> None:
-    """SIGTERM every group, wait up to `grace` seconds, SIGKILL what is left (Ray's GCS server and autoscaler
-    monitor were still running 16 s after a SIGTERM here)."""
-    signal_groups(groups, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while live_group_members(groups) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    signal_groups(groups, signal.SIGKILL)
-
-
-def _ray_executable() -> str | None:
-    beside = Path(sys.executable).with_name("ray")
-    return str(beside) if beside.exists() else shutil.which("ray")
-
-
-def _start_ray(command: list[str], log: Path) -> subprocess.Popen:
-    with open(log, "w") as out:
-        # own session: this node's raylet, agents and every worker it forks stay in this process group
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        code = proc.wait(timeout=180)
-    except subprocess.TimeoutExpired:
-        _stop_groups({proc.pid})
-        code = None
-    assert code == 0, f"ray start failed ({code}):\n{log.read_text()[-3000:]}"
-    return proc
 
 
 @pytest.fixture
-def ray_head(tmp_path_factory):
-    """A one-node Ray cluster on this machine; yields (address, its temp dir)."""
-    ray = _ray_executable()
-    if ray is None:
+def own_ray_head():
+    """A one-node Ray cluster on this machine started for this test (experiments/runner/ray_head.py)."""
+    if ray_executable() is None:
         pytest.skip("the `ray` command is not installed")
-    temp_dir = tmp_path_factory.mktemp("ray")
-    own_dir = None
-    if len(str(temp_dir)) > MAX_RAY_TEMP_DIR_LEN:  # e.g. a long --basetemp: keep the socket paths short
-        own_dir = temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
-    port = free_port()
-    command = [
-        ray,
-        "start",
-        "--head",
-        "--node-ip-address",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--num-cpus",
-        "2",
-        "--num-gpus",
-        "0",
-        "--object-store-memory",
-        "100000000",
-        "--include-dashboard=false",
-        "--disable-usage-stats",
-        "--temp-dir",
-        str(temp_dir),
-        # the defaults (10001, 8265, 52365) are fixed ports: another Ray head on this machine would clash
-        "--ray-client-server-port",
-        str(free_port()),
-        "--dashboard-port",
-        str(free_port()),
-        "--dashboard-agent-listen-port",
-        str(free_port()),
-    ]
-    log = tmp_path_factory.getbasetemp() / f"{temp_dir.name}-start.log"
     started = time.monotonic()
-    proc = None
-    try:
-        proc = _start_ray(command, log)
-        print(f"\nray head on port {port} started in {time.monotonic() - started:.1f} s, temp dir {temp_dir}")
-        yield f"127.0.0.1:{port}", temp_dir
-    finally:
-        stopping = time.monotonic()
-        _stop_groups(({proc.pid} if proc else set()) | process_groups((f"{temp_dir}/",)))
-        print(f"ray head stopped in {time.monotonic() - stopping:.1f} s")
-        if own_dir is not None:
-            shutil.rmtree(own_dir, ignore_errors=True)
+    with ray_head(2) as head:
+        print(f"\nray head {head.address} started in {time.monotonic() - started:.1f} s, temp dir {head.temp_dir}")
+        yield head
 
 
 @pytest.fixture
-def cluster_flwr_env(ray_head, tmp_path):
+def cluster_flwr_env(own_ray_head, tmp_path):
     """Like conftest's `flwr_env`, plus RAY_ADDRESS: the local SuperLink that `flwr run` starts in this fresh
     FLWR_HOME (on its own ports), and every simulation it spawns, joins the Ray head instead of starting a private
     Ray instance."""
-    address, _ = ray_head
     home = tmp_path / "flwr_home"
     home.mkdir()
-    env = isolated_env(home, RAY_ADDRESS=address)
+    env = isolated_env(home, RAY_ADDRESS=own_ray_head.address)
     try:
         yield env
     finally:
@@ -149,9 +84,9 @@ def _client_actor_logs(ray_temp_dir: Path) -> list[Path]:
     return found
 
 
-def test_simulation_runs_on_an_existing_ray_cluster(ray_head, cluster_flwr_env, tmp_path):
+def test_simulation_runs_on_an_existing_ray_cluster(own_ray_head, cluster_flwr_env, tmp_path):
     started = time.monotonic()
-    _, ray_temp_dir = ray_head
+    ray_temp_dir = own_ray_head.temp_dir
     logs = ray_temp_dir / "session_latest" / "logs"
     assert logs.is_dir()
     assert not _client_actor_logs(ray_temp_dir)  # nothing has run on the cluster yet
@@ -189,56 +124,22 @@ def test_simulation_runs_on_an_existing_ray_cluster(ray_head, cluster_flwr_env, 
 def two_node_cluster(tmp_path_factory):
     """A Ray head and a worker node (a second raylet) on this machine, one CPU each; yields (address, head process
     group, worker process group)."""
-    ray = _ray_executable()
+    ray = ray_executable()
     if ray is None:
         pytest.skip("the `ray` command is not installed")
     temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: unix socket paths are limited
     port = free_port()
-    common = [
-        "--num-gpus",
-        "0",
-        "--object-store-memory",
-        "100000000",
-        "--disable-usage-stats",
-        "--temp-dir",
-        str(temp_dir),
-        "--dashboard-agent-listen-port",
-        str(free_port()),
-    ]
     logs = tmp_path_factory.getbasetemp()
     procs = []
     try:
-        procs.append(
-            _start_ray(
-                [
-                    ray,
-                    "start",
-                    "--head",
-                    "--node-ip-address",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--num-cpus",
-                    "1",
-                    "--include-dashboard=false",
-                    "--ray-client-server-port",
-                    str(free_port()),
-                    "--dashboard-port",
-                    str(free_port()),
-                    *common,
-                ],
-                logs / "ray-head.log",
-            )
-        )
-        common[common.index("--dashboard-agent-listen-port") + 1] = str(free_port())
-        procs.append(
-            _start_ray(
-                [ray, "start", "--address", f"127.0.0.1:{port}", "--num-cpus", "1", *common], logs / "ray-worker.log"
-            )
-        )
+        procs.append(start_ray_node(head_command(ray, port, 1, temp_dir), logs / "ray-head.log"))
+        worker = [ray, "start", "--address", f"127.0.0.1:{port}", "--num-cpus", "1", "--num-gpus", "0"]
+        worker += ["--object-store-memory", str(OBJECT_STORE_BYTES), "--disable-usage-stats", "--temp-dir"]
+        worker += [str(temp_dir), "--dashboard-agent-listen-port", str(free_port())]
+        procs.append(start_ray_node(worker, logs / "ray-worker.log"))
         yield f"127.0.0.1:{port}", procs[0].pid, procs[1].pid
     finally:
-        _stop_groups({p.pid for p in procs} | process_groups((f"{temp_dir}/",)))
+        stop_groups({p.pid for p in procs} | process_groups((f"{temp_dir}/",)))
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 

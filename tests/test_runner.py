@@ -260,15 +260,19 @@ def test_smoke_suite_again_trains_nothing_and_a_changed_key_is_refused(smoke, tm
 
 @pytest.mark.slow  # real `flwr run`s
 def test_a_smoke_run_retrained_into_a_new_folder_equals_the_first_bit_for_bit(smoke, tmp_path):
-    """verify on the real app: one smoke run through `flwr run` again gives the same numbers (CPU, same seed)."""
+    """verify on the real app: one smoke run through `flwr run` again gives the same numbers (CPU, same seed), here
+    on a Ray head the runner starts for the suite (``shared_ray``) where the first started a Ray of its own."""
     from experiments.runner import verify
 
     out, _, _ = smoke
     lines = []
     suite = load_suite(ROOT / "experiments/suites/smoke.toml", seeds=[1], methods=["fedavg-min"])
-    equal = verify(suite, out, tmp_path / "again", printer=lambda text, **_: lines.append(text))
+    equal = verify(suite, out, tmp_path / "again", printer=lambda text, **_: lines.append(text), shared_ray=True)
     text = "\n".join(lines)
     assert equal, text
+    assert json.loads((tmp_path / "again/runs/fedavg-min/seed1" / RUN_RECORD).read_text())["machine"]["ray"] == (
+        "one Ray head per lane"
+    )
     assert "EQUAL   fedavg-min seed=1" in text and "bit-identical" in text
 
 

@@ -93,3 +93,31 @@ def test_machine_differences_name_what_can_change_the_last_bits():
     found = differences(committed, other)
     assert len(found) == 3 and any("torch" in f for f in found) and any("vector_extensions" in f for f in found)
     assert differences(None, committed) == ["the committed run recorded no machine (made before run.json held one)"]
+
+
+def test_a_lane_caps_its_own_ray_but_not_a_ray_cluster_it_joins(tmp_path, monkeypatch):
+    """A run's own Ray gets the lane's CPUs (init-args-num-cpus); a run joining a Ray head or cluster (RAY_ADDRESS)
+    must not pass them (ray.init refuses num_cpus when connecting): there the head's CPUs are the cap."""
+    from experiments.runner import execution, flower_runs
+
+    federations = []
+    monkeypatch.setattr(
+        flower_runs,
+        "flwr_run",
+        lambda config, federation, **kw: federations.append(federation) or ("1", "finished:completed"),
+    )
+    run = next(r for r in execution.plan(load_suite(write_suite(tmp_path, SUITE)), tmp_path / "out"))
+    run.folder.mkdir(parents=True)
+    execution.flower_launcher({"FLWR_HOME": "x"}, ray_cpus=1)(run, 60)
+    execution.flower_launcher({"FLWR_HOME": "x", "RAY_ADDRESS": "127.0.0.1:1"}, ray_cpus=1)(run, 60)
+    assert "init-args-num-cpus=1" in federations[0] and "init-args-num-cpus" not in federations[1]
+
+
+def test_where_a_suites_runs_get_ray_is_recorded(monkeypatch):
+    from experiments.runner.execution import CLUSTER_RAY, PRIVATE_RAY, SHARED_RAY, ray_kind
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert (ray_kind(False), ray_kind(True)) == (PRIVATE_RAY, SHARED_RAY)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # a cluster the user named wins: the runner starts no head
+    assert ray_kind(True) == ray_kind(False) == CLUSTER_RAY
+    assert machine_record(2, 1, SHARED_RAY)["ray"] == "one Ray head per lane"

@@ -1,17 +1,21 @@
-"""Suite machine time with runs side by side on this machine's cores: one small suite trained three ways.
+"""Suite machine time with runs side by side on this machine's cores: one small suite trained several ways.
 
     python -m experiments.benchmarks.bench_lanes --out experiments/results/bench/lanes.json
+    python -m experiments.benchmarks.bench_lanes --settings lanes-1,lanes-1-shared-ray,lanes-2-shared-ray --out F
 
 - ``lanes-1``: one runner, one run at a time (Ray sees every core; the suite's clients train side by side);
 - ``lanes-2``: one runner with ``--lanes 2`` (two runs side by side, each given half of the cores, so runs x parallel
   clients x threads stays within them);
 - ``side-by-side-3``: three runners started together, each with one lane and a third of the suite's seeds: what
   running suites beside each other did before lanes (three runs, each with as many clients as the cores, on the
-  cores of one).
+  cores of one);
+- ``lanes-1-shared-ray``, ``lanes-2-shared-ray``: as ``lanes-1`` and ``lanes-2`` with ``--shared-ray`` (each lane's
+  runs join one Ray head started for the suite instead of each starting and stopping its own Ray).
 
 The suite is the smoke suite (`experiments/suites/smoke.toml`: bundled CIFAR-10 sample, tiny shapes, FEAST and
 FedAvg-min, one thread per client) with ``--seeds`` seeds and ``--rounds`` rounds. Each client trains on one thread in
-all three, so every run must end with the same accuracies in all three (``same_results``); only the time differs.
+every setting, so every run must end with the same accuracies in all of them (``same_results``); only the time
+differs.
 Prints one JSON line: per setting the suite's wall time (``suite_s``), the sum and mean of its runs' own recorded wall
 times (``runs_s``, ``run_mean_s``: what a run's record says it cost), and the load average at start and end.
 """
@@ -31,6 +35,8 @@ from fl_app.io.cli import tool_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "experiments" / "suites" / "smoke.toml"
+SHARED_SUFFIX = "-shared-ray"
+SETTINGS = ("lanes-1", "lanes-2", "side-by-side-3", "lanes-1" + SHARED_SUFFIX, "lanes-2" + SHARED_SUFFIX)
 
 
 def suite_text(seeds: int, rounds: int) -> str:
@@ -46,10 +52,14 @@ def suite_text(seeds: int, rounds: int) -> str:
     return text
 
 
-def runner(suite: Path, out: Path, lanes: int, seeds: list[int] | None = None) -> subprocess.Popen:
+def runner(
+    suite: Path, out: Path, lanes: int, seeds: list[int] | None = None, shared_ray: bool = False
+) -> subprocess.Popen:
     command = [sys.executable, "-m", "experiments.runner", "run", str(suite), "--out", str(out), "--lanes", str(lanes)]
     if seeds is not None:
         command += ["--seeds", ",".join(map(str, seeds))]
+    if shared_ray:
+        command.append("--shared-ray")
     env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -72,7 +82,8 @@ def measure(name: str, groups: list[tuple[int, list[int] | None]], suite: Path, 
     outs = [work / f"{name}-{i}" for i in range(len(groups))]
     load_start = list(os.getloadavg())
     started = time.perf_counter()
-    procs = [runner(suite, out, lanes, seeds) for out, (lanes, seeds) in zip(outs, groups)]
+    shared = name.endswith(SHARED_SUFFIX)
+    procs = [runner(suite, out, lanes, seeds, shared) for out, (lanes, seeds) in zip(outs, groups)]
     errors = [proc.communicate()[1] for proc in procs]
     suite_s = time.perf_counter() - started
     for proc, err in zip(procs, errors):
@@ -95,6 +106,12 @@ def build_parser():
     parser = tool_parser("experiments.benchmarks.bench_lanes", __doc__)
     parser.add_argument("--seeds", type=int, default=3, help="seeds of the suite, a multiple of 3 (default: 3)")
     parser.add_argument("--rounds", type=int, default=4, help="server rounds of each run (default: 4)")
+    parser.add_argument(
+        "--settings",
+        default=",".join(SETTINGS),
+        help=f"comma-separated settings to measure, lanes-1 among them (the reference); allowed: {', '.join(SETTINGS)} "
+        "(default: all)",
+    )
     add_out_option(parser)
     return parser
 
@@ -107,13 +124,19 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"--seeds {args.seeds}: the three side-by-side runners split them evenly; allowed: 3, 6, 9, ...")
     if args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: allowed: 1 or more")
+    chosen = [name.strip() for name in args.settings.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in SETTINGS]
+    if unknown or "lanes-1" not in chosen:
+        parser.error(f"--settings {args.settings}: lanes-1 and any of {', '.join(SETTINGS)}")
     seeds = list(range(args.seeds))
     third = len(seeds) // 3
-    settings = {
+    groups = {
         "lanes-1": [(1, None)],
         "lanes-2": [(2, None)],
         "side-by-side-3": [(1, seeds[i * third : (i + 1) * third]) for i in range(3)],
     }
+    groups.update({name + SHARED_SUFFIX: groups[name] for name in ("lanes-1", "lanes-2")})
+    settings = {name: groups[name] for name in SETTINGS if name in chosen}
     with tempfile.TemporaryDirectory(prefix="bench_lanes_") as tmp:
         work = Path(tmp)
         suite = work / "suite.toml"
@@ -127,8 +150,11 @@ def main(argv: list[str] | None = None) -> dict:
         "rounds": args.rounds,
         "runs": 2 * args.seeds,
         **measured,
-        "speedup_lanes_2": round(measured["lanes-1"]["suite_s"] / measured["lanes-2"]["suite_s"], 3),
-        "speedup_side_by_side_3": round(measured["lanes-1"]["suite_s"] / measured["side-by-side-3"]["suite_s"], 3),
+        **{
+            "speedup_" + name.replace("-", "_"): round(measured["lanes-1"]["suite_s"] / measured[name]["suite_s"], 3)
+            for name in measured
+            if name != "lanes-1"
+        },
         "same_results": same,
     }
     print(json.dumps(result), flush=True)

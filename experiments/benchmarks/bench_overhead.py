@@ -15,6 +15,8 @@ a fresh process running the loop (imports, data loading, all rounds, evaluation)
 at a time (``client-resources-num-cpus`` = all cores, so a client trains with as many threads), as the plain loop
 does (same threads); ``flower_parallel_s`` is the README's federation (one CPU and one thread per client, clients
 side by side; its floats differ from the plain loop's, since thread counts change reduction order).
+With ``--shared-ray`` the Flower runs join a Ray head started before the timing (``ray_head_start_s``), as the
+runner's ``--shared-ray`` keeps one per lane for a whole suite: a run then skips starting and stopping its own Ray.
 ``ratio`` = flower_s / plain_s (start-up included); ``rounds_ratio`` = flower_rounds_s / plain_rounds_s, the steady
 state: the ServerApp's round loop against the plain loop's (start-up and shutdown excluded on both sides). The
 reference regime's steady state (experiments/suites/reference-regime.toml's data and local work: 100 clients, 10 a
@@ -44,6 +46,7 @@ Prints one JSON line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -59,6 +62,7 @@ import torch
 from experiments.benchmarks.common import add_out_option, refuse_existing_out, write_json_lines
 from experiments.runner.flower_env import local_flower_env
 from experiments.runner.flower_runs import flwr_run, format_run_config
+from experiments.runner.ray_head import ray_head
 from fl_app.io.cli import run_config_overrides, tool_parser
 from fl_app.io.files import write_own_file
 from fl_app.run.phase_times import PhaseTimer, read_phases
@@ -229,6 +233,12 @@ def build_parser() -> argparse.ArgumentParser:
         "[federation], seed 0, --rounds rounds), its steady state split by phase and its work_ratio (default: off)",
     )
     parser.add_argument("--method", help="the suite's method label for --suite, e.g. fedtopo")
+    parser.add_argument(
+        "--shared-ray",
+        action="store_true",
+        help="the Flower runs join a Ray head started before the timing, as the runner's --shared-ray does once per "
+        "lane for a suite (default: each run starts its own Ray)",
+    )
     add_out_option(parser)
     parser.add_argument("--plain-only", action="store_true", help=argparse.SUPPRESS)  # the plain side, internal
     parser.add_argument("--state-out", type=Path, help=argparse.SUPPRESS)
@@ -260,8 +270,16 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(plain_feast(values, args.clients, args.state_out)))
         return {}
 
-    result = {"rounds": args.rounds, "clients": args.clients, "cores": cores}
-    with tempfile.TemporaryDirectory() as tmp, local_flower_env() as env:
+    result = {"rounds": args.rounds, "clients": args.clients, "cores": cores, "ray": "own Ray per run"}
+    with contextlib.ExitStack() as stack:
+        flower_extra = {}
+        if args.shared_ray:  # started (and its start timed) before either side, so that it loads neither
+            started = time.perf_counter()
+            head = stack.enter_context(ray_head(cores, env=PHASE_LOG_ENV))  # the actors log their phases
+            result.update(ray="one Ray head for the runs", ray_head_start_s=round(time.perf_counter() - started, 1))
+            flower_extra["RAY_ADDRESS"] = head.address
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        env = stack.enter_context(local_flower_env(**flower_extra))
         plain_state = Path(tmp) / "plain.npz"
         started = time.perf_counter()
         out = subprocess.run(

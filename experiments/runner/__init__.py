@@ -60,6 +60,14 @@ evaluation's accuracy, the ETAs of the run and of the suite, from rounds.csv and
 suite's tables (means with 95% t-intervals over seeds, paired differences against the reference) are written by
 ``fl_app.report`` into OUT and printed.
 
+Cores and Ray: ``--lanes N`` (or ``[suite] lanes``) trains N runs side by side, each lane's Ray given its share of the
+cores so that runs x parallel clients x threads stays within them. Each run's simulation starts and stops a Ray of
+its own, as `flwr run .` by hand does; ``--shared-ray`` (a few seconds less a run: ``bench_overhead``) starts one
+Ray head per lane for the whole suite (``ray_head``, with the lane's CPUs) that the lane's runs join, and with
+RAY_ADDRESS in the environment every run joins that cluster and the runner starts none. run.json's ``machine``
+records lanes, CPUs and which Ray (``ray``); none of it is part of a run's identity, and a run's numbers are the
+same on each.
+
 OUT belongs to one suite (``OUT/suite.json``): a request that would drop runs recorded there (a subset of its
 methods or seeds, another suite) is refused, since its tables would be rewritten without them; adding seeds,
 methods or grid values is allowed. One runner at a time writes OUT (it holds ``OUT/.runner.lock``; a second

@@ -58,6 +58,12 @@ def add_suite_options(command: argparse.ArgumentParser, committed_flag: bool = T
         type=int,
         help="runs trained side by side, each on its share of the cores (unset: the suite's [suite] lanes, else 1)",
     )
+    command.add_argument(
+        "--shared-ray",
+        action="store_true",
+        help="each lane's runs join one Ray head started for the suite, which saves each run starting and stopping "
+        "its own Ray, a few seconds a run; same numbers (default: off)",
+    )
     add_run_config_option(command, "run-config values over the suite's [base]")
 
 
@@ -150,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("note: a committed results folder; `run` into it needs --into-committed")
             return 0
         if args.command == "verify":
-            return 0 if verify(suite, args.committed, args.out, args.tolerance) else 1
+            return 0 if verify(suite, args.committed, args.out, args.tolerance, shared_ray=args.shared_ray) else 1
         result = run_suite(
             suite,
             args.out,
@@ -158,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             args.allow_mixed_commits,
             into_committed=args.into_committed,
             lanes=args.lanes,
+            shared_ray=args.shared_ray,
         )
     except (SuiteMismatch, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -41,10 +41,13 @@ def note_in_flight(folder: Path, flower: dict) -> None:
 
 def flower_launcher(env: dict, ray_cpus: int | None = None) -> Callable[[PlannedRun, float], str]:
     """The real launcher: one `flwr run` of the app per run (isolated Flower home in ``env``); the run's record
-    names its Flower run while it trains (``stop_left_running``). ``ray_cpus``: the CPUs the run's Ray may use (a
-    lane's share of the cores; it caps how many clients train at once, not what they compute)."""
+    names its Flower run while it trains (``stop_left_running``). ``ray_cpus``: the CPUs the run's own Ray may use
+    (a lane's share of the cores; it caps how many clients train at once, not what they compute); unused when ``env``
+    names a Ray cluster to join (RAY_ADDRESS: that cluster's CPUs are the cap, and Ray refuses num-cpus there)."""
     from experiments.runner.flower_env import in_flight
     from experiments.runner.flower_runs import flwr_run
+
+    ray_cpus = None if env.get("RAY_ADDRESS") else ray_cpus
 
     def launch(run: PlannedRun, timeout: float) -> str:
         federation = {**run.federation, **({"init-args-num-cpus": ray_cpus} if ray_cpus else {})}
@@ -61,6 +64,31 @@ def flower_launcher(env: dict, ray_cpus: int | None = None) -> Callable[[Planned
     return launch
 
 
+PRIVATE_RAY, SHARED_RAY, CLUSTER_RAY = "own Ray per run", "one Ray head per lane", "the Ray cluster at RAY_ADDRESS"
+
+
+def ray_kind(shared_ray: bool) -> str:
+    """Where a suite's runs get Ray (recorded in run.json): a cluster named by RAY_ADDRESS in the environment wins."""
+    if os.environ.get("RAY_ADDRESS"):
+        return CLUSTER_RAY
+    return SHARED_RAY if shared_ray else PRIVATE_RAY
+
+
+def lane_launcher(stack: contextlib.ExitStack, ray_cpus: int | None, ray: str, printer) -> Callable:
+    """A lane's launcher, its SuperLink (and, for ``SHARED_RAY``, its Ray head with the lane's share of the cores)
+    kept by ``stack`` for the suite."""
+    from experiments.runner.flower_env import local_flower_env
+    from experiments.runner.ray_head import ray_head
+
+    extra = {}
+    if ray == SHARED_RAY:
+        started = time.monotonic()
+        head = stack.enter_context(ray_head(ray_cpus or os.cpu_count() or 1))
+        printer(f"ray head {head.address} ({head.num_cpus} CPUs) started in {time.monotonic() - started:.1f} s")
+        extra["RAY_ADDRESS"] = head.address
+    return flower_launcher(stack.enter_context(local_flower_env(**extra)), ray_cpus)
+
+
 def execute(
     runs: list[PlannedRun],
     out: Path,
@@ -70,6 +98,7 @@ def execute(
     progress_every: float = 10.0,
     rerun_changed: bool = False,
     ray_cpus: int | None = None,
+    ray: str | None = None,
 ) -> list[PlannedRun]:
     """Train the runs marked 'train', printing a line as each starts, after each of its rounds (``Progress``, every
     ``progress_every`` seconds at most) and as it ends; returns failures. ``launch`` is one launcher, or a list of
@@ -131,7 +160,7 @@ def execute(
             "status": RUNNING,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "log": RUN_LOG,
-            "machine": machine_record(len(launchers), ray_cpus),
+            "machine": machine_record(len(launchers), ray_cpus, ray),
             **({"match_compute": run.match_compute} if run.match_compute else {}),
             **(
                 {"resumed_from": run.resume_from.name, "resumed_after_round": run.resumed_after_round}
@@ -239,10 +268,12 @@ def run_suite(
     into_committed: bool = False,
     progress_every: float = 10.0,
     lanes: int | None = None,
+    shared_ray: bool = False,
 ) -> dict:
     """Plan (refusing mismatches before any training), train what is missing (``lanes`` runs side by side, else the
     suite's ``lanes``), write and print the tables. One runner at a time per OUT (``suite_lock``); a run folder
-    reached through a link inside OUT is refused."""
+    reached through a link inside OUT is refused. ``shared_ray``: each lane's runs join one Ray head started for the
+    suite (``ray_head``) instead of each starting and stopping its own Ray; a run's numbers are the same either way."""
     suite = suite if isinstance(suite, Suite) else load_suite(suite)
     lanes = lanes or suite.lanes
     ray_cpus = lane_cpus(lanes, suite.federation)
@@ -250,7 +281,17 @@ def run_suite(
     refuse_committed(out, into_committed)
     with suite_lock(out):
         return _run_locked_suite(
-            suite, out, rerun_changed, allow_mixed_commits, launch, printer, plots, progress_every, lanes, ray_cpus
+            suite,
+            out,
+            rerun_changed,
+            allow_mixed_commits,
+            launch,
+            printer,
+            plots,
+            progress_every,
+            lanes,
+            ray_cpus,
+            shared_ray,
         )
 
 
@@ -265,6 +306,7 @@ def _run_locked_suite(
     progress_every: float,
     lanes: int,
     ray_cpus: int | None,
+    shared_ray: bool,
 ) -> dict:
     runs = plan(suite, out, rerun_changed)
     refuse_links(runs, out)
@@ -283,11 +325,13 @@ def _run_locked_suite(
         launchers = [launch] * lanes if launch is not None else None
         failed = execute(runs, out, launchers, suite.run_timeout, printer, progress_every, rerun_changed, ray_cpus)
     else:
-        from experiments.runner.flower_env import local_flower_env
-
+        ray = ray_kind(shared_ray)
+        ray_cpus = None if ray == CLUSTER_RAY else ray_cpus  # a cluster the user named has its own CPUs
         with contextlib.ExitStack() as stack:  # one SuperLink (own FLWR_HOME, free ports) per lane for the suite
-            launchers = [flower_launcher(stack.enter_context(local_flower_env()), ray_cpus) for _ in range(lanes)]
-            failed = execute(runs, out, launchers, suite.run_timeout, printer, progress_every, rerun_changed, ray_cpus)
+            launchers = [lane_launcher(stack, ray_cpus, ray, printer) for _ in range(lanes)]
+            failed = execute(
+                runs, out, launchers, suite.run_timeout, printer, progress_every, rerun_changed, ray_cpus, ray
+            )
     if pending:  # the folders of the matched runs are known only now (a .vK with --rerun-changed)
         write_json(out / "suite.json", suite_record(suite, runs, out), replace=True)
     finished = [r for r in runs if r not in failed]

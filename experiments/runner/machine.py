@@ -46,14 +46,16 @@ def versions() -> dict:
     return found
 
 
-def machine_record(lanes: int, ray_cpus: int | None) -> dict:
-    """The run.json entry ``machine``: processor, versions, thread settings and the lanes the runner used."""
+def machine_record(lanes: int, ray_cpus: int | None, ray: str | None = None) -> dict:
+    """The run.json entry ``machine``: processor, versions, thread settings, the lanes the runner used and where the
+    run's Ray ran (none of it is part of a run's identity)."""
     return {
         "processor": processor(),
         "versions": versions(),
         "threads": {name: os.environ.get(name) for name in THREAD_VARIABLES},
         "lanes": lanes,
         "ray_cpus_per_run": ray_cpus,
+        **({"ray": ray} if ray else {}),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }
 

@@ -22,6 +22,7 @@ def verify(
     tolerance: float = 0.0,
     launch: Callable[[PlannedRun, float], str] | None = None,
     printer=print,
+    shared_ray: bool = False,
 ) -> bool:
     """Train the suite's runs (usually a few seeds and methods of it) into the new folder OUT and compare their
     numbers with the committed folder's runs of the same settings; True when all are equal."""
@@ -46,7 +47,7 @@ def verify(
         f"committed runs made at commit {', '.join(commits)}; this tree: {commit[:7]}{' (modified)' if dirty else ''}",
         flush=True,
     )
-    result = run_suite(suite, out, launch=launch, printer=printer, plots=False)
+    result = run_suite(suite, out, launch=launch, printer=printer, plots=False, shared_ray=shared_ray)
     if result["failed"]:
         printer("some runs failed: nothing compared for them", flush=True)
     done = [(old, new) for old, new in zip(references, result["runs"]) if new not in result["failed"]]
