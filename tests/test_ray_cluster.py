@@ -29,12 +29,12 @@ import pytest
 from experiments.runner.flower_env import free_port, isolated_env, stop_local_superlink
 from experiments.runner.flower_runs import flwr_run
 from experiments.runner.ray_head import (
-    OBJECT_STORE_BYTES,
     head_command,
     ray_executable,
     ray_head,
     start_ray_node,
     stop_groups,
+    worker_command,
 )
 from fl_app.run.processes import process_groups, process_table
 
@@ -133,10 +133,7 @@ def two_node_cluster(tmp_path_factory):
     procs = []
     try:
         procs.append(start_ray_node(head_command(ray, port, 1, temp_dir), logs / "ray-head.log"))
-        worker = [ray, "start", "--address", f"127.0.0.1:{port}", "--num-cpus", "1", "--num-gpus", "0"]
-        worker += ["--object-store-memory", str(OBJECT_STORE_BYTES), "--disable-usage-stats", "--temp-dir"]
-        worker += [str(temp_dir), "--dashboard-agent-listen-port", str(free_port())]
-        procs.append(start_ray_node(worker, logs / "ray-worker.log"))
+        procs.append(start_ray_node(worker_command(ray, f"127.0.0.1:{port}", 1, temp_dir), logs / "ray-worker.log"))
         yield f"127.0.0.1:{port}", procs[0].pid, procs[1].pid
     finally:
         stop_groups({p.pid for p in procs} | process_groups((f"{temp_dir}/",)))

@@ -70,6 +70,24 @@ def start_ray_node(command: list[str], log: Path, env: dict | None = None) -> su
     return proc
 
 
+def node_flags(num_cpus: int, temp_dir: Path) -> list[str]:
+    """What every node started here shares: its CPUs, no GPU, a small object store, no usage stats, the cluster's temp
+    dir, and a free port for its agent (Ray's default is a fixed port another node would clash with)."""
+    return [
+        "--num-cpus",
+        str(num_cpus),
+        "--num-gpus",
+        "0",
+        "--object-store-memory",
+        str(OBJECT_STORE_BYTES),
+        "--disable-usage-stats",
+        "--temp-dir",
+        str(temp_dir),
+        "--dashboard-agent-listen-port",
+        str(free_port()),
+    ]
+
+
 def head_command(ray: str, port: int, num_cpus: int, temp_dir: Path) -> list[str]:
     return [
         ray,
@@ -79,23 +97,18 @@ def head_command(ray: str, port: int, num_cpus: int, temp_dir: Path) -> list[str
         "127.0.0.1",
         "--port",
         str(port),
-        "--num-cpus",
-        str(num_cpus),
-        "--num-gpus",
-        "0",
-        "--object-store-memory",
-        str(OBJECT_STORE_BYTES),
         "--include-dashboard=false",
-        "--disable-usage-stats",
-        "--temp-dir",
-        str(temp_dir),
         "--ray-client-server-port",
         str(free_port()),
         "--dashboard-port",
         str(free_port()),
-        "--dashboard-agent-listen-port",
-        str(free_port()),
+        *node_flags(num_cpus, temp_dir),
     ]
+
+
+def worker_command(ray: str, address: str, num_cpus: int, temp_dir: Path) -> list[str]:
+    """A second node joining the head at ``address``."""
+    return [ray, "start", "--address", address, *node_flags(num_cpus, temp_dir)]
 
 
 @contextmanager
