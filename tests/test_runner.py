@@ -366,6 +366,37 @@ def test_extending_a_suite_with_seeds_trains_only_the_new_runs(tmp_path):
     assert sorted(launcher.launched) == sorted((label, 3, {}) for label in OFFSET)
 
 
+def test_report_writes_the_tables_of_the_finished_runs_trains_nothing_and_run_continues_the_rest(tmp_path, capsys):
+    from experiments.runner import main, report_suite
+
+    with pytest.raises(KeyboardInterrupt):  # a first sitting: seed 0 of every method, then stopped in feast seed 1
+        run(tmp_path, launcher=FakeLauncher(interrupt_at=4))
+    out = tmp_path / "out"
+    assert not (out / "table.md").exists()
+    suite = tmp_path / "suite.toml"
+    assert main(["report", str(suite), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    table = (out / "table.md").read_text()
+    # seed 0 only: feast 0.35, fedavg-min 0.30; one seed gives a difference but no interval
+    assert "| feast | cifar10 | 2 | 0 | 0.50M | 35.0 |" in table
+    assert "| feast | fedavg-min | +5.0 | 1/1 | not distinguishable at 1 seed |" in table
+    assert "6 of the 9 runs have not finished" in printed
+    assert "feast seed=1" in printed and "feast-kd0 seed=2" in printed
+    recorded = json.loads((out / "suite.json").read_text())
+    assert len(recorded["runs"]) == 9  # the whole request: a later `run` of it continues the suite
+    assert json.loads((out / "runs/feast/seed1" / RUN_RECORD).read_text())["status"] == "running"  # nothing moved
+
+    _, launcher, _ = run(tmp_path)
+    assert sorted(launcher.launched) == sorted((label, seed, {}) for label in OFFSET for seed in (1, 2))
+    assert "| feast | fedavg-min | +5.0 ± 0.0 | 3/3 | better |" in (out / "table.md").read_text()
+
+    # a subset is refused as `run` refuses it; an empty folder has nothing to report
+    assert main(["report", str(suite), "--out", str(out), "--seeds", "0"]) == 2
+    assert "suite.json" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="none of the suite's 9 runs has finished"):
+        report_suite(suite, tmp_path / "empty", printer=lambda *a, **k: None, plots=False)
+
+
 def test_committed_results_folders_are_refused_unless_asked_for(tmp_path, monkeypatch):
     from experiments.runner import suite_folder
 

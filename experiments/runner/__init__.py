@@ -5,6 +5,7 @@
     python -m experiments.runner verify experiments/suites/smoke.toml --committed /tmp/smoke --out /tmp/smoke-again \
         --seeds 0 --methods feast       # retrain some runs into a new folder and compare their numbers
     python -m experiments.runner compare COMMITTED NEW    # the same comparison, for run folders made by other tools
+    python -m experiments.runner report experiments/suites/smoke.toml --out /tmp/smoke   # tables of what has finished
 
 A suite file (``experiments/suites/*.toml``)::
 
@@ -58,7 +59,8 @@ runner (pid, start time) and its Flower run (run id, FLWR_HOME, ports, SuperLink
 anything trains (or refuses while that runner is alive). The console shows each run's rounds as they end (the last
 evaluation's accuracy, the ETAs of the run and of the suite, from rounds.csv and metrics.csv). At the end the
 suite's tables (means with 95% t-intervals over seeds, paired differences against the reference) are written by
-``fl_app.report`` into OUT and printed.
+``fl_app.report`` into OUT and printed. A suite that takes several sittings gets its tables so far from ``report``
+(the finished runs of the request; the rest listed, nothing trained).
 
 Cores and Ray: ``--lanes N`` (or ``[suite] lanes``) trains N runs side by side, each lane's Ray given its share of the
 cores so that runs x parallel clients x threads stays within them. Each run's simulation starts and stops a Ray of
@@ -91,7 +93,7 @@ HOMES = {
     "matching": "flops_per_round matched_rounds resolve_match",
     "suite_folder": "RESULTS check_suite_folder is_committed",
     "resume": "CHECKPOINT LOCK_FILE SuiteBusy checkpoint_round resume_point suite_lock",
-    "execution": "execute lane_cpus run_suite",
+    "execution": "execute lane_cpus run_suite report_suite",
     "comparison": "MEASURED compare_run compare_folders",
     "verification": "verify",
     "cli": "SUITES main build_parser suite_parser run_named_suite add_run_config_option run_config_of",

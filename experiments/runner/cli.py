@@ -1,4 +1,4 @@
-"""The runner's command line (``python -m experiments.runner run|plan|verify|compare``) and the options the
+"""The runner's command line (``python -m experiments.runner run|plan|verify|report|compare``) and the options the
 wrapper scripts of one suite share (``suite_parser``, ``run_named_suite``)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import experiments.runner as package
 from experiments.runner.comparison import compare_folders
-from experiments.runner.execution import run_suite
+from experiments.runner.execution import report_suite, run_suite
 from experiments.runner.matching import match_text
 from experiments.runner.planning import plan
 from experiments.runner.records import ROOT
@@ -22,20 +22,21 @@ from fl_app.io.cli import add_command, comma_list, run_config_overrides, tool_pa
 SUITES = ROOT / "experiments" / "suites"
 
 
-def add_suite_options(command: argparse.ArgumentParser, committed_flag: bool = True) -> None:
-    """The options of running a suite (its file aside), shared by ``run``, ``plan``, ``verify`` and the wrapper
-    scripts."""
+def add_suite_options(command: argparse.ArgumentParser, committed_flag: bool = True, training: bool = True) -> None:
+    """The options of running a suite (its file aside), shared by ``run``, ``plan``, ``verify``, ``report`` and the
+    wrapper scripts (``training=False``: without the options only training reads)."""
     command.add_argument(
         "--out",
         type=Path,
         required=True,
         help="suite folder (the runner writes only here, never to a default location)",
     )
-    command.add_argument(
-        "--rerun-changed",
-        action="store_true",
-        help="train runs whose finished folder has other settings into new folders",
-    )
+    if training:
+        command.add_argument(
+            "--rerun-changed",
+            action="store_true",
+            help="train runs whose finished folder has other settings into new folders",
+        )
     command.add_argument(
         "--allow-mixed-commits", action="store_true", help="let one table hold runs made at different commits"
     )
@@ -53,17 +54,18 @@ def add_suite_options(command: argparse.ArgumentParser, committed_flag: bool = T
         type=comma_list(str, "labels"),
         help="the suite's labels (or method names) to run, e.g. feast,fedavg-min (unset: all)",
     )
-    command.add_argument(
-        "--lanes",
-        type=int,
-        help="runs trained side by side, each on its share of the cores (unset: the suite's [suite] lanes, else 1)",
-    )
-    command.add_argument(
-        "--shared-ray",
-        action="store_true",
-        help="each lane's runs join one Ray head started for the suite, which saves each run starting and stopping "
-        "its own Ray, a few seconds a run; same numbers (default: off)",
-    )
+    if training:
+        command.add_argument(
+            "--lanes",
+            type=int,
+            help="runs trained side by side, each on its share of the cores (unset: the suite's [suite] lanes, else 1)",
+        )
+        command.add_argument(
+            "--shared-ray",
+            action="store_true",
+            help="each lane's runs join one Ray head started for the suite, which saves each run starting and "
+            "stopping its own Ray, a few seconds a run; same numbers (default: off)",
+        )
     add_run_config_option(command, "run-config values over the suite's [base]")
 
 
@@ -96,10 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
         ("run", "train what is missing, then write the tables"),
         ("plan", "print what would be reused, trained or refused; trains nothing"),
         ("verify", "train the chosen runs into a new folder and compare their numbers with --committed's"),
+        ("report", "write the tables of the request's finished runs and list the rest; trains nothing"),
     ):
         command = add_command(sub, name, text)
         command.add_argument("suite", type=Path, help="suite file, e.g. experiments/suites/smoke.toml")
-        add_suite_options(command, committed_flag=name != "verify")
+        add_suite_options(command, committed_flag=name != "verify", training=name != "report")
         if name == "verify":
             command.add_argument(
                 "--committed", type=Path, required=True, help="the folder with the runs to compare against"
@@ -154,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{run.action:<6} {run.name} seed={run.seed} -> {run.folder}" + (f" ({note})" if note else ""))
             if is_committed(out):
                 print("note: a committed results folder; `run` into it needs --into-committed")
+            return 0
+        if args.command == "report":
+            report_suite(suite, args.out, args.allow_mixed_commits, into_committed=args.into_committed)
             return 0
         if args.command == "verify":
             return 0 if verify(suite, args.committed, args.out, args.tolerance, shared_ray=args.shared_ray) else 1

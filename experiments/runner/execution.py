@@ -1,5 +1,5 @@
 """Training a suite: ``run_suite`` plans, trains what is missing (``execute``: one `flwr run` per run, on one
-or more lanes side by side) and writes the suite's tables."""
+or more lanes side by side) and writes the suite's tables; ``report_suite`` writes the tables of what has finished."""
 
 from __future__ import annotations
 
@@ -335,14 +335,7 @@ def _run_locked_suite(
     if pending:  # the folders of the matched runs are known only now (a .vK with --rerun-changed)
         write_json(out / "suite.json", suite_record(suite, runs, out), replace=True)
     finished = [r for r in runs if r not in failed]
-    text = write_suite_tables(
-        out,
-        [r.folder for r in finished],
-        reference=suite.reference,
-        allow_mixed_commits=allow_mixed_commits,
-        plots=plots,
-    )
-    printer(text, flush=True)
+    write_tables(suite, out, finished, allow_mixed_commits, plots, printer)
     not_run = [r for r in failed if r.action == "skip"]
     if not_run:
         printer("runs not run:\n  " + "\n  ".join(f"{r.name} seed={r.seed}: {r.reason}" for r in not_run), flush=True)
@@ -354,3 +347,49 @@ def _run_locked_suite(
             flush=True,
         )
     return {"runs": runs, "failed": failed}
+
+
+def write_tables(suite: Suite, out: Path, finished: list[PlannedRun], allow_mixed_commits: bool, plots: bool, printer):
+    text = write_suite_tables(
+        out,
+        [r.folder for r in finished],
+        reference=suite.reference,
+        allow_mixed_commits=allow_mixed_commits,
+        plots=plots,
+    )
+    printer(text, flush=True)
+
+
+def report_suite(
+    suite: Path | Suite,
+    out: Path,
+    allow_mixed_commits: bool = False,
+    printer=print,
+    plots: bool = True,
+    into_committed: bool = False,
+) -> dict:
+    """Write OUT's tables from the suite's runs that have finished, training nothing, and list the rest: the tables
+    of a suite that takes several sittings (a seed's runs finished, the next seed's not yet). The request is checked
+    as ``run_suite`` checks it (no recorded run dropped, no finished run of other settings) and OUT/suite.json
+    records it whole, so a later ``run`` of the same request trains what is missing."""
+    suite = suite if isinstance(suite, Suite) else load_suite(suite)
+    out = Path(out).resolve()
+    refuse_committed(out, into_committed)
+    with suite_lock(out):
+        runs = plan(suite, out)
+        refuse_links(runs, out)
+        check_suite_folder(suite, runs, out)
+        finished = [r for r in runs if r.action == "reuse"]
+        if not finished:
+            raise ValueError(f"{out}: none of the suite's {len(runs)} runs has finished; nothing to report")
+        write_json(out / "suite.json", suite_record(suite, runs, out), replace=True)
+        write_tables(suite, out, finished, allow_mixed_commits, plots, printer)
+        missing = [r for r in runs if r.action != "reuse"]
+        if missing:
+            printer(
+                f"not in the tables: {len(missing)} of the {len(runs)} runs have not finished "
+                "(`run` with the same request trains them):\n  "
+                + "\n  ".join(f"{r.name} seed={r.seed}" + (f" ({r.reason})" if r.reason else "") for r in missing),
+                flush=True,
+            )
+    return {"runs": runs, "finished": finished, "missing": missing}
