@@ -8,6 +8,7 @@ checkpoint and checks that the continued run ends bit for bit like one that neve
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -106,6 +107,46 @@ def test_an_interrupted_run_continues_from_its_latest_checkpoint_into_a_fresh_fo
     from experiments.runner import load_suite
 
     assert [r.action for r in plan(load_suite(write_suite(tmp_path, SUITE)), tmp_path / "out")] == ["reuse", "reuse"]
+
+
+def test_a_parked_run_continues_from_its_committed_copy_on_another_machine(tmp_path, capsys):
+    from experiments.runner import main
+    from experiments.runner.execution import note_in_flight
+
+    def stopped(run, timeout):  # feast failed after its round-2 checkpoint, fedavg-min interrupted before its first
+        note_in_flight(run.folder, {"run_id": "1", "flwr_home": str(tmp_path / "flwr_home"), "processes": []})
+        write_round(run, 2, 0.3)
+        if run.label == "feast":
+            save_verified(run.folder / "checkpoint.pt", {"round": 2, "run_config": {}}, {"sha256": "model"})
+            return "finished:failed"
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, stopped)
+    out, suite = tmp_path / "out", str(tmp_path / "suite.toml")
+
+    assert main(["park", suite, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    copy = out / "runs/feast/seed0.interrupted-1"
+    assert "feast seed=0: parked as runs/feast/seed0.interrupted-1 (checkpoint of round 2)" in printed
+    assert "fedavg-min seed=0: not parked (no checkpoint.pt)" in printed
+    assert f"git add -f {copy / 'checkpoint.pt'}" in printed
+    assert not (out / "runs/feast/seed0").exists() and (out / "runs/fedavg-min/seed0").is_dir()
+    record = json.loads((copy / RUN_RECORD).read_text())
+    assert record["status"] == "parked after round 2" and "flower" not in record and "runner" not in record
+    assert str(tmp_path) not in (copy / RUN_RECORD).read_text()
+
+    # another machine: a clone at another path holds the committed folder (the parked copy with its checkpoint)
+    elsewhere = tmp_path / "clone"
+    shutil.copytree(out, elsewhere / "out")
+    launched = []
+
+    def continued(run, timeout):
+        launched.append((run.label, run.resume_from, run.resumed_after_round))
+        return finish(run)
+
+    run(elsewhere, continued)
+    assert launched == [("feast", elsewhere / "out/runs/feast/seed0.interrupted-1", 2), ("fedavg-min", None, 0)]
 
 
 def test_a_checkpoint_of_other_settings_or_a_damaged_one_is_not_continued(tmp_path):

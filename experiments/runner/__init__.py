@@ -6,6 +6,7 @@
         --seeds 0 --methods feast       # retrain some runs into a new folder and compare their numbers
     python -m experiments.runner compare COMMITTED NEW    # the same comparison, for run folders made by other tools
     python -m experiments.runner report experiments/suites/smoke.toml --out /tmp/smoke   # tables of what has finished
+    python -m experiments.runner park experiments/suites/smoke.toml --out /tmp/smoke     # stopped runs, to commit
 
 A suite file (``experiments/suites/*.toml``)::
 
@@ -60,7 +61,11 @@ anything trains (or refuses while that runner is alive). The console shows each 
 evaluation's accuracy, the ETAs of the run and of the suite, from rounds.csv and metrics.csv). At the end the
 suite's tables (means with 95% t-intervals over seeds, paired differences against the reference) are written by
 ``fl_app.report`` into OUT and printed. A suite that takes several sittings gets its tables so far from ``report``
-(the finished runs of the request; the rest listed, nothing trained).
+(the finished runs of the request; the rest listed, nothing trained). A suite stopped on one machine continues on
+another from committed files: ``park`` moves each unfinished run with a checkpoint aside (``seed<N>.interrupted-K``,
+as the next ``run`` would), drops from its record what named this machine's processes, and prints the ``git add -f``
+line for the checkpoints (which the results' .gitignore leaves out); ``run`` on the other machine, at the same
+commit, continues them.
 
 Cores and Ray: ``--lanes N`` (or ``[suite] lanes``) trains N runs side by side, each lane's Ray given its share of the
 cores so that runs x parallel clients x threads stays within them. Each run's simulation starts and stops a Ray of
@@ -92,8 +97,8 @@ HOMES = {
     "planning": "PlannedRun expand decide plan settle_match",
     "matching": "flops_per_round matched_rounds resolve_match",
     "suite_folder": "RESULTS check_suite_folder is_committed",
-    "resume": "CHECKPOINT LOCK_FILE SuiteBusy checkpoint_round resume_point suite_lock",
-    "execution": "execute lane_cpus run_suite report_suite",
+    "resume": "CHECKPOINT LOCK_FILE SuiteBusy checkpoint_round resume_point suite_lock park_unfinished",
+    "execution": "execute lane_cpus run_suite report_suite park_suite",
     "comparison": "MEASURED compare_run compare_folders",
     "verification": "verify",
     "cli": "SUITES main build_parser suite_parser run_named_suite add_run_config_option run_config_of",

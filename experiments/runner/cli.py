@@ -1,4 +1,4 @@
-"""The runner's command line (``python -m experiments.runner run|plan|verify|report|compare``) and the options the
+"""The runner's command line (``python -m experiments.runner run|plan|verify|report|park|compare``) and the options the
 wrapper scripts of one suite share (``suite_parser``, ``run_named_suite``)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import experiments.runner as package
 from experiments.runner.comparison import compare_folders
-from experiments.runner.execution import report_suite, run_suite
+from experiments.runner.execution import park_suite, report_suite, run_suite
 from experiments.runner.matching import match_text
 from experiments.runner.planning import plan
 from experiments.runner.records import ROOT
@@ -99,10 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
         ("plan", "print what would be reused, trained or refused; trains nothing"),
         ("verify", "train the chosen runs into a new folder and compare their numbers with --committed's"),
         ("report", "write the tables of the request's finished runs and list the rest; trains nothing"),
+        ("park", "move the stopped suite's unfinished runs aside with their checkpoints, ready to be committed"),
     ):
         command = add_command(sub, name, text)
         command.add_argument("suite", type=Path, help="suite file, e.g. experiments/suites/smoke.toml")
-        add_suite_options(command, committed_flag=name != "verify", training=name != "report")
+        add_suite_options(command, committed_flag=name != "verify", training=name not in ("report", "park"))
         if name == "verify":
             command.add_argument(
                 "--committed", type=Path, required=True, help="the folder with the runs to compare against"
@@ -135,6 +136,12 @@ def run_named_suite(
     return main(["run", str(SUITES / chosen), *(a for a in argv if a != "--ablations")])
 
 
+def shell_path(path: Path) -> str:
+    """``path`` relative to the working directory where it lies under it (what a `git add` typed here takes)."""
+    path = Path(path)
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -157,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{run.action:<6} {run.name} seed={run.seed} -> {run.folder}" + (f" ({note})" if note else ""))
             if is_committed(out):
                 print("note: a committed results folder; `run` into it needs --into-committed")
+            return 0
+        if args.command == "park":
+            parked = park_suite(suite, args.out, into_committed=args.into_committed)
+            if parked:
+                print("commit them with: git add -f " + " ".join(shell_path(p) for p in parked))
             return 0
         if args.command == "report":
             report_suite(suite, args.out, args.allow_mixed_commits, into_committed=args.into_committed)

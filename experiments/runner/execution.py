@@ -1,5 +1,6 @@
 """Training a suite: ``run_suite`` plans, trains what is missing (``execute``: one `flwr run` per run, on one
-or more lanes side by side) and writes the suite's tables; ``report_suite`` writes the tables of what has finished."""
+or more lanes side by side) and writes the suite's tables; ``report_suite`` writes the tables of what has finished,
+``park_suite`` readies a stopped suite's unfinished runs to be committed and continued elsewhere."""
 
 from __future__ import annotations
 
@@ -25,7 +26,14 @@ from experiments.runner.records import (
     read_record,
     recorded_git_state,
 )
-from experiments.runner.resume import move_aside, refuse_links, resume_point, stop_left_running, suite_lock
+from experiments.runner.resume import (
+    move_aside,
+    park_unfinished,
+    refuse_links,
+    resume_point,
+    stop_left_running,
+    suite_lock,
+)
 from experiments.runner.suite import Suite, load_suite
 from experiments.runner.suite_folder import check_suite_folder, refuse_committed, suite_record
 from fl_app.report import write_suite_tables
@@ -393,3 +401,15 @@ def report_suite(
                 flush=True,
             )
     return {"runs": runs, "finished": finished, "missing": missing}
+
+
+def park_suite(suite: Path | Suite, out: Path, printer=print, into_committed: bool = False) -> list[Path]:
+    """``park_unfinished`` for the runs of a request, once no runner writes OUT (``suite_lock``). Returns the parked
+    checkpoints."""
+    suite = suite if isinstance(suite, Suite) else load_suite(suite)
+    out = Path(out).resolve()
+    refuse_committed(out, into_committed)
+    with suite_lock(out):
+        runs = plan(suite, out)
+        refuse_links(runs, out)
+        return park_unfinished(runs, out, printer)

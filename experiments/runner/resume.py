@@ -1,6 +1,7 @@
 """A stopped suite resumes safely: one runner per OUT (``suite_lock``), no link followed inside OUT
-(``refuse_links``), Flower runs left by a dead runner stopped (``stop_left_running``), and an interrupted run moved
-aside and continued from its latest usable checkpoint (``resume_point``)."""
+(``refuse_links``), Flower runs left by a dead runner stopped (``stop_left_running``), an interrupted run moved
+aside and continued from its latest usable checkpoint (``resume_point``), and a stopped suite's unfinished runs made
+continuable from committed files on another machine (``park_unfinished``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from experiments.runner.flower_env import is_alive, stop_in_flight
 from experiments.runner.planning import PlannedRun, differing_keys
-from experiments.runner.records import RUN_RECORD, RUNNING, read_record
+from experiments.runner.records import RUN_RECORD, RUNNING, make_summary_portable, read_record
 from experiments.runner.suite import SuiteMismatch
 from fl_app.io.files import first_link
 from fl_app.run.config import SUPERNET_METHODS
@@ -114,6 +115,34 @@ def stop_left_running(runs: list[PlannedRun], out: Path, printer=print) -> None:
         )
         stopped = {k: v for k, v in record.items() if k not in ("flower", "runner")}
         write_json(run.folder / RUN_RECORD, {**stopped, "status": "stopped: its runner died"}, replace=True)
+
+
+LIVE_FIELDS = ("flower", "runner")  # what a running run's record says of this machine's processes
+
+
+def park_unfinished(runs: list[PlannedRun], out: Path, printer=print) -> list[Path]:
+    """Make a stopped suite continuable on another machine from committed files: each unfinished run of ``runs``
+    with a usable checkpoint is moved aside now, as the next ``run`` would move it (``move_aside``), its record keeps
+    no trace of this machine's processes (``LIVE_FIELDS``: pids, FLWR_HOME, ports) and its summary no absolute path.
+    Returns the parked checkpoints: the results' .gitignore leaves checkpoints out, so they are committed with
+    ``git add -f``. A run left training by a dead runner is stopped first (``stop_left_running``); one without a
+    usable checkpoint stays where it is, said so (it trains from round 1 next time)."""
+    stop_left_running(runs, out, printer)
+    parked = []
+    for run in runs:
+        if run.action not in ("train", "pending") or not run.folder.exists():
+            continue
+        number, why = checkpoint_round(run.folder)
+        if number is None:
+            printer(f"{run.name} seed={run.seed}: not parked ({why}); it trains from round 1 next time", flush=True)
+            continue
+        copy = move_aside(run.folder)
+        record = {k: v for k, v in (read_record(copy) or {}).items() if k not in LIVE_FIELDS}
+        write_json(copy / RUN_RECORD, {**record, "status": f"parked after round {number}"}, replace=True)
+        make_summary_portable(copy)
+        parked.append(copy / CHECKPOINT)
+        printer(f"{run.name} seed={run.seed}: parked as {copy.relative_to(out)} (checkpoint of round {number})")
+    return parked
 
 
 class SuiteBusy(SuiteMismatch):
