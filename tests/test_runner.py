@@ -393,8 +393,12 @@ def test_report_writes_the_tables_of_the_finished_runs_trains_nothing_and_run_co
     # a subset is refused as `run` refuses it; an empty folder has nothing to report
     assert main(["report", str(suite), "--out", str(out), "--seeds", "0"]) == 2
     assert "suite.json" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="none of the suite's 9 runs has finished"):
         report_suite(suite, tmp_path / "empty", printer=lambda *a, **k: None, plots=False)
+    with pytest.raises(ValueError, match="no such suite folder"):
+        report_suite(suite, tmp_path / "missing", printer=lambda *a, **k: None, plots=False)
+    assert not (tmp_path / "missing").exists()
 
 
 def test_committed_results_folders_are_refused_unless_asked_for(tmp_path, monkeypatch):

@@ -381,7 +381,7 @@ def report_suite(
     as ``run_suite`` checks it (no recorded run dropped, no finished run of other settings) and OUT/suite.json
     records it whole, so a later ``run`` of the same request trains what is missing."""
     suite = suite if isinstance(suite, Suite) else load_suite(suite)
-    out = Path(out).resolve()
+    out = existing_suite_folder(out)
     refuse_committed(out, into_committed)
     with suite_lock(out):
         runs = plan(suite, out)
@@ -407,9 +407,17 @@ def park_suite(suite: Path | Suite, out: Path, printer=print, into_committed: bo
     """``park_unfinished`` for the runs of a request, once no runner writes OUT (``suite_lock``). Returns the parked
     checkpoints."""
     suite = suite if isinstance(suite, Suite) else load_suite(suite)
-    out = Path(out).resolve()
+    out = existing_suite_folder(out)
     refuse_committed(out, into_committed)
     with suite_lock(out):
         runs = plan(suite, out)
         refuse_links(runs, out)
         return park_unfinished(runs, out, printer)
+
+
+def existing_suite_folder(out: Path) -> Path:
+    """``out`` resolved, refused unless it is a folder: the commands that read a suite folder create none."""
+    out = Path(out).resolve()
+    if not out.is_dir():
+        raise ValueError(f"--out {out}: no such suite folder (a suite's runs are made there by `run`)")
+    return out
