@@ -380,12 +380,7 @@ def report_suite(
     of a suite that takes several sittings (a seed's runs finished, the next seed's not yet). The request is checked
     as ``run_suite`` checks it (no recorded run dropped, no finished run of other settings) and OUT/suite.json
     records it whole, so a later ``run`` of the same request trains what is missing."""
-    suite = suite if isinstance(suite, Suite) else load_suite(suite)
-    out = existing_suite_folder(out)
-    refuse_committed(out, into_committed)
-    with suite_lock(out):
-        runs = plan(suite, out)
-        refuse_links(runs, out)
+    with planned_suite_folder(suite, out, into_committed) as (suite, out, runs):
         check_suite_folder(suite, runs, out)
         finished = [r for r in runs if r.action == "reuse"]
         if not finished:
@@ -406,18 +401,21 @@ def report_suite(
 def park_suite(suite: Path | Suite, out: Path, printer=print, into_committed: bool = False) -> list[Path]:
     """``park_unfinished`` for the runs of a request, once no runner writes OUT (``suite_lock``). Returns the parked
     checkpoints."""
+    with planned_suite_folder(suite, out, into_committed) as (_, out, runs):
+        return park_unfinished(runs, out, printer)
+
+
+@contextlib.contextmanager
+def planned_suite_folder(suite: Path | Suite, out: Path, into_committed: bool):
+    """(suite, OUT resolved, the request's plan) while holding OUT's lock, for the commands that read a suite folder
+    and train nothing (``report_suite``, ``park_suite``): refused when OUT is no folder (they create none), a
+    committed one not asked for, or holds a link on the way to a run."""
     suite = suite if isinstance(suite, Suite) else load_suite(suite)
-    out = existing_suite_folder(out)
+    out = Path(out).resolve()
+    if not out.is_dir():
+        raise ValueError(f"--out {out}: no such suite folder (a suite's runs are made there by `run`)")
     refuse_committed(out, into_committed)
     with suite_lock(out):
         runs = plan(suite, out)
         refuse_links(runs, out)
-        return park_unfinished(runs, out, printer)
-
-
-def existing_suite_folder(out: Path) -> Path:
-    """``out`` resolved, refused unless it is a folder: the commands that read a suite folder create none."""
-    out = Path(out).resolve()
-    if not out.is_dir():
-        raise ValueError(f"--out {out}: no such suite folder (a suite's runs are made there by `run`)")
-    return out
+        yield suite, out, runs
