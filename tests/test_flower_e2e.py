@@ -122,7 +122,11 @@ def test_a_killed_run_resumed_from_its_checkpoint_ends_like_an_uninterrupted_one
     assert stop_after_checkpoint(killed, 1, flwr_env, run_id) == 1
     # the log stream ends with the run: nothing writes into its folder after this
     subprocess.run(["flwr", "log", run_id, "--stream"], env=flwr_env, capture_output=True, timeout=300)
-    assert saved_round(killed) == 1 and not (killed / "summary.json").exists()
+    assert saved_round(killed) == 1
+    # the stop may land while the ServerApp still runs its `finally` (FederatedRun.execute): then its summary says
+    # that the run did not complete, never that it did
+    if (killed / "summary.json").exists():
+        assert json.loads((killed / "summary.json").read_text()).get("completed") is False
 
     _, status = flwr_run(flwr_env, f"{TINY} output-dir='{resumed}' resume-from='{killed}'")
     assert status == "finished:completed"
