@@ -84,6 +84,9 @@ def resume_point(run: PlannedRun, commit: str) -> tuple[Path | None, int, list[s
     return best, best_round, skipped
 
 
+LIVE_FIELDS = ("flower", "runner")  # what a running run's record says of this machine's processes
+
+
 def stop_left_running(runs: list[PlannedRun], out: Path, printer=print) -> None:
     """Before anything trains: a run whose record says it is running was left by a runner that died (SIGKILL, out of
     memory) and its detached SuperLink may still be training it, writing into the folder the runner is about to
@@ -113,11 +116,8 @@ def stop_left_running(runs: list[PlannedRun], out: Path, printer=print) -> None:
             f"died, before retrying it ({run.folder.relative_to(out)})",
             flush=True,
         )
-        stopped = {k: v for k, v in record.items() if k not in ("flower", "runner")}
+        stopped = {k: v for k, v in record.items() if k not in LIVE_FIELDS}
         write_json(run.folder / RUN_RECORD, {**stopped, "status": "stopped: its runner died"}, replace=True)
-
-
-LIVE_FIELDS = ("flower", "runner")  # what a running run's record says of this machine's processes
 
 
 def park_unfinished(runs: list[PlannedRun], out: Path, printer=print) -> list[Path]:
