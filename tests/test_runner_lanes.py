@@ -9,7 +9,8 @@ import threading
 
 import pytest
 
-from experiments.runner import RUN_RECORD, lane_cpus, load_suite
+from experiments.runner import RUN_RECORD, RUNNING, lane_cpus, load_suite
+from experiments.runner.flower_runs import RunnerStopped
 from experiments.runner.machine import differences, machine_record
 from tests.harness.suites import write_suite
 from tests.test_matched_compute import SUITE, Launcher, run
@@ -121,3 +122,109 @@ def test_where_a_suites_runs_get_ray_is_recorded(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # a cluster the user named wins: the runner starts no head
     assert ray_kind(True) == ray_kind(False) == CLUSTER_RAY
     assert machine_record(2, 1, SHARED_RAY)["ray"] == "one Ray head per lane"
+
+
+# -- stopping a runner of several lanes ------------------------------------------------------------------------------
+class StopAwareLauncher:
+    """Stands in for ``flower_launcher``: a run trains until the suite's stop event is set, then ends as ``flwr_run``
+    does for a stopping lane (the Flower run stopped, ``RunnerStopped`` raised)."""
+
+    def __init__(self, stop: threading.Event):
+        self.stop, self.started, self.two_in_flight = stop, [], threading.Event()
+
+    def __call__(self, run, timeout):
+        self.started.append((run.label, run.seed))
+        if len(self.started) == 2:
+            self.two_in_flight.set()
+        if self.stop.wait(timeout=60):
+            raise RunnerStopped("the runner is stopping")
+        raise AssertionError("the lane was never told to stop")
+
+
+def test_sigterm_stops_every_lane_s_run_and_no_lane_takes_another(tmp_path, monkeypatch):
+    """SIGTERM reaches the main thread only; with two lanes it must not unwind past lanes still training (their
+    SuperLinks would be closed under them and the lanes go on to the next runs): both lanes stop their runs, neither
+    takes another, the interrupt ends the runner once they have ended, and the stopped runs' records still say they
+    were training (as a one-lane runner leaves them, for the next runner or ``park``)."""
+    import os
+    import signal
+
+    from experiments.runner import run_suite
+    from experiments.runner.cli import _interrupt
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    stop = threading.Event()
+    launcher = StopAwareLauncher(stop)
+    lines = []
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # what `python -m experiments.runner` installs
+    try:
+        killer = threading.Thread(
+            target=lambda: launcher.two_in_flight.wait(30) and os.kill(os.getpid(), signal.SIGTERM), daemon=True
+        )
+        killer.start()
+        with pytest.raises(KeyboardInterrupt):
+            run_suite(
+                write_suite(tmp_path, SUITE),
+                tmp_path / "out",
+                launch=launcher,
+                printer=lambda line, **_: lines.append(line),
+                plots=False,
+                lanes=2,
+                stop=stop,
+            )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stop.is_set() and len(launcher.started) == 2, launcher.started
+    assert not [t for t in threading.enumerate() if t.name.startswith("lane ")]
+    assert any(line.startswith("stopping: each lane stops its run") for line in lines)
+    for label, seed in launcher.started:
+        record = json.loads((tmp_path / f"out/runs/{label}/seed{seed}" / RUN_RECORD).read_text())
+        assert record["status"] == RUNNING and "runner" in record
+
+
+def test_flwr_run_stops_its_flower_run_once_its_lane_is_told_to_stop(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from experiments.runner import flower_runs
+
+    calls = []
+    monkeypatch.setattr(flower_runs, "start_run", lambda *a, **k: "123")
+    real_follow = flower_runs.follow_log
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]  # a `flwr log --stream` that would not end
+
+    def follow(command, *args):
+        calls.append(command)
+        real_follow(sleeper, *args)
+
+    monkeypatch.setattr(flower_runs, "follow_log", follow)
+    real_run = subprocess.run
+    monkeypatch.setattr(
+        flower_runs.subprocess, "run", lambda command, **k: calls.append(command) or real_run(["true"], **k)
+    )
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    with pytest.raises(flower_runs.RunnerStopped):
+        flower_runs.flwr_run("num-server-rounds=1", env={"FLWR_HOME": str(tmp_path)}, timeout=60, stop=stop)
+    assert calls == [["flwr", "log", "123", "--stream"], ["flwr", "stop", "123"]]
+
+
+def test_follow_log_ends_its_command_at_the_timeout_or_the_stop(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from experiments.runner.flower_runs import RunnerStopped, follow_log
+
+    marker = tmp_path / "still-running"
+    # the command writes the marker only if it outlives the wait below: a killed command never does
+    command = [sys.executable, "-c", f"import time, pathlib; time.sleep(3); pathlib.Path({str(marker)!r}).touch()"]
+    with pytest.raises(subprocess.TimeoutExpired):
+        follow_log(command, {}, subprocess.DEVNULL, 0.5, None)
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    with pytest.raises(RunnerStopped):
+        follow_log(command, {}, subprocess.DEVNULL, 60, stop)
+    time.sleep(3.5)
+    assert not marker.exists()
+    follow_log([sys.executable, "-c", "pass"], {}, subprocess.DEVNULL, 60, threading.Event())  # ends by itself

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from experiments.runner.flower_env import process_identity
+from experiments.runner.flower_runs import RunnerStopped
 from experiments.runner.machine import machine_record
 from experiments.runner.matching import match_sources_of, match_text
 from experiments.runner.planning import PlannedRun, cell_suffix, federation_text, plan, settle_match
@@ -47,11 +48,14 @@ def note_in_flight(folder: Path, flower: dict) -> None:
     write_json(folder / RUN_RECORD, {**record, "flower": flower})
 
 
-def flower_launcher(env: dict, ray_cpus: int | None = None) -> Callable[[PlannedRun, float], str]:
+def flower_launcher(
+    env: dict, ray_cpus: int | None = None, stop: threading.Event | None = None
+) -> Callable[[PlannedRun, float], str]:
     """The real launcher: one `flwr run` of the app per run (isolated Flower home in ``env``); the run's record
     names its Flower run while it trains (``stop_left_running``). ``ray_cpus``: the CPUs the run's own Ray may use
     (a lane's share of the cores; it caps how many clients train at once, not what they compute); unused when ``env``
-    names a Ray cluster to join (RAY_ADDRESS: that cluster's CPUs are the cap, and Ray refuses num-cpus there)."""
+    names a Ray cluster to join (RAY_ADDRESS: that cluster's CPUs are the cap, and Ray refuses num-cpus there).
+    ``stop``: the suite's stop event; once set, the run in flight is stopped (``flwr_run``)."""
     from experiments.runner.flower_env import in_flight
     from experiments.runner.flower_runs import flwr_run
 
@@ -66,6 +70,7 @@ def flower_launcher(env: dict, ray_cpus: int | None = None) -> Callable[[Planned
             timeout=timeout,
             log_file=run.folder / RUN_LOG,
             started=lambda run_id: note_in_flight(run.folder, in_flight(env, run_id)),
+            stop=stop,
         )
         return status
 
@@ -82,9 +87,11 @@ def ray_kind(shared_ray: bool) -> str:
     return SHARED_RAY if shared_ray else PRIVATE_RAY
 
 
-def lane_launcher(stack: contextlib.ExitStack, ray_cpus: int | None, ray: str, printer) -> Callable:
+def lane_launcher(
+    stack: contextlib.ExitStack, ray_cpus: int | None, ray: str, printer, stop: threading.Event | None = None
+) -> Callable:
     """A lane's launcher, its SuperLink (and, for ``SHARED_RAY``, its Ray head with the lane's share of the cores)
-    kept by ``stack`` for the suite."""
+    kept by ``stack`` for the suite; ``stop`` as for ``flower_launcher``."""
     from experiments.runner.flower_env import local_flower_env
     from experiments.runner.ray_head import ray_head
 
@@ -94,7 +101,7 @@ def lane_launcher(stack: contextlib.ExitStack, ray_cpus: int | None, ray: str, p
         head = stack.enter_context(ray_head(ray_cpus or os.cpu_count() or 1))
         printer(f"ray head {head.address} ({head.num_cpus} CPUs) started in {time.monotonic() - started:.1f} s")
         extra["RAY_ADDRESS"] = head.address
-    return flower_launcher(stack.enter_context(local_flower_env(**extra)), ray_cpus)
+    return flower_launcher(stack.enter_context(local_flower_env(**extra)), ray_cpus, stop)
 
 
 def execute(
@@ -107,6 +114,7 @@ def execute(
     rerun_changed: bool = False,
     ray_cpus: int | None = None,
     ray: str | None = None,
+    stop: threading.Event | None = None,
 ) -> list[PlannedRun]:
     """Train the runs marked 'train', printing a line as each starts, after each of its rounds (``Progress``, every
     ``progress_every`` seconds at most) and as it ends; returns failures. ``launch`` is one launcher, or a list of
@@ -114,8 +122,15 @@ def execute(
     match-compute run, have ended). Runs left running by a runner that died are stopped first; an interrupted run is
     moved aside and continues from its checkpoint. A pending match-compute run is resolved when it is reached (its
     sources, earlier in ``runs``, have ended); one that cannot run (a source failed, its folder holds a run of other
-    settings) is a failure with its reason."""
+    settings) is a failure with its reason.
+
+    Ctrl-C or SIGTERM (the runner's handler makes it a KeyboardInterrupt, which only the main thread receives) stops
+    a suite of several lanes as it stops one lane: ``stop`` is set, each lane stops its run in flight (the launchers
+    were given the same event) and takes no other, and the interrupt is raised once every lane has ended, so the
+    lanes' SuperLinks (closed by the caller afterwards) are not taken from under runs still training. The records of
+    the stopped runs stay as they were while they trained (``stop_left_running``, ``park`` read them)."""
     launchers = launch if isinstance(launch, list) else [launch]
+    stop = stop or threading.Event()
     commit, dirty = recorded_git_state()
     stop_left_running(runs, out, printer)
     state = {"to_train": sum(r.action in ("train", "pending") for r in runs), "trained": 0, "spent": 0.0}
@@ -221,7 +236,7 @@ def execute(
             with turn:
                 while True:
                     waiting = [(i, r) for i, r in enumerate(runs, 1) if id(r) not in taken]
-                    if not waiting:
+                    if not waiting or stop.is_set():
                         return
                     chosen = next(((i, r) for i, r in waiting if ready(r)), None)
                     if chosen is not None:
@@ -230,6 +245,8 @@ def execute(
                     turn.wait()
             try:
                 train_one(*chosen, launch)
+            except RunnerStopped:
+                return
             finally:
                 with turn:
                     ended.add(id(chosen[1]))
@@ -241,9 +258,25 @@ def execute(
         threads = [threading.Thread(target=lane, args=(f,), name=f"lane {k}") for k, f in enumerate(launchers)]
         for thread in threads:
             thread.start()
-        for thread in threads:
-            thread.join()
+        try:
+            for thread in threads:
+                thread.join()
+        except BaseException:
+            stop.set()
+            with turn:
+                turn.notify_all()  # a lane waiting for a matched run's sources
+            printer("stopping: each lane stops its run in flight and takes no other", flush=True)
+            for thread in threads:
+                join_through_interrupts(thread)
+            raise
     return sorted(failed, key=runs.index)
+
+
+def join_through_interrupts(thread: threading.Thread) -> None:
+    """Wait for ``thread`` to end; a further Ctrl-C or SIGTERM while waiting does not abandon it."""
+    while thread.is_alive():
+        with contextlib.suppress(KeyboardInterrupt):
+            thread.join()
 
 
 def lane_cpus(lanes: int, federation: dict, cores: int | None = None) -> int | None:
@@ -277,11 +310,14 @@ def run_suite(
     progress_every: float = 10.0,
     lanes: int | None = None,
     shared_ray: bool = False,
+    stop: threading.Event | None = None,
 ) -> dict:
     """Plan (refusing mismatches before any training), train what is missing (``lanes`` runs side by side, else the
     suite's ``lanes``), write and print the tables. One runner at a time per OUT (``suite_lock``); a run folder
     reached through a link inside OUT is refused. ``shared_ray``: each lane's runs join one Ray head started for the
-    suite (``ray_head``) instead of each starting and stopping its own Ray; a run's numbers are the same either way."""
+    suite (``ray_head``) instead of each starting and stopping its own Ray; a run's numbers are the same either way.
+    ``stop``: once set (by ``execute`` on Ctrl-C or SIGTERM, or by a caller's thread), every lane stops its run in
+    flight and starts no other; a ``launch`` given here must watch it as the real launcher does."""
     suite = suite if isinstance(suite, Suite) else load_suite(suite)
     lanes = lanes or suite.lanes
     ray_cpus = lane_cpus(lanes, suite.federation)
@@ -300,6 +336,7 @@ def run_suite(
             lanes,
             ray_cpus,
             shared_ray,
+            stop or threading.Event(),
         )
 
 
@@ -315,6 +352,7 @@ def _run_locked_suite(
     lanes: int,
     ray_cpus: int | None,
     shared_ray: bool,
+    stop: threading.Event,
 ) -> dict:
     runs = plan(suite, out, rerun_changed)
     refuse_links(runs, out)
@@ -331,14 +369,16 @@ def _run_locked_suite(
     )
     if launch is not None or not any(r.action in ("train", "pending") for r in runs):
         launchers = [launch] * lanes if launch is not None else None
-        failed = execute(runs, out, launchers, suite.run_timeout, printer, progress_every, rerun_changed, ray_cpus)
+        failed = execute(
+            runs, out, launchers, suite.run_timeout, printer, progress_every, rerun_changed, ray_cpus, stop=stop
+        )
     else:
         ray = ray_kind(shared_ray)
         ray_cpus = None if ray == CLUSTER_RAY else ray_cpus  # a cluster the user named has its own CPUs
         with contextlib.ExitStack() as stack:  # one SuperLink (own FLWR_HOME, free ports) per lane for the suite
-            launchers = [lane_launcher(stack, ray_cpus, ray, printer) for _ in range(lanes)]
+            launchers = [lane_launcher(stack, ray_cpus, ray, printer, stop) for _ in range(lanes)]
             failed = execute(
-                runs, out, launchers, suite.run_timeout, printer, progress_every, rerun_changed, ray_cpus, ray
+                runs, out, launchers, suite.run_timeout, printer, progress_every, rerun_changed, ray_cpus, ray, stop
             )
     if pending:  # the folders of the matched runs are known only now (a .vK with --rerun-changed)
         write_json(out / "suite.json", suite_record(suite, runs, out), replace=True)

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -33,6 +34,32 @@ def format_run_config(values: dict) -> str:
             text = repr(value)
         parts.append(f"{key}={text}")
     return " ".join(parts)
+
+
+class RunnerStopped(BaseException):
+    """Raised in a lane's ``flwr_run`` once its runner is stopping (``stop`` set): the lane stops its Flower run as
+    Ctrl-C stops a one-lane runner's, and a BaseException, like KeyboardInterrupt, so no ``except Exception`` that
+    records a failed run catches it."""
+
+
+def follow_log(command: list[str], env: dict, handle, timeout: float, stop: threading.Event | None) -> None:
+    """Run ``command`` (`flwr log RUN_ID --stream`) with its output in ``handle`` until it ends; raises
+    subprocess.TimeoutExpired after ``timeout`` seconds and RunnerStopped once ``stop`` is set (checked every half
+    second), the command killed either way."""
+    proc = subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout
+    try:
+        while proc.poll() is None:
+            if stop is not None and stop.is_set():
+                raise RunnerStopped("the runner is stopping")
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(command, timeout)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(0.5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def start_run(
@@ -64,6 +91,7 @@ def flwr_run(
     log_file: Path | None = None,
     superlink: str | None = None,
     started: Callable[[str], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> tuple[str, str]:
     """Start a run, follow its log to the end, and return (run id, final status such as 'finished:completed').
 
@@ -73,7 +101,8 @@ def flwr_run(
     `federation=None` sends no `--federation-config` (a deployment's SuperNodes are real processes, not simulation
     settings). A run whose log is interrupted or times out is stopped in the SuperLink, so nothing keeps writing into
     its output folder. ``started(run_id)`` is called once the SuperLink has accepted the run (a caller records the
-    id, so that a later process can stop the run should this one be killed before it could)."""
+    id, so that a later process can stop the run should this one be killed before it could). ``stop``: an event
+    another thread sets to have the run stopped the same way (a lane of a stopping runner: ``RunnerStopped``)."""
     if isinstance(run_config, dict):
         run_config = format_run_config(run_config)
     env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", **(env or {})}
@@ -88,17 +117,10 @@ def flwr_run(
         try:  # streamed into the log as the run goes, so a long run can be followed (tail -f) and a dead one read
             if started is not None:
                 started(run_id)
-            subprocess.run(
-                ["flwr", "log", run_id, *connection, "--stream"],
-                env=env,
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                timeout=timeout,
-                check=False,
-            )
-        except BaseException:  # timeout, Ctrl-C, SIGTERM or a failing ``started``: nothing may keep writing
-            stop = ["flwr", "stop", run_id, *connection]
-            subprocess.run(stop, env=env, capture_output=True, timeout=120, check=False)
+            follow_log(["flwr", "log", run_id, *connection, "--stream"], env, handle, timeout, stop)
+        except BaseException:  # timeout, Ctrl-C, SIGTERM, stopping lanes, a failing ``started``: nothing may write on
+            command = ["flwr", "stop", run_id, *connection]
+            subprocess.run(command, env=env, capture_output=True, timeout=120, check=False)
             raise
     return run_id, settled_status(run_id, env, superlink)
 
