@@ -11,6 +11,15 @@ from experiments.runner import flower_runs
 STARTED = {"success": True, "run-id": "4242", "federation-id": "", "fab-id": "fl-app/fl-app"}
 
 
+def use_fake_flwr(monkeypatch, fake_run) -> None:
+    """Every flwr command through ``fake_run``: subprocess.run and `flwr log --stream`, which ``follow_log`` starts
+    with Popen (a real `flwr log` would start a local SuperLink in the default Flower home)."""
+    monkeypatch.setattr(flower_runs.subprocess, "run", fake_run)
+    monkeypatch.setattr(
+        flower_runs, "follow_log", lambda command, env, handle, timeout, stop: fake_run(command, stdout=handle)
+    )
+
+
 def test_the_run_id_comes_from_json_and_an_interrupt_stops_the_run(tmp_path, monkeypatch):
     calls = []
 
@@ -27,7 +36,7 @@ def test_the_run_id_comes_from_json_and_an_interrupt_stops_the_run(tmp_path, mon
             raise KeyboardInterrupt
         return subprocess.CompletedProcess(command, 0, "", "")
 
-    monkeypatch.setattr(flower_runs.subprocess, "run", fake_run)
+    use_fake_flwr(monkeypatch, fake_run)
     with pytest.raises(KeyboardInterrupt):
         flower_runs.flwr_run({"method": "feast"}, log_file=tmp_path / "run.log", superlink="lab")
     assert calls[1] == ["flwr", "log", "4242", "lab", "--stream"]
@@ -44,17 +53,13 @@ def test_the_status_comes_from_flwr_ls(tmp_path, monkeypatch):
             return subprocess.CompletedProcess(command, 0, json.dumps({"runs": [{"status": "finished:failed"}]}), "")
         return subprocess.CompletedProcess(command, 0, "", "")
 
-    monkeypatch.setattr(flower_runs.subprocess, "run", fake_run)
+    use_fake_flwr(monkeypatch, fake_run)
     assert flower_runs.flwr_run("method='feast'") == ("4242", "finished:failed")
 
 
 def test_a_run_that_did_not_start_is_an_error(monkeypatch):
     failed = {"success": False, "error-message": "Failed to start run"}
-    monkeypatch.setattr(
-        flower_runs.subprocess,
-        "run",
-        lambda command, **kwargs: subprocess.CompletedProcess(command, 1, json.dumps(failed), ""),
-    )
+    use_fake_flwr(monkeypatch, lambda command, **_: subprocess.CompletedProcess(command, 1, json.dumps(failed), ""))
     with pytest.raises(RuntimeError, match="flwr run did not start a run"):
         flower_runs.flwr_run("method='feast'")
 
@@ -73,7 +78,7 @@ def test_the_status_is_asked_again_until_the_run_has_finished(monkeypatch):
             return subprocess.CompletedProcess(command, 0, f"Loading project configuration...\n{listing}", "")
         return subprocess.CompletedProcess(command, 0, "", "")
 
-    monkeypatch.setattr(flower_runs.subprocess, "run", fake_run)
+    use_fake_flwr(monkeypatch, fake_run)
     monkeypatch.setattr(flower_runs.time, "sleep", lambda seconds: None)
     assert flower_runs.flwr_run("method='feast'", superlink="lab") == ("4242", "finished:completed")
     assert asked == [["flwr", "ls", "lab", "--run-id", "4242", "--format", "json"]] * 3

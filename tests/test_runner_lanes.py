@@ -175,7 +175,7 @@ def test_sigterm_stops_every_lane_s_run_and_no_lane_takes_another(tmp_path, monk
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert stop.is_set() and len(launcher.started) == 2, launcher.started
-    assert not [t for t in threading.enumerate() if t.name.startswith("lane ")]
+    assert not [t for t in threading.enumerate() if t.name.startswith("lane ") and t.is_alive()]
     assert any(line.startswith("stopping: each lane stops its run") for line in lines)
     for label, seed in launcher.started:
         record = json.loads((tmp_path / f"out/runs/{label}/seed{seed}" / RUN_RECORD).read_text())
@@ -228,3 +228,15 @@ def test_follow_log_ends_its_command_at_the_timeout_or_the_stop(tmp_path):
     time.sleep(3.5)
     assert not marker.exists()
     follow_log([sys.executable, "-c", "pass"], {}, subprocess.DEVNULL, 60, threading.Event())  # ends by itself
+
+
+def test_a_stopped_runner_says_how_to_continue_and_exits_130(tmp_path, monkeypatch, capsys):
+    from experiments.runner import cli
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt("signal 15")
+
+    monkeypatch.setattr(cli, "run_suite", stopped)
+    assert cli.main(["run", str(write_suite(tmp_path, SUITE)), "--out", str(tmp_path / "out")]) == 130
+    message = capsys.readouterr().err
+    assert message.startswith("stopped (signal 15): the runs in flight were stopped") and "`park`" in message

@@ -187,4 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     except (SuiteMismatch, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as stopped:
+        print(
+            f"stopped ({stopped or 'Ctrl-C'}): the runs in flight were stopped; the same command continues them from "
+            "their last checkpoints (`park` readies them to be committed and continued elsewhere)",
+            file=sys.stderr,
+        )
+        return 130
     return 1 if result["failed"] else 0
