@@ -26,6 +26,26 @@ def _own_decoded_cache(tmp_path_factory):
     os.environ["FL_APP_CACHE"] = str(tmp_path_factory.mktemp("fl_app_cache"))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_default_flower_home(tmp_path_factory):
+    """A `flwr` command that a test (or the code it tests) starts without a Flower home of its own uses this
+    session's, on free ports, never the user's ``~/.flwr`` (where it would start a SuperLink that outlives the tests);
+    whatever it started there is stopped at the end."""
+    import os
+
+    keys = ("FLWR_HOME", "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "FLWR_LOCAL_CONTROL_API_PORT")
+    previous = {key: os.environ.get(key) for key in keys}
+    env = isolated_env(tmp_path_factory.mktemp("default_flwr_home"))
+    os.environ.update({key: env[key] for key in keys})
+    yield
+    stop_local_superlink(env)
+    for key, value in previous.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)  # 2-core machines: keep tests from oversubscribing

@@ -195,3 +195,46 @@ def test_deeply_nested_checkpoints_are_refused_naming_file_and_field(tmp_path, c
     path.rename(tmp_path / CHECKPOINT)
     number, why = checkpoint_round(tmp_path)
     assert number is None and "nested deeper than" in why
+
+
+def _data_folder(path: Path, extra: bytes = b"") -> str:
+    """A local data folder holding the bundled sample's parquet files (``extra`` appended: other content)."""
+    sample = Path(checkpoint.__file__).parents[1] / "data" / "cifar10-sample"
+    path.mkdir(parents=True)
+    for name in ("train.parquet", "test.parquet"):
+        (path / name).write_bytes((sample / name).read_bytes() + extra)
+    return str(path)
+
+
+def test_a_resume_compares_the_data_by_content_so_the_data_path_may_differ(tmp_path):
+    """A checkpoint records what its run read by content: the same files at another data-path (another machine, or a
+    checkpoint whose data-path ``park`` made relative) continue it; other files at the same name do not."""
+    here = _data_folder(tmp_path / "here" / "cifar10")
+    run = _run(**{"data-source": "local", "data-path": here})
+    path = write_round_checkpoint(tmp_path, 2, run, 4, _state(), {}, {})
+    assert torch.load(path, weights_only=True)[checkpoint.DATA_RECORD]["sha256"]["train.parquet"]
+    assert checkpoint.rewrite_run_config(path, lambda config: {**config, "data-path": "../shared/cifar10"})
+    assert not checkpoint.rewrite_run_config(path, lambda config: config)  # nothing to change: the file stays
+    assert load_verified(path)["run_config"]["data-path"] == "../shared/cifar10"  # verified anew
+    assert str(tmp_path) not in path.read_bytes().decode("latin-1")
+    elsewhere = _run(**{"data-source": "local", "data-path": _data_folder(tmp_path / "elsewhere" / "cifar10")})
+    assert load_round_checkpoint(path, elsewhere, 4)["round"] == 2
+    np.testing.assert_array_equal(load_round_checkpoint(path, elsewhere, 4)["global_state"]["classifier.bias"], 0)
+    other = _run(**{"data-source": "local", "data-path": _data_folder(tmp_path / "other" / "cifar10", b"x")})
+    with pytest.raises(ValueError, match=r"data-path='.*other/cifar10' holds other data than the checkpoint's run"):
+        load_round_checkpoint(path, other, 4)
+    with pytest.raises(ValueError, match=r"the run config differs .*eval-every"):
+        load_round_checkpoint(path, _run(**{"data-source": "local", "data-path": here, "eval-every": 3}), 4)
+
+
+def test_a_checkpoint_without_a_data_record_continues_only_at_its_own_data_path(tmp_path):
+    here = _data_folder(tmp_path / "here")
+    run = _run(**{"data-source": "local", "data-path": here})
+    path = write_round_checkpoint(tmp_path, 2, run, 4, _state(), {}, {})
+    blob, fingerprint = checkpoint._read_verified(path, None, None)
+    del blob[checkpoint.DATA_RECORD]  # as a checkpoint written before checkpoints recorded their data
+    save_verified(path, blob, fingerprint, replace_if=lambda old: True)
+    assert load_round_checkpoint(path, run, 4)["round"] == 2
+    elsewhere = _run(**{"data-source": "local", "data-path": _data_folder(tmp_path / "elsewhere")})
+    with pytest.raises(ValueError, match=r"data-path: checkpoint '.*here' vs now '.*elsewhere'"):
+        load_round_checkpoint(path, elsewhere, 4)

@@ -82,3 +82,14 @@ def test_the_status_is_asked_again_until_the_run_has_finished(monkeypatch):
     monkeypatch.setattr(flower_runs.time, "sleep", lambda seconds: None)
     assert flower_runs.flwr_run("method='feast'", superlink="lab") == ("4242", "finished:completed")
     assert asked == [["flwr", "ls", "lab", "--run-id", "4242", "--format", "json"]] * 3
+
+
+def test_a_flwr_command_started_without_a_home_of_its_own_never_reaches_the_user_s(tmp_path_factory):
+    """The session's default Flower home (tests/conftest.py): a `flwr` command a test starts with the plain
+    environment finds this session's folder and ports, not ``~/.flwr`` and Flower's default ports."""
+    import os
+    from pathlib import Path
+
+    home = Path(os.environ["FLWR_HOME"])
+    assert home.is_relative_to(tmp_path_factory.getbasetemp()) and home != Path.home() / ".flwr"
+    assert os.environ["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] != "39091"  # flwr.cli.constant's default

@@ -10,14 +10,20 @@ The rule, in two parts:
   Prose, code and TOML comments may show a folder there (``/tmp/smoke``) as the one a reader picks for a command.
 
 Files are those git tracks or would add (``git ls-files --cached --others --exclude-standard``); binary files are
-skipped. A record that holds such a path is fixed with ``python -m experiments.tools.make_portable FOLDER``.
+skipped, except checkpoints (``.pt``, e.g. a parked run's): torch stores their pickled run config uncompressed, so
+their bytes are searched for both kinds of path. A record that holds such a path is fixed with ``python -m
+experiments.tools.make_portable FOLDER``; a checkpoint, by ``python -m experiments.runner park`` before it is
+committed.
 """
 
 from __future__ import annotations
 
+import io
 import re
 import tomllib
 from pathlib import Path
+
+import torch
 
 from tests.harness.repository import tracked_files
 
@@ -27,6 +33,7 @@ START = r"(?<![\w.:/~-])/"
 MACHINE = re.compile(START + r"(?:" + "|".join(["work", "root", "home", "Users"]) + r")/")
 SCRATCH = re.compile(START + "tmp/")
 RECORDS = (".json", ".jsonl", ".csv", ".txt", ".log")
+CHECKPOINTS = (".pt",)
 
 
 def toml_strings(value) -> list[str]:
@@ -54,6 +61,13 @@ def offences(name: str, text: str) -> list[str]:
     return found
 
 
+def checkpoint_offences(name: str, data: bytes) -> list[str]:
+    """'file: holds PATH...' for each path of a machine in a checkpoint's bytes."""
+    text = data.decode("latin-1")
+    found = [m.start() for pattern in (MACHINE, SCRATCH) for m in pattern.finditer(text)]
+    return [f"{name}: holds {text[start : start + 60]!r}" for start in sorted(found)]
+
+
 def test_the_rule_catches_what_it_should_and_nothing_else():
     home = "/" + "home/someone/x"  # spelt in two pieces so that this file does not break its own rule
     assert offences("a.json", f'{{"output-dir": "{home}"}}')
@@ -63,12 +77,22 @@ def test_the_rule_catches_what_it_should_and_nothing_else():
     assert not offences("a.md", "python -m tool --out " + "/" + "tmp/smoke")  # a reader's choice of folder
     assert not offences("a.toml", "# --out " + "/" + "tmp/smoke\nx = 1\n")
     assert not offences("a.md", "https://example.org/home/page and ~/work/x and ../shared/data/cifar10")
+    for path in (home, "/" + "tmp/x"):
+        saved = io.BytesIO()
+        torch.save({"run_config": {"output-dir": path, "data-path": "../shared/data/cifar10"}}, saved)
+        assert checkpoint_offences("c.pt", saved.getvalue())
+    saved = io.BytesIO()
+    torch.save({"run_config": {"output-dir": ".", "data-path": "../shared/data/cifar10"}}, saved)
+    assert not checkpoint_offences("c.pt", saved.getvalue())
 
 
 def test_no_committed_file_holds_a_path_of_a_machine():
     found = []
     for name in tracked_files():
         data = (ROOT / name).read_bytes()
+        if name.endswith(CHECKPOINTS):
+            found += checkpoint_offences(name, data)
+            continue
         if b"\0" in data[:8192]:
             continue  # binary (images, model files)
         found += offences(name, data.decode("utf-8", errors="replace"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -180,6 +181,34 @@ def test_sigterm_stops_every_lane_s_run_and_no_lane_takes_another(tmp_path, monk
     for label, seed in launcher.started:
         record = json.loads((tmp_path / f"out/runs/{label}/seed{seed}" / RUN_RECORD).read_text())
         assert record["status"] == RUNNING and "runner" in record
+
+
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_a_stop_set_by_another_thread_ends_the_suite_as_stopped_not_as_done(tmp_path, monkeypatch, lanes):
+    """No interrupt: a caller's thread sets the suite's stop event. The runs in flight stop and the suite raises
+    ``RunnerStopped`` instead of returning, so no caller takes the stopped runs for done; their records still say
+    they were training, and no table is written."""
+    from experiments.runner import run_suite
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    stop = threading.Event()
+    launcher = StopAwareLauncher(stop)
+    threading.Thread(target=lambda: time.sleep(0.3) or stop.set(), daemon=True).start()
+    with pytest.raises(RunnerStopped):
+        run_suite(
+            write_suite(tmp_path, SUITE),
+            tmp_path / "out",
+            launch=launcher,
+            printer=lambda *a, **k: None,
+            plots=False,
+            lanes=lanes,
+            stop=stop,
+        )
+    assert len(launcher.started) == lanes  # each lane stopped its run and took no other
+    for label, seed in launcher.started:
+        record = json.loads((tmp_path / f"out/runs/{label}/seed{seed}" / RUN_RECORD).read_text())
+        assert record["status"] == RUNNING
+    assert not (tmp_path / "out/table.md").exists()
 
 
 def test_flwr_run_stops_its_flower_run_once_its_lane_is_told_to_stop(tmp_path, monkeypatch):

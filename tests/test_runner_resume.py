@@ -20,7 +20,7 @@ import torch
 
 from experiments.runner import COMPLETED, RUN_RECORD, compare_run, plan, run_suite
 from experiments.runner.flower_env import process_identity
-from fl_app.run.checkpoint import save_verified
+from fl_app.run.checkpoint import DATA_RECORD, MODELS_DIR, load_verified, save_verified
 from fl_app.run.outputs import write_csv, write_json
 from tests.harness.stopping import stop_after_checkpoint
 from tests.harness.suites import run_collecting, write_suite, write_summary
@@ -116,25 +116,33 @@ def test_a_parked_run_continues_from_its_committed_copy_on_another_machine(tmp_p
     def stopped(run, timeout):  # feast failed after its round-2 checkpoint, fedavg-min interrupted before its first
         note_in_flight(run.folder, {"run_id": "1", "flwr_home": str(tmp_path / "flwr_home"), "processes": []})
         write_round(run, 2, 0.3)
-        if run.label == "feast":
-            save_verified(run.folder / "checkpoint.pt", {"round": 2, "run_config": {}}, {"sha256": "model"})
+        if run.label == "feast":  # the checkpoint and a client's model file hold the run config the app was given
+            blob = {"round": 2, "run_config": run.launch_config(), DATA_RECORD: {"sha256": {"train.parquet": "x"}}}
+            save_verified(run.folder / "checkpoint.pt", blob, {"sha256": "model"})
+            (run.folder / MODELS_DIR).mkdir()
+            save_verified(run.folder / MODELS_DIR / "partition-0-round-2.pt", blob, {"sha256": "model"})
             return "finished:failed"
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path, stopped)
     out, suite = tmp_path / "out", str(tmp_path / "suite.toml")
+    assert str(tmp_path) in (out / "runs/feast/seed0/checkpoint.pt").read_bytes().decode("latin-1")
 
     assert main(["park", suite, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     copy = out / "runs/feast/seed0.interrupted-1"
     assert "feast seed=0: parked as runs/feast/seed0.interrupted-1 (checkpoint of round 2)" in printed
     assert "fedavg-min seed=0: not parked (no checkpoint.pt)" in printed
-    assert f"git add -f {copy / 'checkpoint.pt'}" in printed
+    model_file = copy / MODELS_DIR / "partition-0-round-2.pt"
+    assert f"git add -f {copy / 'checkpoint.pt'} {model_file}" in printed
     assert not (out / "runs/feast/seed0").exists() and (out / "runs/fedavg-min/seed0").is_dir()
     record = json.loads((copy / RUN_RECORD).read_text())
     assert record["status"] == "parked after round 2" and "flower" not in record and "runner" not in record
-    assert str(tmp_path) not in (copy / RUN_RECORD).read_text()
+    for path in (copy / RUN_RECORD, copy / "checkpoint.pt", model_file):  # verified anew, no path of this machine
+        assert str(tmp_path) not in path.read_bytes().decode("latin-1")
+    for path in (copy / "checkpoint.pt", model_file):
+        assert load_verified(path)["run_config"]["output-dir"] == "."
 
     # another machine: a clone at another path holds the committed folder (the parked copy with its checkpoint)
     elsewhere = tmp_path / "clone"
@@ -147,6 +155,28 @@ def test_a_parked_run_continues_from_its_committed_copy_on_another_machine(tmp_p
 
     run(elsewhere, continued)
     assert launched == [("feast", elsewhere / "out/runs/feast/seed0.interrupted-1", 2), ("fedavg-min", None, 0)]
+
+
+def test_park_leaves_a_checkpoint_that_records_its_data_by_path_only_unlisted(tmp_path, capsys):
+    """A checkpoint written before checkpoints recorded their data by content continues only at its own data-path:
+    parked (moved aside, as the next run would), said so, and not offered for committing."""
+    from experiments.runner import main
+
+    def stopped(run, timeout):
+        save_verified(run.folder / "checkpoint.pt", {"round": 2, "run_config": run.launch_config()}, {"sha256": "m"})
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, stopped, SUITE.replace("fedavg-min = {}", ""))
+    assert main(["park", str(tmp_path / "suite.toml"), "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert (
+        "parked as runs/feast/seed0.interrupted-1 (checkpoint of round 2), to be continued on this machine only: "
+        "checkpoint.pt records its data by path only" in printed
+    )
+    assert "git add" not in printed
+    saved = load_verified(tmp_path / "out/runs/feast/seed0.interrupted-1/checkpoint.pt")
+    assert saved["run_config"]["output-dir"] == str(tmp_path / "out/runs/feast/seed0")  # left as it was
 
 
 def test_a_checkpoint_of_other_settings_or_a_damaged_one_is_not_continued(tmp_path):

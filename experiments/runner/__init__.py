@@ -92,12 +92,13 @@ import importlib
 # patches it in the module that looks it up (e.g. experiments.runner.records.ROOT), not here.
 HOMES = {
     "records": "ROOT DEFAULT_DATA RUN_RECORD RUN_LOG COMPLETED RUNNING data_location portable_data_path data_record "
-    "portable_run_config make_summary_portable read_record is_finished recorded_git_state",
+    "portable_run_config portable_record_config make_summary_portable read_record is_finished recorded_git_state",
     "suite": "Suite SuiteMismatch load_suite match_sources",
     "planning": "PlannedRun expand decide plan settle_match",
     "matching": "flops_per_round matched_rounds resolve_match",
     "suite_folder": "RESULTS check_suite_folder is_committed",
-    "resume": "CHECKPOINT LOCK_FILE SuiteBusy checkpoint_round resume_point suite_lock park_unfinished",
+    "resume": "CHECKPOINT LOCK_FILE SuiteBusy checkpoint_round resume_point suite_lock park_unfinished "
+    "make_checkpoint_portable",
     "execution": "execute lane_cpus run_suite report_suite park_suite",
     "comparison": "MEASURED compare_run compare_folders",
     "verification": "verify",

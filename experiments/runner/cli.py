@@ -11,6 +11,7 @@ from pathlib import Path
 import experiments.runner as package
 from experiments.runner.comparison import compare_folders
 from experiments.runner.execution import park_suite, report_suite, run_suite
+from experiments.runner.flower_runs import RunnerStopped
 from experiments.runner.matching import match_text
 from experiments.runner.planning import plan
 from experiments.runner.records import ROOT
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     except (SuiteMismatch, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as stopped:
+    except (KeyboardInterrupt, RunnerStopped) as stopped:
         print(
             f"stopped ({stopped or 'Ctrl-C'}): the runs in flight were stopped; the same command continues them from "
             "their last checkpoints (`park` readies them to be committed and continued elsewhere)",

@@ -128,7 +128,9 @@ def execute(
     a suite of several lanes as it stops one lane: ``stop`` is set, each lane stops its run in flight (the launchers
     were given the same event) and takes no other, and the interrupt is raised once every lane has ended, so the
     lanes' SuperLinks (closed by the caller afterwards) are not taken from under runs still training. The records of
-    the stopped runs stay as they were while they trained (``stop_left_running``, ``park`` read them)."""
+    the stopped runs stay as they were while they trained (``stop_left_running``, ``park`` read them). ``stop`` set by
+    another thread (no interrupt) ends the suite the same way, with ``RunnerStopped`` raised once every lane has
+    ended: returning would count the stopped runs as neither failed nor unfinished."""
     launchers = launch if isinstance(launch, list) else [launch]
     stop = stop or threading.Event()
     commit, dirty = recorded_git_state()
@@ -269,6 +271,8 @@ def execute(
             for thread in threads:
                 join_through_interrupts(thread)
             raise
+    if stop.is_set():  # set by a caller's thread, not by an interrupt: the stopped runs are neither done nor failed
+        raise RunnerStopped("the suite was stopped; the runs in flight were stopped")
     return sorted(failed, key=runs.index)
 
 

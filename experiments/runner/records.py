@@ -59,6 +59,15 @@ def portable_run_config(run_config: dict) -> dict:
     return out
 
 
+def portable_record_config(run_config: dict, folder: Path) -> dict:
+    """``portable_run_config`` for the run config a file in the run ``folder`` records; resume-from (the interrupted
+    copy it continued, beside it) is named relative to the folder."""
+    portable = portable_run_config(run_config)
+    if portable.get("resume-from"):
+        portable["resume-from"] = os.path.relpath(portable["resume-from"], folder)
+    return portable
+
+
 def make_summary_portable(folder: Path) -> None:
     """The app writes the absolute paths it was given into summary.json (its ServerApp needs them): keep the
     portable forms instead, once the run has ended. Nothing else in the file changes."""
@@ -68,9 +77,7 @@ def make_summary_portable(folder: Path) -> None:
     except (OSError, ValueError):
         return
     if isinstance(summary, dict) and isinstance(summary.get("run_config"), dict):
-        portable = portable_run_config(summary["run_config"])
-        if portable.get("resume-from"):  # the interrupted copy it continued, beside it: named relative to the folder
-            portable["resume-from"] = os.path.relpath(portable["resume-from"], folder)
+        portable = portable_record_config(summary["run_config"], folder)
         if portable != summary["run_config"]:
             write_json(path, {**summary, "run_config": portable}, replace=True)  # the run's own, written by the app
 

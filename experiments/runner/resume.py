@@ -13,7 +13,13 @@ from pathlib import Path
 
 from experiments.runner.flower_env import is_alive, stop_in_flight
 from experiments.runner.planning import PlannedRun, differing_keys
-from experiments.runner.records import RUN_RECORD, RUNNING, make_summary_portable, read_record
+from experiments.runner.records import (
+    RUN_RECORD,
+    RUNNING,
+    make_summary_portable,
+    portable_record_config,
+    read_record,
+)
 from experiments.runner.suite import SuiteMismatch
 from fl_app.io.files import first_link
 from fl_app.run.config import SUPERNET_METHODS
@@ -123,10 +129,12 @@ def stop_left_running(runs: list[PlannedRun], out: Path, printer=print) -> None:
 def park_unfinished(runs: list[PlannedRun], out: Path, printer=print) -> list[Path]:
     """Make a stopped suite continuable on another machine from committed files: each unfinished run of ``runs``
     with a usable checkpoint is moved aside now, as the next ``run`` would move it (``move_aside``), its record keeps
-    no trace of this machine's processes (``LIVE_FIELDS``: pids, FLWR_HOME, ports) and its summary no absolute path.
-    Returns the parked checkpoints: the results' .gitignore leaves checkpoints out, so they are committed with
-    ``git add -f``. A run left training by a dead runner is stopped first (``stop_left_running``); one without a
-    usable checkpoint stays where it is, said so (it trains from round 1 next time)."""
+    no trace of this machine's processes (``LIVE_FIELDS``: pids, FLWR_HOME, ports), and neither its summary, its
+    checkpoint nor its clients' model files hold an absolute path (``make_checkpoint_portable``). Returns the files to
+    commit: the results' .gitignore leaves checkpoints out, so they are committed with ``git add -f``. A run left
+    training by a dead runner is stopped first (``stop_left_running``); one without a usable checkpoint stays where
+    it is, said so (it trains from round 1 next time); one whose checkpoint can continue only at this machine's
+    paths is parked but not listed, said so."""
     stop_left_running(runs, out, printer)
     parked = []
     for run in runs:
@@ -140,9 +148,32 @@ def park_unfinished(runs: list[PlannedRun], out: Path, printer=print) -> list[Pa
         record = {k: v for k, v in (read_record(copy) or {}).items() if k not in LIVE_FIELDS}
         write_json(copy / RUN_RECORD, {**record, "status": f"parked after round {number}"}, replace=True)
         make_summary_portable(copy)
-        parked.append(copy / CHECKPOINT)
-        printer(f"{run.name} seed={run.seed}: parked as {copy.relative_to(out)} (checkpoint of round {number})")
+        where = f"{run.name} seed={run.seed}: parked as {copy.relative_to(out)} (checkpoint of round {number})"
+        try:
+            parked += make_checkpoint_portable(copy)
+        except ValueError as error:
+            printer(f"{where}, to be continued on this machine only: {error}", flush=True)
+            continue
+        printer(where)
     return parked
+
+
+def make_checkpoint_portable(folder: Path) -> list[Path]:
+    """Rewrite the run config in a parked run's checkpoint and its clients' model files into the portable form
+    (``portable_record_config``: data-path relative to the repository, output-dir '.'), each file verified anew.
+    Returns the files. Raises ``ValueError`` for a checkpoint that records its data by path only (written before
+    checkpoints recorded it by content): another data-path would not continue it, so it stays as it is."""
+    from fl_app.run.checkpoint import DATA_RECORD, MODELS_DIR, load_verified, rewrite_run_config
+
+    checkpoint = folder / CHECKPOINT
+    if DATA_RECORD not in load_verified(checkpoint):
+        raise ValueError(f"{checkpoint.name} records its data by path only (written before checkpoints held it)")
+    files = [checkpoint, *sorted((folder / MODELS_DIR).rglob("*.pt"))]
+    for path in files:
+        if path.is_symlink():
+            raise ValueError(f"{path.relative_to(folder)} is a link; nothing is written through it")
+        rewrite_run_config(path, lambda run_config: portable_record_config(run_config, folder))
+    return files
 
 
 class SuiteBusy(SuiteMismatch):

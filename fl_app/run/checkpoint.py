@@ -27,7 +27,9 @@ run config, the federation size, the method family's own state, the server's RNG
 model, the strategy's state (round logs, baseline bookkeeping) and the metrics measured so far
 (``write_round_checkpoint`` / ``load_round_checkpoint``); the model-heterogeneous methods' is the strategy's state and
 the run token naming their clients' model files. Resuming also demands the same run config (except
-``RESUME_MAY_CHANGE``) and federation size.
+``RESUME_MAY_CHANGE``) and federation size, and the same data: a checkpoint records its run's data by content
+(``DATA_RECORD``), so the data-path may differ when the files there are the same (``rewrite_run_config`` lets the
+runner's ``park`` keep a checkpoint free of the paths of the machine that made it).
 
 Client model files (model-heterogeneous methods): models never leave the clients, so each client saves its own model
 after every round it trains (``save_model_file``, in ``client_model_dirs``) and a resumed run's clients reload the
@@ -36,6 +38,7 @@ newest one at or before the checkpoint's round (``restore_model_file``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -47,6 +50,7 @@ import numpy as np
 import torch
 
 from fl_app.data.images import DATASETS
+from fl_app.data.provenance import data_fingerprint
 from fl_app.io.files import remember_written, write_new_file, wrote_here
 from fl_app.models.multiarch import architecture_of
 from fl_app.models.supernet_space import load_supernet_config
@@ -63,6 +67,9 @@ FORMAT_VERSION = 2  # 2: every file carries an integrity record
 RESUME_MAY_CHANGE = ("output-dir", "resume-from", "checkpoint-every", "round-timeout", "tracker")
 # run-config keys that decide which model (architecture and classes) a state belongs to
 MODEL_RUN_KEYS = ("method", "dataset", "supernet", "model-family", "feature-dim")
+# a round checkpoint's record of the data its run reads, by content (``run_data``): a resume may then read the same
+# files at another data-path (another machine, or a checkpoint parked with a path relative to the repository)
+DATA_RECORD = "data"
 INTEGRITY = "integrity"
 
 
@@ -188,6 +195,11 @@ def _refuse_unless_replaceable(path: Path, replace_if) -> None:
 def load_verified(path: str | Path, fingerprint: dict | None = None, what: str | None = None) -> dict:
     """Read a file written by ``save_verified``; refuse it (``ValueError``) unless its content hash matches and, when
     ``fingerprint`` is given, it belongs to that model. ``what`` names the file in messages (default: the path)."""
+    return _read_verified(path, fingerprint, what)[0]
+
+
+def _read_verified(path: str | Path, fingerprint: dict | None, what: str | None) -> tuple[dict, dict]:
+    """``load_verified``'s content and the model fingerprint the file records."""
     what = what or str(path)
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
@@ -214,7 +226,20 @@ def load_verified(path: str | Path, fingerprint: dict | None = None, what: str |
     if fingerprint is not None and integrity["fingerprint"].get("sha256") != fingerprint["sha256"]:
         difference = _fingerprint_difference(integrity["fingerprint"], fingerprint)
         raise ValueError(f"{what}: a checkpoint of another model ({difference}); it is not used")
-    return {k: v for k, v in blob.items() if k != INTEGRITY}
+    return {k: v for k, v in blob.items() if k != INTEGRITY}, integrity["fingerprint"]
+
+
+def rewrite_run_config(path: str | Path, change: Callable[[dict], dict]) -> bool:
+    """Replace the run config a verified file records by ``change(run_config)`` and verify the file anew (same
+    content otherwise, same model fingerprint); False when the run config stays as it was. The runner's ``park``
+    uses it to keep a checkpoint free of the paths of the machine that made it. Raises ``ValueError`` for a file
+    that does not verify."""
+    blob, fingerprint = _read_verified(path, None, None)
+    run_config = change(dict(blob["run_config"]))
+    if run_config == blob["run_config"]:
+        return False
+    save_verified(path, {**blob, "run_config": run_config}, fingerprint, replace_if=lambda old: True)
+    return True
 
 
 def _fingerprint_difference(saved: dict, current: dict) -> str:
@@ -264,8 +289,22 @@ def restore_rng(saved: dict) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
-def run_config_differences(saved: dict, current: dict) -> list[str]:
-    return sorted(k for k in set(saved) | set(current) if k not in RESUME_MAY_CHANGE and saved.get(k) != current.get(k))
+def run_config_differences(saved: dict, current: dict, data_checked: bool = False) -> list[str]:
+    """The run-config keys that differ and may not (``RESUME_MAY_CHANGE``; also data-path once the data was compared
+    by content, ``data_checked``)."""
+    may_change = RESUME_MAY_CHANGE + (("data-path",) if data_checked else ())
+    return sorted(k for k in set(saved) | set(current) if k not in may_change and saved.get(k) != current.get(k))
+
+
+def run_data(run: RunConfig) -> dict:
+    """What ``run`` reads, by content (``data_fingerprint``): the round checkpoints' ``DATA_RECORD``. Hashed once a
+    process (an image folder may be large; every checkpoint of the run records the same)."""
+    return dict(_data_fingerprint_once(run["dataset"], run["data-source"], run["data-path"]))
+
+
+@functools.lru_cache(maxsize=8)
+def _data_fingerprint_once(dataset: str, source: str, data_path: str) -> dict:
+    return data_fingerprint(dataset, source, data_path)
 
 
 def same_run_earlier_round(run: RunConfig, server_round: int, path: Path | None = None) -> Callable[[dict], bool]:
@@ -300,6 +339,7 @@ def write_run_checkpoint(
             "round": server_round,
             "run_config": run.to_dict(),
             "num_clients": num_clients,
+            DATA_RECORD: run_data(run),
             **state,
             "rng": capture_rng(),
             **extra,
@@ -348,7 +388,13 @@ def load_run_checkpoint(location: str | Path, run: RunConfig, num_clients: int, 
         raise ValueError(f"{what}: no {CHECKPOINT_FILE} there")
     blob = load_verified(path, fingerprint, what=what)
     saved, current = blob["run_config"], run.to_dict()
-    differing = run_config_differences(saved, current)
+    saved_data = blob.get(DATA_RECORD)  # none in a checkpoint written before checkpoints recorded their data
+    if saved_data is not None and saved_data != run_data(run):
+        raise ValueError(
+            f"{what}: data-path={run['data-path']!r} holds other data than the checkpoint's run read "
+            f"(by content: {saved_data} vs {run_data(run)})"
+        )
+    differing = run_config_differences(saved, current, data_checked=saved_data is not None)
     if differing:
         details = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {current.get(k)!r}" for k in differing)
         raise ValueError(
@@ -451,10 +497,11 @@ def restore_model_file(
         return False
     path = client_model_file(folder, pid, rounds[-1])
     blob = load_verified(path, multiarch_fingerprint(run, num))
-    differing = run_config_differences(blob["run_config"], run.to_dict())
-    if differing:
-        raise ValueError(f"{path}: saved by a run with other {differing}")
     if token and blob.get("run_token") != token:
         raise ValueError(f"{path}: saved by another run (run token {blob.get('run_token')!r}, resuming {token!r})")
+    # a file of the checkpoint's own run (its token) reads the data the checkpoint's check compared by content
+    differing = run_config_differences(blob["run_config"], run.to_dict(), data_checked=bool(token))
+    if differing:
+        raise ValueError(f"{path}: saved by a run with other {differing}")
     model.load_state_dict(blob["model"])
     return True
