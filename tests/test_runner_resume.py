@@ -179,6 +179,27 @@ def test_park_leaves_a_checkpoint_that_records_its_data_by_path_only_unlisted(tm
     assert saved["run_config"]["output-dir"] == str(tmp_path / "out/runs/feast/seed0")  # left as it was
 
 
+def test_a_checkpoint_that_names_another_data_path_and_records_no_data_is_not_continued(tmp_path):
+    """Such a checkpoint (written before checkpoints recorded their data by content, e.g. copied from another
+    machine) would be refused by the app; the runner says why and trains the run from round 1 instead."""
+    elsewhere = str(tmp_path / "another-machine" / "cifar10")
+
+    def interrupted(run, timeout):
+        config = {**run.launch_config(), "data-path": elsewhere}
+        save_verified(run.folder / "checkpoint.pt", {"round": 2, "run_config": config}, {"sha256": "model"})
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, interrupted)
+    launched = []
+    _, lines = run(tmp_path, lambda r, t: launched.append(r.resume_from) or finish(r))
+    assert launched == [None, None]
+    assert any(
+        f"not continued from seed0.interrupted-1: its checkpoint records its data by path only, {elsewhere!r}" in line
+        for line in lines
+    ), lines
+
+
 def test_a_checkpoint_of_other_settings_or_a_damaged_one_is_not_continued(tmp_path):
     def interrupted(run, timeout):
         save_verified(run.folder / "checkpoint.pt", {"round": 2, "run_config": {}}, {"sha256": "model"})

@@ -83,11 +83,25 @@ def resume_point(run: PlannedRun, commit: str) -> tuple[Path | None, int, list[s
             why = f"it continued {record['resumed_from']} (client model files lie in both)"
         elif number is not None and number >= run.run_config["num-server-rounds"]:
             why = f"its checkpoint is at the last round ({number})"
+        elif number is not None:
+            why = data_path_mismatch(folder / CHECKPOINT, run)
         if why:
             skipped.append(f"{folder.name}: {why}")
         elif number >= best_round:
             best, best_round = folder, number
     return best, best_round, skipped
+
+
+def data_path_mismatch(checkpoint: Path, run: PlannedRun) -> str:
+    """Why the app would refuse ``checkpoint`` for ``run`` by its data-path, or '': a checkpoint written before
+    checkpoints recorded their data by content continues only at the data-path it names."""
+    from fl_app.run.checkpoint import DATA_RECORD, load_verified
+
+    saved = load_verified(checkpoint)
+    named, here = saved["run_config"].get("data-path", ""), run.launch_config().get("data-path", "")
+    if DATA_RECORD in saved or named == here:
+        return ""
+    return f"its checkpoint records its data by path only, {named!r}, and this run reads {here!r}"
 
 
 LIVE_FIELDS = ("flower", "runner")  # what a running run's record says of this machine's processes
