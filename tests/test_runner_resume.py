@@ -2,7 +2,8 @@
 runner killed hard is stopped before the retry, and the console follows a run's rounds while it trains.
 
 The fast tests launch through stand-ins (the launcher seam); the slow one stops a real `flwr run` after its round-2
-checkpoint and checks that the continued run ends bit for bit like one that never stopped.
+checkpoint, parks it, continues it in a copy at another path (its data too) and checks that it ends bit for bit like
+one that never stopped.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.runner import COMPLETED, RUN_RECORD, compare_run, plan, run_suite
+from experiments.runner import COMPLETED, RUN_RECORD, compare_run, park_suite, plan, run_suite
 from experiments.runner.flower_env import process_identity
+from fl_app.io.resources import bundled_file
 from fl_app.run.checkpoint import DATA_RECORD, MODELS_DIR, load_verified, save_verified
 from fl_app.run.outputs import write_csv, write_json
 from tests.harness.stopping import stop_after_checkpoint
@@ -320,7 +322,8 @@ REAL = """
 seeds = [0]
 run-timeout = 900
 [base]
-data-source = "sample"
+data-source = "local"
+data-path = "{data}"
 num-server-rounds = 6
 clients-per-round = 2
 max-local-steps = 3
@@ -337,6 +340,14 @@ client-resources-num-cpus = 1
 [methods]
 feast = {}
 """
+
+
+def sample_data_folder(path: Path) -> str:
+    """A local data folder holding the bundled CIFAR-10 sample's files (the same content at every path)."""
+    path.mkdir(parents=True)
+    for name in ("train.parquet", "test.parquet"):
+        shutil.copyfile(bundled_file(f"data/cifar10-sample/{name}"), path / name)
+    return str(path)
 
 
 def stop_after_round(folder: Path, at_round: int, done: threading.Event, stopped_at: list) -> None:
@@ -360,26 +371,37 @@ def stop_after_round(folder: Path, at_round: int, done: threading.Event, stopped
 
 
 @pytest.mark.slow  # real `flwr run`s
-def test_a_real_run_stopped_after_round_2_and_continued_equals_one_that_never_stopped(tmp_path):
+def test_a_real_run_stopped_after_round_2_parked_and_continued_elsewhere_equals_one_that_never_stopped(tmp_path):
+    """The whole chain across machines: a real run stopped after its round-2 checkpoint, parked (the checkpoint's run
+    config made portable), its folder copied into another clone whose data folder, at another path, holds the same
+    files, and continued there: it ends bit for bit as a run that never stopped."""
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    data = sample_data_folder(here / "cifar10")
+    suite = write_suite(here, REAL.replace("{data}", data))
     straight = tmp_path / "straight"
-    result = run_suite(write_suite(tmp_path, REAL), straight, printer=lambda *a, **k: None, plots=False)
+    result = run_suite(suite, straight, printer=lambda *a, **k: None, plots=False)
     assert not result["failed"]
 
-    out = tmp_path / "stopped"
+    out = here / "stopped"
     folder = out / "runs/feast/seed0"
     done, stopped_at = threading.Event(), []
     stopper = threading.Thread(target=stop_after_round, args=(folder, 2, done, stopped_at), daemon=True)
     stopper.start()
     try:
-        first = run_suite(write_suite(tmp_path, REAL), out, printer=lambda *a, **k: None, plots=False)
+        first = run_suite(suite, out, printer=lambda *a, **k: None, plots=False)
     finally:
         done.set()
         stopper.join()
     assert stopped_at == [2] and first["failed"] and not (folder / "summary.json").exists()
+    parked = park_suite(suite, out, printer=lambda *a, **k: None)
+    assert [p.name for p in parked] == ["checkpoint.pt"]
+    assert str(here) not in load_verified(parked[0])["run_config"]["output-dir"]
+
+    shutil.copytree(out, elsewhere / "stopped")
+    suite = write_suite(elsewhere, REAL.replace("{data}", sample_data_folder(elsewhere / "cifar10")))
+    out, folder = elsewhere / "stopped", elsewhere / "stopped/runs/feast/seed0"
     lines = []
-    again = run_suite(
-        write_suite(tmp_path, REAL), out, printer=lambda line, **_: lines.append(line), plots=False, progress_every=1
-    )
+    again = run_suite(suite, out, printer=lambda line, **_: lines.append(line), plots=False, progress_every=1)
     assert not again["failed"], "\n".join(lines)
     text = "\n".join(lines)
     assert "continuing seed0.interrupted-1 after round" in text and " round 6/6" in text
