@@ -44,8 +44,9 @@ def interrupted_copies(folder: Path) -> list[Path]:
     return sorted(numbered, key=lambda p: int(p.name.rsplit("-", 1)[1]))
 
 
-def checkpoint_round(folder: Path) -> tuple[int | None, str]:
-    """(round, '') of the verified checkpoint in ``folder``, or (None, why it cannot be used)."""
+def read_checkpoint(folder: Path) -> tuple[dict | None, str]:
+    """(content, '') of the verified checkpoint in ``folder``, or (None, why it cannot be used): read and hashed once
+    for all that is asked of it (its round, its data record)."""
     from fl_app.run.checkpoint import load_verified
 
     path = folder / CHECKPOINT
@@ -55,7 +56,13 @@ def checkpoint_round(folder: Path) -> tuple[int | None, str]:
         saved = load_verified(path, what=str(path))
     except ValueError as error:
         return None, str(error)
-    return (saved["round"], "") if isinstance(saved.get("round"), int) else (None, f"{path}: no round recorded")
+    return (saved, "") if isinstance(saved.get("round"), int) else (None, f"{path}: no round recorded")
+
+
+def checkpoint_round(folder: Path) -> tuple[int | None, str]:
+    """(round, '') of the verified checkpoint in ``folder``, or (None, why it cannot be used)."""
+    saved, why = read_checkpoint(folder)
+    return (saved["round"], "") if saved is not None else (None, why)
 
 
 def resume_point(run: PlannedRun, commit: str) -> tuple[Path | None, int, list[str]]:
@@ -74,7 +81,8 @@ def resume_point(run: PlannedRun, commit: str) -> tuple[Path | None, int, list[s
             skipped.append(f"{folder.name}: no {RUN_RECORD}")
             continue
         differences = differing_keys(record, run)
-        number, why = checkpoint_round(folder)
+        saved, why = read_checkpoint(folder)
+        number = saved["round"] if saved is not None else None
         if differences:
             why = "other settings: " + "; ".join(differences)
         elif record.get("commit") != commit:
@@ -84,7 +92,7 @@ def resume_point(run: PlannedRun, commit: str) -> tuple[Path | None, int, list[s
         elif number is not None and number >= run.run_config["num-server-rounds"]:
             why = f"its checkpoint is at the last round ({number})"
         elif number is not None:
-            why = data_path_mismatch(folder / CHECKPOINT, run)
+            why = data_path_mismatch(saved, run)
         if why:
             skipped.append(f"{folder.name}: {why}")
         elif number >= best_round:
@@ -92,12 +100,11 @@ def resume_point(run: PlannedRun, commit: str) -> tuple[Path | None, int, list[s
     return best, best_round, skipped
 
 
-def data_path_mismatch(checkpoint: Path, run: PlannedRun) -> str:
-    """Why the app would refuse ``checkpoint`` for ``run`` by its data-path, or '': a checkpoint written before
-    checkpoints recorded their data by content continues only at the data-path it names."""
-    from fl_app.run.checkpoint import DATA_RECORD, load_verified
+def data_path_mismatch(saved: dict, run: PlannedRun) -> str:
+    """Why the app would refuse the checkpoint ``saved`` (``read_checkpoint``) for ``run`` by its data-path, or '': a
+    checkpoint written before checkpoints recorded their data by content continues only at the data-path it names."""
+    from fl_app.run.checkpoint import DATA_RECORD
 
-    saved = load_verified(checkpoint)
     named, here = saved["run_config"].get("data-path", ""), run.launch_config().get("data-path", "")
     if DATA_RECORD in saved or named == here:
         return ""
@@ -154,17 +161,18 @@ def park_unfinished(runs: list[PlannedRun], out: Path, printer=print) -> list[Pa
     for run in runs:
         if run.action not in ("train", "pending") or not run.folder.exists():
             continue
-        number, why = checkpoint_round(run.folder)
-        if number is None:
+        saved, why = read_checkpoint(run.folder)
+        if saved is None:
             printer(f"{run.name} seed={run.seed}: not parked ({why}); it trains from round 1 next time", flush=True)
             continue
+        number = saved["round"]
         copy = move_aside(run.folder)
         record = {k: v for k, v in (read_record(copy) or {}).items() if k not in LIVE_FIELDS}
         write_json(copy / RUN_RECORD, {**record, "status": f"parked after round {number}"}, replace=True)
         make_summary_portable(copy)
         where = f"{run.name} seed={run.seed}: parked as {copy.relative_to(out)} (checkpoint of round {number})"
         try:
-            parked += make_checkpoint_portable(copy)
+            parked += make_checkpoint_portable(copy, saved)
         except ValueError as error:
             printer(f"{where}, to be continued on this machine only: {error}", flush=True)
             continue
@@ -172,15 +180,16 @@ def park_unfinished(runs: list[PlannedRun], out: Path, printer=print) -> list[Pa
     return parked
 
 
-def make_checkpoint_portable(folder: Path) -> list[Path]:
-    """Rewrite the run config in a parked run's checkpoint and its clients' model files into the portable form
-    (``portable_record_config``: data-path relative to the repository, output-dir '.'), each file verified anew.
-    Returns the files. Raises ``ValueError`` for a checkpoint that records its data by path only (written before
-    checkpoints recorded it by content): another data-path would not continue it, so it stays as it is."""
-    from fl_app.run.checkpoint import DATA_RECORD, MODELS_DIR, load_verified, rewrite_run_config
+def make_checkpoint_portable(folder: Path, saved: dict) -> list[Path]:
+    """Rewrite the run config in a parked run's checkpoint (its content ``saved``, ``read_checkpoint``) and its
+    clients' model files into the portable form (``portable_record_config``: data-path relative to the repository,
+    output-dir '.'), each file verified anew. Returns the files. Raises ``ValueError`` for a checkpoint that records
+    its data by path only (written before checkpoints recorded it by content): another data-path would not continue
+    it, so it stays as it is."""
+    from fl_app.run.checkpoint import DATA_RECORD, MODELS_DIR, rewrite_run_config
 
     checkpoint = folder / CHECKPOINT
-    if DATA_RECORD not in load_verified(checkpoint):
+    if DATA_RECORD not in saved:
         raise ValueError(f"{checkpoint.name} records its data by path only (written before checkpoints held it)")
     files = [checkpoint, *sorted((folder / MODELS_DIR).rglob("*.pt"))]
     for path in files:

@@ -38,6 +38,7 @@ newest one at or before the checkpoint's round (``restore_model_file``).
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
@@ -299,7 +300,7 @@ def run_config_differences(saved: dict, current: dict, data_checked: bool = Fals
 def run_data(run: RunConfig) -> dict:
     """What ``run`` reads, by content (``data_fingerprint``): the round checkpoints' ``DATA_RECORD``. Hashed once a
     process (an image folder may be large; every checkpoint of the run records the same)."""
-    return dict(_data_fingerprint_once(run["dataset"], run["data-source"], run["data-path"]))
+    return copy.deepcopy(_data_fingerprint_once(run["dataset"], run["data-source"], run["data-path"]))
 
 
 @functools.lru_cache(maxsize=8)
