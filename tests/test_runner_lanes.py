@@ -18,15 +18,54 @@ from tests.test_matched_compute import SUITE, Launcher, run
 
 
 def test_each_lane_gets_its_share_of_the_cores_and_clients_must_fit_in_it():
-    assert lane_cpus(1, {"client-resources-num-cpus": 1}, cores=2) is None  # one lane: Ray sees every core
-    assert lane_cpus(2, {"client-resources-num-cpus": 1}, cores=2) == 1  # 2 runs x 1 client x 1 thread
-    assert lane_cpus(2, {"client-resources-num-cpus": 2}, cores=8) == 4
+    one = {"client-resources-num-cpus": 1}
+    assert lane_cpus(1, one, machine=2) is None  # one lane on every core: Ray sees every core
+    assert lane_cpus(1, one, cores=2, machine=2) is None
+    assert lane_cpus(2, one, machine=2) == 1  # 2 runs x 1 client x 1 thread
+    assert lane_cpus(2, {"client-resources-num-cpus": 2}, machine=8) == 4
     with pytest.raises(ValueError, match="client-resources-num-cpus=2; allowed: at most 1"):
-        lane_cpus(2, {"client-resources-num-cpus": 2}, cores=2)
+        lane_cpus(2, {"client-resources-num-cpus": 2}, machine=2)
     with pytest.raises(ValueError, match="client-resources-num-cpus=2"):
-        lane_cpus(2, {}, cores=2)  # Flower's default asks 2 CPUs per client
+        lane_cpus(2, {}, machine=2)  # Flower's default asks 2 CPUs per client
     with pytest.raises(ValueError, match="lanes=3: more runs side by side than the 2 cores"):
-        lane_cpus(3, {"client-resources-num-cpus": 1}, cores=2)
+        lane_cpus(3, one, machine=2)
+
+
+def test_a_runner_given_fewer_cores_leaves_the_others_free():
+    """--cores 1 on two cores: its one lane's Ray gets one CPU (one client at a time), so a second runner can train
+    on the other core without oversubscribing them; its two lanes would not fit."""
+    one = {"client-resources-num-cpus": 1}
+    assert lane_cpus(1, one, cores=1, machine=2) == 1
+    assert lane_cpus(2, one, cores=4, machine=8) == 2
+    with pytest.raises(ValueError, match="lanes=2: more runs side by side than the 1 cores"):
+        lane_cpus(2, one, cores=1, machine=2)
+    for cores in (0, 3):
+        with pytest.raises(ValueError, match=rf"--cores {cores}: allowed 1 to 2"):
+            lane_cpus(1, one, cores=cores, machine=2)
+
+
+def test_the_cores_option_reaches_every_run_s_ray_and_record(tmp_path, monkeypatch):
+    from experiments.runner import cli, execution, flower_runs
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    federations = []
+    monkeypatch.setattr(
+        flower_runs,
+        "flwr_run",
+        lambda config, federation, **kw: federations.append(federation) or ("1", "finished:completed"),
+    )
+    monkeypatch.setattr(
+        execution,
+        "lane_launcher",
+        lambda stack, ray_cpus, *a, **kw: execution.flower_launcher({"FLWR_HOME": str(tmp_path / "home")}, ray_cpus),
+    )
+    suite = write_suite(tmp_path, SUITE)
+    code = cli.main(
+        ["run", str(suite), "--out", str(tmp_path / "out"), "--methods", "feast", "--seeds", "0", "--cores", "1"]
+    )
+    assert federations and all("init-args-num-cpus=1" in f for f in federations), federations
+    record = json.loads((tmp_path / "out/runs/feast/seed0" / RUN_RECORD).read_text())
+    assert record["machine"]["ray_cpus_per_run"] == 1, (code, record)
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, True, "2"])

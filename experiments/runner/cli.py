@@ -62,6 +62,11 @@ def add_suite_options(command: argparse.ArgumentParser, committed_flag: bool = T
             help="runs trained side by side, each on its share of the cores (unset: the suite's [suite] lanes, else 1)",
         )
         command.add_argument(
+            "--cores",
+            type=int,
+            help="cores the lanes share, e.g. 1 to leave the other core to another runner (unset: all the machine's)",
+        )
+        command.add_argument(
             "--shared-ray",
             action="store_true",
             help="each lane's runs join one Ray head started for the suite, which saves each run starting and "
@@ -184,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             into_committed=args.into_committed,
             lanes=args.lanes,
             shared_ray=args.shared_ray,
+            cores=args.cores,
         )
     except (SuiteMismatch, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -283,13 +283,18 @@ def join_through_interrupts(thread: threading.Thread) -> None:
             thread.join()
 
 
-def lane_cpus(lanes: int, federation: dict, cores: int | None = None) -> int | None:
-    """The CPUs each lane's runs may give Ray so that lanes x parallel clients x threads stays within the cores:
-    None for one lane (Ray sees every core, as a run started by hand does). Raises ValueError when the suite's
-    clients each ask for more CPUs than a lane has (Ray would never schedule them)."""
-    cores = cores or os.cpu_count() or 1
-    if lanes == 1:
+def lane_cpus(lanes: int, federation: dict, cores: int | None = None, machine: int | None = None) -> int | None:
+    """The CPUs each lane's runs may give Ray so that lanes x parallel clients x threads stays within ``cores``, the
+    cores the runner may use (unset: all the ``machine``'s, ``os.cpu_count``): None for one lane on every core (Ray
+    sees every core, as a run started by hand does). Raises ValueError when ``cores`` is not 1 to the machine's, when
+    there are more lanes than cores, or when the suite's clients each ask for more CPUs than a lane has (Ray would
+    never schedule them)."""
+    machine = machine or os.cpu_count() or 1
+    if cores is not None and not 1 <= cores <= machine:
+        raise ValueError(f"--cores {cores}: allowed 1 to {machine} (this machine's cores)")
+    if lanes == 1 and cores in (None, machine):
         return None
+    cores = cores or machine
     if lanes > cores:
         raise ValueError(f"lanes={lanes}: more runs side by side than the {cores} cores; allowed: 1 to {cores}")
     share = cores // lanes
@@ -315,16 +320,18 @@ def run_suite(
     lanes: int | None = None,
     shared_ray: bool = False,
     stop: threading.Event | None = None,
+    cores: int | None = None,
 ) -> dict:
     """Plan (refusing mismatches before any training), train what is missing (``lanes`` runs side by side, else the
-    suite's ``lanes``), write and print the tables. One runner at a time per OUT (``suite_lock``); a run folder
-    reached through a link inside OUT is refused. ``shared_ray``: each lane's runs join one Ray head started for the
-    suite (``ray_head``) instead of each starting and stopping its own Ray; a run's numbers are the same either way.
-    ``stop``: once set (by ``execute`` on Ctrl-C or SIGTERM, or by a caller's thread), every lane stops its run in
-    flight and starts no other; a ``launch`` given here must watch it as the real launcher does."""
+    suite's ``lanes``, sharing ``cores`` of the machine's, else all: ``lane_cpus``), write and print the tables. One
+    runner at a time per OUT (``suite_lock``); a run folder reached through a link inside OUT is refused.
+    ``shared_ray``: each lane's runs join one Ray head started for the suite (``ray_head``) instead of each starting
+    and stopping its own Ray; a run's numbers are the same either way. ``stop``: once set (by ``execute`` on Ctrl-C
+    or SIGTERM, or by a caller's thread), every lane stops its run in flight and starts no other; a ``launch`` given
+    here must watch it as the real launcher does."""
     suite = suite if isinstance(suite, Suite) else load_suite(suite)
     lanes = lanes or suite.lanes
-    ray_cpus = lane_cpus(lanes, suite.federation)
+    ray_cpus = lane_cpus(lanes, suite.federation, cores)
     out = Path(out).resolve()
     refuse_committed(out, into_committed)
     with suite_lock(out):
