@@ -23,6 +23,8 @@ from fl_app.report import (
     tiers_markdown,
     write_tables,
 )
+from fl_app.report.tables import client_accuracies
+from fl_app.report.text import budget_groups_markdown
 from fl_app.run.outputs import write_csv, write_json
 from tests.harness.training import plain_settings
 
@@ -301,6 +303,48 @@ def test_tier_table_counts_the_clients_whose_budget_affords_each_tier(tmp_path):
     assert math.isnan(report(find_runs([tmp_path / "r0"]))["tiers"][0]["clients_affording"])
 
 
+def test_budget_groups_pair_each_groups_clients_by_seed_against_the_reference(tmp_path):
+    """By hand: FEAST's tiers 1 and 4 MMACs make two groups, [1, 4) and 4 up. Seed 0: budgets 1, 2, 5 MMACs, FEAST's
+    clients score 0.5, 0.6, 0.8 (its own subnets), FedAvg-min's one model 0.5; seed 1: budgets 1.5, 6, 7, FEAST 0.55,
+    0.85, 0.9, FedAvg-min 0.52. FedAvg-min against FEAST: [1, 4) -0.05 and -0.03, 4 up -0.3 and -0.355."""
+    cases = {0: ((1e6, 2e6, 5e6), (0.5, 0.6, 0.8), 0.5), 1: ((1.5e6, 6e6, 7e6), (0.55, 0.85, 0.9), 0.52)}
+    for seed, (budgets, feast, fedavg) in cases.items():
+        for method in ("feast", "fedavg-min"):
+            folder = make_run(tmp_path / f"{method}{seed}", method=method, seed=seed, commit="a" * 40)
+            summary = json.loads((folder / "summary.json").read_text())
+            if method == "feast":
+                summary["tiers"] = [{"macs": 1e6, "accuracy": 0.5}, {"macs": 4e6, "accuracy": 0.8}]
+                summary["client_subnets"] = [{"macs": b, "accuracy": a} for b, a in zip(budgets, feast)]
+            else:
+                summary["tiers"] = [{"macs": 1e6, "accuracy": fedavg}]
+            (folder / "summary.json").write_text(json.dumps(summary))
+            write_csv(folder / "clients.csv", [{"partition_id": i, "budget_macs": b} for i, b in enumerate(budgets)])
+    table = report(find_runs([tmp_path]), "feast")["budget_groups"]
+    rows = {(r["method"], r["budget_from_mmacs"]): r for r in table}
+    assert set(rows) == {("feast", 1.0), ("feast", 4.0), ("fedavg-min", 1.0), ("fedavg-min", 4.0)}
+    assert rows["feast", 1.0]["accuracy"] == pytest.approx(0.55) and rows["feast", 1.0]["clients"] == 1.5
+    assert rows["feast", 4.0]["accuracy"] == pytest.approx((0.8 + 0.875) / 2)
+    assert math.isnan(rows["feast", 4.0]["budget_to_mmacs"]) and "difference" not in rows["feast", 4.0]
+    assert rows["fedavg-min", 1.0]["difference"] == pytest.approx(-0.04)
+    assert rows["fedavg-min", 4.0]["difference"] == pytest.approx(-0.3275)
+    assert rows["fedavg-min", 4.0]["n"] == 2 and rows["fedavg-min", 4.0]["wins"] == 0
+    text = budget_groups_markdown(table)
+    assert "| fedavg-min | 1.00 to 4.00 | 1.5 | 51.0 ± 12.7 | feast | -4.0 ± 12.7 |" in text
+    assert "| feast | 4.00+ | 1.5 |" in text
+
+
+def test_each_clients_accuracy_averages_to_the_recorded_client_subnet_accuracy():
+    """The budget groups split client-subnet accuracy, not another score: on every committed reference-regime run
+    (cache-scored methods and tier-scored ones, ScaleFL's clients below its first level at 0 included) the clients'
+    accuracies average to the run's recorded client-subnet accuracy."""
+    runs = find_runs([ROOT / "experiments/results/reference-regime/runs"])
+    assert len(runs) >= 24
+    for run in runs:
+        scores = client_accuracies(run)
+        assert len(scores) == 100
+        assert sum(scores) / len(scores) == pytest.approx(run.summary["client_subnet_accuracy"], abs=1e-12)
+
+
 @pytest.mark.parametrize(
     "num_samples, epochs, max_steps, batch_size",
     [
@@ -407,6 +451,7 @@ COMMITTED_SUITES = {
     "fedtopo-inprocess": (["experiments/results/fedtopo-inprocess/runs"], "fedtopo", True),
     "fedtopo-100clients": (["experiments/results/fedtopo-100clients/runs"], "fedtopo", True),
     "converged": (["experiments/results/converged/runs"], "feast", False),
+    "reference-regime": (["experiments/results/reference-regime"], "feast", False),
     "fedtopo-regime": (["experiments/results/fedtopo-regime/runs"], "fedtopo", True),
     "fedtopo-regime-data": (["experiments/results/fedtopo-regime-data/runs"], "fedtopo", True),
     "fedtopo-regime-pat": (["experiments/results/fedtopo-regime-pat/runs"], "fedtopo", True),
@@ -424,6 +469,7 @@ TABLE_NAMES = (
     "compute.csv",
     "matched.csv",
     "convergence.csv",
+    "budget_groups.csv",
 )
 
 

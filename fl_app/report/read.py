@@ -30,6 +30,7 @@ TABLE_FILES["compute"] = "compute.csv"
 TABLE_FILES["matched"] = "matched.csv"
 TABLE_FILES["tier_rounds"] = "tier_rounds.csv"
 TABLE_FILES["convergence"] = "convergence.csv"
+TABLE_FILES["budget_groups"] = "budget_groups.csv"
 TIER_COLUMNS = ("tier_macs", "test_accuracy")  # metrics.csv: one row per evaluated round and tier
 # run-config keys the suite runner sets per seed for a match-compute run (from its sources' compute): not grouped on
 MATCH_SET = ("num-server-rounds", "eval-every")

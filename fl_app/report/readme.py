@@ -12,6 +12,7 @@ from fl_app.report.read import find_runs
 from fl_app.report.tables import report
 from fl_app.report.text import (
     accuracy_markdown,
+    budget_groups_markdown,
     convergence_markdown,
     matched_markdown,
     paired_markdown,
@@ -33,6 +34,7 @@ README_TABLES = {
     "matched": lambda t: matched_markdown(t["matched"]),
     "convergence": lambda t: convergence_markdown(t["convergence"]),
     "passes": lambda t: passes_markdown(t["passes"]),
+    "budget-groups": lambda t: budget_groups_markdown(t["budget_groups"]),
 }
 
 

@@ -26,7 +26,7 @@ from fl_app.report.stats import (
     records,
     run_frame,
 )
-from fl_app.run.stats import mean_ci, paired_difference, value_at_budget
+from fl_app.run.stats import client_tier_scores, mean_ci, paired_difference, value_at_budget
 
 
 def accuracy_rows(rows: list[Row]) -> list[dict]:
@@ -164,6 +164,76 @@ def tier_gain_rows(rows: list[Row]) -> list[dict]:
                 }
             )
     return table
+
+
+def client_accuracies(run: Run) -> list[float]:
+    """Each client's test accuracy as client-subnet accuracy scores it (their mean is that accuracy): the cached
+    subnet the run recorded for it (``client_subnets``: FEAST, SuperFedNAS, DeepFedNAS), else the largest reporting
+    tier its budget affords, 0 when none (``client_tier_scores``: a width level, the fixed smallest model)."""
+    subnets = run.summary.get("client_subnets")
+    if subnets:
+        scores = [float(subnet["accuracy"]) for subnet in subnets]
+    else:
+        tiers = run.summary.get("tiers") or []
+        scores = client_tier_scores(run.budgets, [t["macs"] for t in tiers], [t["accuracy"] for t in tiers])
+    if len(scores) != len(run.budgets):
+        raise ValueError(
+            f"{run.folder}: summary.json scores {len(scores)} clients and clients.csv holds {len(run.budgets)} "
+            "budgets; allowed: one score per client"
+        )
+    return scores
+
+
+def budget_group_rows(rows: list[Row], reference: str) -> list[dict]:
+    """Client-subnet accuracy per budget group, each row against the reference label's row paired by seed. The groups
+    are the same clients for every method of a seed (the budgets follow the seed): from each of the reference's tiers
+    up to the next, the last from its whole model up, so a group's clients can all run the reference's tier that
+    opens it and none the next. Where a method's larger models could pay, its gain shows in the upper groups; in the
+    lowest, every client of the reference runs its smallest tier, so a difference there is not capacity."""
+    by_name = {row.name: row for row in rows}
+    table = []
+    for row in rows:
+        ref = by_name.get(row.name) if row.first.label == reference else reference_row(rows, row, reference)
+        tiers = sorted(t["macs"] for t in (ref.first.summary.get("tiers") or [])) if ref else []
+        if not tiers or not all(run.budgets for run in row.runs + ref.runs):
+            continue
+        groups = {name: _group_means(name, tiers) for name in {row.name, ref.name}}
+        for g, low in enumerate(tiers):
+            mine = {run.seed: groups[row.name](run).get(g) for run in row.runs}
+            theirs = {run.seed: groups[ref.name](run).get(g) for run in ref.runs}
+            values = [m[0] for m in mine.values() if m is not None]
+            if not values:
+                continue
+            estimate = mean_ci(values)
+            paired = paired_difference(
+                {s: m[0] for s, m in mine.items() if m}, {s: t[0] for s, t in theirs.items() if t}
+            )
+            table.append(
+                {
+                    "method": row.name,
+                    "reference": ref.name,
+                    "budget_from_mmacs": round(low / 1e6, 3),
+                    "budget_to_mmacs": round(tiers[g + 1] / 1e6, 3) if g + 1 < len(tiers) else math.nan,
+                    "clients": float(sum(m[1] for m in mine.values() if m) / len(values)),
+                    "accuracy": estimate.mean,
+                    "accuracy_ci95": estimate.half_width,
+                    **({} if ref is row else paired_columns(paired)),
+                }
+            )
+    return table
+
+
+def _group_means(name: str, tiers: list[float]):
+    """run -> {group: (mean client accuracy, clients)} with groups from ``tiers`` (``budget_group_rows``)."""
+
+    def means(run: Run) -> dict[int, tuple[float, int]]:
+        scores: dict[int, list[float]] = {}
+        for budget, score in zip(run.budgets, client_accuracies(run)):
+            group = max(sum(budget >= macs for macs in tiers) - 1, 0)
+            scores.setdefault(group, []).append(score)
+        return {g: (sum(v) / len(v), len(v)) for g, v in scores.items()}
+
+    return means
 
 
 def round_rows(rows: list[Row]) -> list[dict]:
@@ -415,7 +485,7 @@ def passes_rows(rows: list[Row]) -> list[dict]:
 
 def report(runs: list[Run], reference: str | None = None, allow_mixed_commits: bool = False) -> dict:
     """Every table of a set of runs: {'accuracy', 'paired', 'tiers', 'tier_gains', 'rounds', 'tier_rounds',
-    'convergence', 'compute', 'compute_text', 'matched', 'passes'}
+    'convergence', 'compute', 'compute_text', 'matched', 'passes', 'budget_groups'}
     (and the rows and reference they were made of)."""
     if not runs:
         raise ValueError("no finished runs found (a run folder holds summary.json)")
@@ -434,6 +504,7 @@ def report(runs: list[Run], reference: str | None = None, allow_mixed_commits: b
         "compute_text": compute_text,
         "matched": matched_rows(rows),
         "passes": passes_rows(rows),
+        "budget_groups": budget_group_rows(rows, reference) if reference else [],
         "rows": rows,
         "reference": reference,
     }

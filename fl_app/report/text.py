@@ -232,3 +232,23 @@ def tier_gains_markdown(table: list[dict]) -> str:
             for r in table
         ],
     )
+
+
+def budget_groups_markdown(table: list[dict]) -> str:
+    return markdown(
+        ["method", "budgets (MMACs)", "clients", "client-subnet accuracy (%)", "vs", "difference (points)", "verdict"],
+        [
+            [
+                r["method"],
+                f"{r['budget_from_mmacs']:.2f}+"
+                if math.isnan(r["budget_to_mmacs"])
+                else f"{r['budget_from_mmacs']:.2f} to {r['budget_to_mmacs']:.2f}",
+                f"{r['clients']:.1f}",
+                percent(r["accuracy"], r["accuracy_ci95"]),
+                r["reference"],
+                signed(r["difference"], r["difference_ci95"]) if "difference" in r else "",
+                r.get("verdict", ""),
+            ]
+            for r in table
+        ],
+    )

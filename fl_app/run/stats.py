@@ -124,3 +124,21 @@ def format_estimate(estimate: Estimate, scale: float = 100.0, digits: int = 1) -
     if math.isnan(estimate.half_width):
         return f"{scale * estimate.mean:.{digits}f}"
     return f"{scale * estimate.mean:.{digits}f} ± {scale * estimate.half_width:.{digits}f}"
+
+
+def client_tier_scores(
+    budgets, tier_macs: list[float], tier_accuracy: list[float], choose_by: list[float] | None = None
+) -> list[float]:
+    """The accuracy of the tier each client runs (0 when it can afford none): its *largest* affordable tier or, with
+    ``choose_by`` (one score per tier, e.g. validation accuracy, never the accuracy being reported), the affordable
+    tier with the best score (the larger on ties)."""
+    scores = []
+    for budget in budgets:
+        affordable = [i for i, macs in enumerate(tier_macs) if macs <= budget]
+        if not affordable:
+            scores.append(0.0)
+        elif choose_by is None:
+            scores.append(tier_accuracy[max(affordable, key=lambda i: tier_macs[i])])
+        else:
+            scores.append(tier_accuracy[max(affordable, key=lambda i: (choose_by[i], tier_macs[i]))])
+    return scores

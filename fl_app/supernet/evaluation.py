@@ -17,6 +17,7 @@ from fl_app.models.supernet_space import Subnet, SupernetConfig
 from fl_app.models.threads import one_thread_per_op
 from fl_app.run.config import POPULATION_TIERS
 from fl_app.run.device import preferred_device
+from fl_app.run.stats import client_tier_scores
 from fl_app.supernet.slicing import slice_subnet
 
 
@@ -101,22 +102,9 @@ def evaluate_subnet(
 def population_weighted_accuracy(
     budgets, tier_macs: list[int], tier_accuracy: list[float], choose_by: list[float] | None = None
 ) -> float:
-    """Mean over clients of the accuracy of the tier each client runs (0 when it can afford none).
-
-    A client runs its *largest* affordable tier; with ``choose_by`` (one score per tier, e.g. validation accuracy,
-    never the accuracy being reported) it runs the affordable tier with the best score instead (the larger on ties).
-    """
-    scores = []
-    for budget in budgets:
-        affordable = [i for i, macs in enumerate(tier_macs) if macs <= budget]
-        if not affordable:
-            scores.append(0.0)
-            continue
-        if choose_by is None:
-            chosen = max(affordable, key=lambda i: tier_macs[i])
-        else:
-            chosen = max(affordable, key=lambda i: (choose_by[i], tier_macs[i]))
-        scores.append(tier_accuracy[chosen])
+    """Mean over clients of the accuracy of the tier each client runs (``client_tier_scores``: its largest affordable
+    tier, or with ``choose_by`` the affordable one with the best score; 0 when it can afford none)."""
+    scores = client_tier_scores(budgets, tier_macs, tier_accuracy, choose_by)
     return float(np.mean(scores)) if scores else 0.0
 
 
