@@ -189,24 +189,23 @@ def budget_group_rows(rows: list[Row], reference: str) -> list[dict]:
     are the same clients for every method of a seed (the budgets follow the seed): from each of the reference's tiers
     up to the next, the last from its whole model up, so a group's clients can all run the reference's tier that
     opens it and none the next. Where a method's larger models could pay, its gain shows in the upper groups; in the
-    lowest, every client of the reference runs its smallest tier, so a difference there is not capacity."""
-    by_name = {row.name: row for row in rows}
+    lowest, every client of the reference runs a subnet below its second tier, so a difference there is not capacity."""
     table = []
     for row in rows:
-        ref = by_name.get(row.name) if row.first.label == reference else reference_row(rows, row, reference)
+        ref = row if row.first.label == reference else reference_row(rows, row, reference)
         tiers = sorted(t["macs"] for t in (ref.first.summary.get("tiers") or [])) if ref else []
         if not tiers or not all(run.budgets for run in row.runs + ref.runs):
             continue
-        groups = {name: _group_means(name, tiers) for name in {row.name, ref.name}}
+        mine = {run.seed: group_means(run, tiers) for run in row.runs}
+        theirs = {run.seed: group_means(run, tiers) for run in ref.runs}
         for g, low in enumerate(tiers):
-            mine = {run.seed: groups[row.name](run).get(g) for run in row.runs}
-            theirs = {run.seed: groups[ref.name](run).get(g) for run in ref.runs}
-            values = [m[0] for m in mine.values() if m is not None]
+            values = [groups[g][0] for groups in mine.values() if g in groups]
             if not values:
                 continue
             estimate = mean_ci(values)
             paired = paired_difference(
-                {s: m[0] for s, m in mine.items() if m}, {s: t[0] for s, t in theirs.items() if t}
+                {s: groups[g][0] for s, groups in mine.items() if g in groups},
+                {s: groups[g][0] for s, groups in theirs.items() if g in groups},
             )
             table.append(
                 {
@@ -214,7 +213,7 @@ def budget_group_rows(rows: list[Row], reference: str) -> list[dict]:
                     "reference": ref.name,
                     "budget_from_mmacs": round(low / 1e6, 3),
                     "budget_to_mmacs": round(tiers[g + 1] / 1e6, 3) if g + 1 < len(tiers) else math.nan,
-                    "clients": float(sum(m[1] for m in mine.values() if m) / len(values)),
+                    "clients": float(sum(groups[g][1] for groups in mine.values() if g in groups) / len(values)),
                     "accuracy": estimate.mean,
                     "accuracy_ci95": estimate.half_width,
                     **({} if ref is row else paired_columns(paired)),
@@ -223,17 +222,13 @@ def budget_group_rows(rows: list[Row], reference: str) -> list[dict]:
     return table
 
 
-def _group_means(name: str, tiers: list[float]):
-    """run -> {group: (mean client accuracy, clients)} with groups from ``tiers`` (``budget_group_rows``)."""
-
-    def means(run: Run) -> dict[int, tuple[float, int]]:
-        scores: dict[int, list[float]] = {}
-        for budget, score in zip(run.budgets, client_accuracies(run)):
-            group = max(sum(budget >= macs for macs in tiers) - 1, 0)
-            scores.setdefault(group, []).append(score)
-        return {g: (sum(v) / len(v), len(v)) for g, v in scores.items()}
-
-    return means
+def group_means(run: Run, tiers: list[float]) -> dict[int, tuple[float, int]]:
+    """{budget group: (mean client accuracy, clients)} of ``run``, the groups opened by ``tiers``: a client is in the
+    group of the largest tier its budget affords (``budget_group_rows``)."""
+    scores: dict[int, list[float]] = {}
+    for budget, score in zip(run.budgets, client_accuracies(run)):
+        scores.setdefault(max(sum(budget >= macs for macs in tiers) - 1, 0), []).append(score)
+    return {g: (sum(v) / len(v), len(v)) for g, v in scores.items()}
 
 
 def round_rows(rows: list[Row]) -> list[dict]:
