@@ -452,6 +452,7 @@ COMMITTED_SUITES = {
     "fedtopo-100clients": (["experiments/results/fedtopo-100clients/runs"], "fedtopo", True),
     "converged": (["experiments/results/converged/runs"], "feast", False),
     "reference-regime": (["experiments/results/reference-regime"], "feast", False),
+    "reference-regime-1000": (["experiments/results/reference-regime-1000"], "feast", False),
     "fedtopo-regime": (["experiments/results/fedtopo-regime/runs"], "fedtopo", True),
     "fedtopo-regime-data": (["experiments/results/fedtopo-regime-data/runs"], "fedtopo", True),
     "fedtopo-regime-pat": (["experiments/results/fedtopo-regime-pat/runs"], "fedtopo", True),
