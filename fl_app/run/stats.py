@@ -132,13 +132,12 @@ def client_tier_scores(
     """The accuracy of the tier each client runs (0 when it can afford none): its *largest* affordable tier or, with
     ``choose_by`` (one score per tier, e.g. validation accuracy, never the accuracy being reported), the affordable
     tier with the best score (the larger on ties)."""
+
+    def preference(i: int):
+        return tier_macs[i] if choose_by is None else (choose_by[i], tier_macs[i])
+
     scores = []
     for budget in budgets:
         affordable = [i for i, macs in enumerate(tier_macs) if macs <= budget]
-        if not affordable:
-            scores.append(0.0)
-        elif choose_by is None:
-            scores.append(tier_accuracy[max(affordable, key=lambda i: tier_macs[i])])
-        else:
-            scores.append(tier_accuracy[max(affordable, key=lambda i: (choose_by[i], tier_macs[i]))])
+        scores.append(tier_accuracy[max(affordable, key=preference)] if affordable else 0.0)
     return scores
