@@ -17,8 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from fl_app.io.cli import tool_parser
-from fl_app.io.markdown import markers, rewrite_blocks
+from fl_app.io.cli import add_readme_option, tool_parser
+from fl_app.io.markdown import rewrite_each
 from fl_app.report import MixedCommits, ReportError, Row, find_runs, report, signed
 from fl_app.run.stats import paired_difference
 
@@ -197,9 +197,7 @@ def build_parser():
     parser.add_argument("folder", type=Path, help="a suite folder or a folder of its runs")
     parser.add_argument("--method", required=True, help="the label whose claims are read (e.g. feast)")
     parser.add_argument("--allow-mixed-commits", action="store_true", help="as in fl_app.report")
-    parser.add_argument(
-        "--readme", type=Path, action="append", default=[], help="markdown file whose claims blocks to rewrite"
-    )
+    add_readme_option(parser, "claims blocks")
     return parser
 
 
@@ -209,9 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         claims = read_claims(args.folder, args.method, args.allow_mixed_commits)
         texts = dict(zip(BLOCKS, (headline(claims), detail(claims))))
         print("\n\n".join(texts.values()))
-        for path in args.readme:
-            if not rewrite_blocks(path, texts):
-                raise ValueError(f"{path}: no {' or '.join(markers(b)[0] for b in BLOCKS)} block to rewrite")
+        rewrite_each(args.readme, texts)
     except (MixedCommits, ReportError, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

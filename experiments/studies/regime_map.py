@@ -20,8 +20,8 @@ import math
 import sys
 from pathlib import Path
 
-from fl_app.io.cli import tool_parser
-from fl_app.io.markdown import markers, rewrite_blocks
+from fl_app.io.cli import add_readme_option, tool_parser
+from fl_app.io.markdown import rewrite_each
 from fl_app.report import (
     MixedCommits,
     ReportError,
@@ -32,7 +32,7 @@ from fl_app.report import (
     percent,
     report,
     signed,
-    write_file,
+    write_files,
 )
 from fl_app.run.stats import paired_difference
 
@@ -220,9 +220,7 @@ def build_parser():
     parser.add_argument("--against", required=True, help="the baseline every cell is paired with (e.g. local)")
     parser.add_argument("--allow-mixed-commits", action="store_true", help="as in fl_app.report")
     parser.add_argument("--out", type=Path, help="write regime_map.csv, .md and .png here (unset: print only)")
-    parser.add_argument(
-        "--readme", type=Path, action="append", default=[], help="markdown file whose regime-headline block to rewrite"
-    )
+    add_readme_option(parser, "regime-headline block")
     return parser
 
 
@@ -235,13 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             from fl_app.report.plots import png_bytes
 
-            args.out.mkdir(parents=True, exist_ok=True)
-            write_file(args.out / FILES[0], csv_bytes(lines))
-            write_file(args.out / FILES[1], (text + "\n").encode())
-            write_file(args.out / FILES[2], png_bytes(figure_map(lines, args.method, args.against)))
-        for path in args.readme:
-            if not rewrite_blocks(path, {HEADLINE: headline(lines, args.method, args.against)}):
-                raise ValueError(f"{path}: no {markers(HEADLINE)[0]} block to rewrite")
+            plot = png_bytes(figure_map(lines, args.method, args.against))
+            write_files(args.out, dict(zip(FILES, (csv_bytes(lines), (text + "\n").encode(), plot))))
+        rewrite_each(args.readme, {HEADLINE: headline(lines, args.method, args.against)})
     except (MixedCommits, ReportError, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 
 from experiments.studies.suite_runs import completed_runs
-from fl_app.io.cli import tool_parser
-from fl_app.io.markdown import markers, rewrite_blocks
-from fl_app.report import csv_bytes, markdown, signed, write_file
+from fl_app.io.cli import add_readme_option, tool_parser
+from fl_app.io.markdown import rewrite_each
+from fl_app.report import csv_bytes, markdown, signed, write_files
 from fl_app.run.stats import PairedDifference, paired_difference
 
 FILES = ("sharing_scores.csv", "sharing_scores.md")
@@ -186,9 +186,7 @@ def build_parser():
     parser.add_argument("--method", default="fedtopo", help="the label paired with every other (default fedtopo)")
     parser.add_argument("--margin", type=float, default=1.0, help="points a control must clear at its low end")
     parser.add_argument("--out", type=Path, help="write sharing_scores.csv and .md here (unset: print only)")
-    parser.add_argument(
-        "--readme", type=Path, action="append", default=[], help="markdown file whose --block block to rewrite"
-    )
+    add_readme_option(parser, "--block block")
     parser.add_argument(
         "--block",
         default=VERDICT,
@@ -204,12 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         text = report_text(lines, args.reference, args.method, args.margin)
         print(text)
         if args.out:
-            args.out.mkdir(parents=True, exist_ok=True)
-            write_file(args.out / FILES[0], csv_bytes(lines))
-            write_file(args.out / FILES[1], (text + "\n").encode())
-        for path in args.readme:
-            if not rewrite_blocks(path, {args.block: verdict(lines, args.reference, args.method, args.margin)}):
-                raise ValueError(f"{path}: no {markers(args.block)[0]} block to rewrite")
+            write_files(args.out, dict(zip(FILES, (csv_bytes(lines), (text + "\n").encode()))))
+        rewrite_each(args.readme, {args.block: verdict(lines, args.reference, args.method, args.margin)})
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

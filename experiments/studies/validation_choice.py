@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 from experiments.studies.suite_runs import completed_runs
-from fl_app.io.cli import tool_parser
-from fl_app.io.markdown import markers, rewrite_blocks
-from fl_app.report import ReportError, csv_bytes, markdown, write_file
+from fl_app.io.cli import add_readme_option, tool_parser
+from fl_app.io.markdown import rewrite_each
+from fl_app.report import ReportError, csv_bytes, markdown, write_files
 from fl_app.report.read import KINDS, read_json
 
 FILES = ("validation_choice.csv", "validation_choice.md")
@@ -108,7 +108,7 @@ def build_parser():
     parser = tool_parser("experiments.studies.validation_choice", __doc__)
     parser.add_argument("folder", type=Path, help="a tuning suite folder (or its runs/)")
     parser.add_argument("--out", type=Path, help="write validation_choice.csv and .md here (unset: print only)")
-    parser.add_argument("--readme", type=Path, help=f"rewrite the block '{BLOCK}' of this file with the table")
+    add_readme_option(parser, f"block '{BLOCK}'")
     return parser
 
 
@@ -123,14 +123,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(text, end="")
     try:
         if args.out:
-            args.out.mkdir(parents=True, exist_ok=True)
-            write_file(
-                args.out / FILES[0], csv_bytes([{**r, "late_validation": round(r["late_validation"], 6)} for r in rows])
-            )
-            write_file(args.out / FILES[1], text.encode())
-        if args.readme and not rewrite_blocks(args.readme, {BLOCK: text}):
-            raise ReportError(f"{args.readme}: no {markers(BLOCK)[0]} block to rewrite")
-    except (ReportError, OSError) as error:
+            table = csv_bytes([{**r, "late_validation": round(r["late_validation"], 6)} for r in rows])
+            write_files(args.out, dict(zip(FILES, (table, text.encode()))))
+        rewrite_each(args.readme, {BLOCK: text})
+    except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     return rows

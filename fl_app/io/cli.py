@@ -13,6 +13,7 @@ import argparse
 import json
 import re
 import sys
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 # Flower's --run-config syntax: key=value pairs separated by spaces, values in TOML (strings quoted)
@@ -42,6 +43,13 @@ def tool_parser(module: str | None, doc: str | None = None, **kwargs) -> argpars
         spec = getattr(sys.modules["__main__"], "__spec__", None)
         module = spec.name if spec else "<module>"
     return argparse.ArgumentParser(prog=f"python -m {module}", description=doc, formatter_class=HelpFormatter, **kwargs)
+
+
+def add_readme_option(parser: argparse.ArgumentParser, blocks: str) -> None:
+    """A study's ``--readme FILE`` (repeatable): the markdown files whose generated ``blocks`` it rewrites."""
+    parser.add_argument(
+        "--readme", type=Path, action="append", default=[], help=f"markdown file whose {blocks} to rewrite (repeatable)"
+    )
 
 
 def add_command(commands, name: str, text: str) -> argparse.ArgumentParser:

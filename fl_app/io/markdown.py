@@ -75,6 +75,14 @@ def rewrite_blocks(path: Path, bodies: dict[str, str]) -> bool:
     return new is not None
 
 
+def rewrite_each(paths, bodies: dict[str, str]) -> None:
+    """``rewrite_blocks`` in each file of ``paths``; a ValueError naming the first file that has none of the blocks
+    (a study's ``--readme``: a file without the block is a mistyped path, not a file to skip)."""
+    for path in paths:
+        if not rewrite_blocks(path, bodies):
+            raise ValueError(f"{path}: no {' or '.join(markers(name)[0] for name in bodies)} block to rewrite")
+
+
 def sync_blocks(path: Path, bodies: dict[str, str], command: str, check: bool = False, shown: str = "") -> int:
     """A generating tool's last step: with ``check``, say whether ``path``'s blocks already hold ``bodies`` (exit
     status 0, else 1: stale, naming ``command``); otherwise rewrite them (2 when the file has none of them)."""

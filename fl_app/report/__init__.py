@@ -21,7 +21,7 @@ from fl_app.report.readme import regenerate_readme
 from fl_app.report.rows import Row
 from fl_app.report.tables import paired_columns, report, total_compute
 from fl_app.report.text import markdown, passes_markdown, percent, report_text, signed, tiers_markdown
-from fl_app.report.writing import csv_bytes, write_file, write_suite_tables, write_tables
+from fl_app.report.writing import csv_bytes, write_file, write_files, write_suite_tables, write_tables
 
 __all__ = [
     "MATCHED_COLUMN",
@@ -47,6 +47,7 @@ __all__ = [
     "tiers_markdown",
     "total_compute",
     "write_file",
+    "write_files",
     "write_suite_tables",
     "write_tables",
 ]

@@ -37,6 +37,13 @@ def write_file(path: Path, content) -> Path:
         raise ReportError(str(error)) from None
 
 
+def write_files(out: Path, files: dict[str, bytes]) -> None:
+    """Create the folder ``out`` and write each file of ``files`` (name -> content) into it (``write_file``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        write_file(out / name, content)
+
+
 def write_tables(out: Path, tables: dict) -> str:
     """table.md (what is printed) and the CSV tables of ``TABLE_FILES`` that have rows."""
     out.mkdir(parents=True, exist_ok=True)
