@@ -30,6 +30,12 @@ BLOCK = "horizon-check"
 HORIZON_KEYS = ("num-server-rounds", "eval-every")  # what may differ between the runs of one check
 
 
+def compared_settings(run: Run) -> dict:
+    """The run's settings that must agree across the horizons of one check (``Run.config`` less those that may
+    differ)."""
+    return {k: v for k, v in run.config.items() if k not in (*NOT_GROUPED, *HORIZON_KEYS)}
+
+
 def read_horizons(folders: list[Path]) -> list[Run]:
     """The completed runs of ``folders``, shortest horizon first; refused unless they share label, seed and every
     setting apart from ``HORIZON_KEYS`` and have different horizons."""
@@ -42,14 +48,14 @@ def read_horizons(folders: list[Path]) -> list[Run]:
             raise ReportError(f"{folder / 'summary.json'}: 'completed' is not true; allowed: a finished run")
         runs.append(run)
     first = runs[0]
-    same = {k: v for k, v in first.config.items() if k not in (*NOT_GROUPED, *HORIZON_KEYS)}
+    same = compared_settings(first)
     for run in runs[1:]:
         if (run.label, run.seed) != (first.label, first.seed):
             raise ReportError(
                 f"{run.folder}: label {run.label!r} seed {run.seed}; allowed: those of {first.folder} "
                 f"({first.label!r} seed {first.seed})"
             )
-        theirs = {k: v for k, v in run.config.items() if k not in (*NOT_GROUPED, *HORIZON_KEYS)}
+        theirs = compared_settings(run)
         differ = sorted(k for k in same.keys() | theirs.keys() if same.get(k) != theirs.get(k))
         if differ:
             shown = ", ".join(f"{k}: {same.get(k)!r} / {theirs.get(k)!r}" for k in differ)
@@ -64,11 +70,14 @@ def read_horizons(folders: list[Path]) -> list[Run]:
     return runs
 
 
-def curve(run: Run, client_subnet: bool) -> list[tuple[int, float]]:
-    points = run.client_subnet_curve if client_subnet else run.curve
-    if not points:
-        raise ReportError(f"{run.folder / 'metrics.csv'}: no evaluated round")
-    return points
+def accuracy_curves(runs: list[Run]) -> tuple[list[list[tuple[int, float]]], bool]:
+    """Each run's (round, accuracy) curve, and whether it is client-subnet accuracy (when every run recorded it)."""
+    client_subnet = all(r.client_subnet_curve for r in runs)
+    curves = [r.client_subnet_curve if client_subnet else r.curve for r in runs]
+    for run, points in zip(runs, curves):
+        if not points:
+            raise ReportError(f"{run.folder / 'metrics.csv'}: no evaluated round")
+    return curves, client_subnet
 
 
 def final_tiers(run: Run) -> str:
@@ -82,8 +91,8 @@ def final_tiers(run: Run) -> str:
 def horizon_rows(runs: list[Run], tolerance: float) -> list[dict]:
     """One row per horizon: its passes, final accuracy and tiers, the change from the next shorter horizon, and its
     verdict against the shortest run of at least twice its rounds ("no 2x run" where none was trained)."""
-    client_subnet = all(r.client_subnet_curve for r in runs)
-    finals = [curve(r, client_subnet)[-1][1] for r in runs]
+    curves, client_subnet = accuracy_curves(runs)
+    finals = [points[-1][1] for points in curves]
     rows = []
     for i, run in enumerate(runs):
         rounds = run.summary["rounds"]
@@ -140,9 +149,8 @@ def render(runs: list[Run], rows: list[dict]) -> str:
 def figure(runs: list[Run], rows: list[dict]):
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    client_subnet = rows[0]["accuracy_kind"] == "client_subnet_accuracy"
-    for run, row in zip(runs, rows):
-        points = curve(run, client_subnet)
+    curves, _ = accuracy_curves(runs)
+    for points, row in zip(curves, rows):
         ax.plot(
             [r for r, _ in points],
             [100 * a for _, a in points],
