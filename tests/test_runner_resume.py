@@ -395,7 +395,12 @@ def test_a_real_run_stopped_after_round_2_parked_and_continued_elsewhere_equals_
     assert stopped_at == [2] and first["failed"] and not (folder / "summary.json").exists()
     parked = park_suite(suite, out, printer=lambda *a, **k: None)
     assert [p.name for p in parked] == ["checkpoint.pt"]
-    assert str(here) not in load_verified(parked[0])["run_config"]["output-dir"]
+    checkpoint = load_verified(parked[0])
+    assert str(here) not in checkpoint["run_config"]["output-dir"]
+    # the round in flight when the stop came may still end and save while Flower's exit handlers run
+    # (tests/harness/stopping.py): the run continues after whichever round the parked checkpoint holds
+    saved = checkpoint["round"]
+    assert 2 <= saved < 6
 
     shutil.copytree(out, elsewhere / "stopped")
     suite = write_suite(elsewhere, REAL.replace("{data}", sample_data_folder(elsewhere / "cifar10")))
@@ -404,9 +409,9 @@ def test_a_real_run_stopped_after_round_2_parked_and_continued_elsewhere_equals_
     again = run_suite(suite, out, printer=lambda line, **_: lines.append(line), plots=False, progress_every=1)
     assert not again["failed"], "\n".join(lines)
     text = "\n".join(lines)
-    assert "continuing seed0.interrupted-1 after round" in text and " round 6/6" in text
+    assert f"continuing seed0.interrupted-1 after round {saved}" in text and " round 6/6" in text
     record = json.loads((folder / RUN_RECORD).read_text())
-    assert record["resumed_after_round"] == 2
+    assert record["resumed_after_round"] == saved
     reference = straight / "runs/feast/seed0"
     assert (folder / "metrics.csv").read_text() == (reference / "metrics.csv").read_text()
     weights = torch.load(reference / "supernet.pt", weights_only=True)["state_dict"]

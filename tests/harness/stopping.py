@@ -1,10 +1,12 @@
-"""Stopping a real `flwr run` right after a given round's checkpoint, without racing the rounds that follow.
+"""Stopping a real `flwr run` right after a given round's checkpoint, before the rounds that follow can all end.
 
 `flwr stop` only marks the run as stopped in the SuperLink; the simulation process learns of it from its next
 heartbeat, up to half a minute later, and on fast cores the remaining rounds of a small test run end first. So the
 simulation is frozen (SIGSTOP) the moment the checkpoint holds the round, stopped with `flwr stop`, and then sent the
-SIGINT its own heartbeat would send itself before it is let go (SIGCONT): it exits through Flower's graceful exit
-without running another round.
+SIGINT its own heartbeat would send itself before it is let go (SIGCONT): it exits through Flower's graceful exit.
+The ServerApp's thread goes on while the exit handlers run, so the round in flight at the freeze may still end and
+save its checkpoint: callers that continue the run read the round to continue after from the checkpoint, not from
+the round they stopped at.
 """
 
 from __future__ import annotations
