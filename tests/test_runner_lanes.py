@@ -308,3 +308,45 @@ def test_a_stopped_runner_says_how_to_continue_and_exits_130(tmp_path, monkeypat
     assert cli.main(["run", str(write_suite(tmp_path, SUITE)), "--out", str(tmp_path / "out")]) == 130
     message = capsys.readouterr().err
     assert message.startswith("stopped (signal 15): the runs in flight were stopped") and "`park`" in message
+
+
+@pytest.mark.parametrize("completed", [True, False])
+def test_a_run_whose_app_finished_just_before_the_stop_is_recorded_finished_and_not_trained_again(
+    tmp_path, monkeypatch, completed
+):
+    """The stop can come in the seconds between the app writing its summary (last, after the weights) and the
+    runner recording the run: a summary that says every round completed makes the run finished, so the next runner
+    reuses it instead of training it again; a summary of a run that did not complete leaves it to be continued."""
+    from experiments.runner import COMPLETED, run_suite
+    from tests.harness.suites import write_summary
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    stop, lines = threading.Event(), []
+
+    def finish_then_stop(run, timeout):
+        rounds = run.run_config["num-server-rounds"]
+        done = rounds if completed else rounds - 2
+        write_summary(
+            run.folder, "feast", rounds, run.seed, 0.5, run.launch_config(), completed=completed, rounds_done=done
+        )
+        stop.set()
+        raise RunnerStopped("the runner is stopping")
+
+    suite = write_suite(tmp_path, SUITE)
+    with pytest.raises(RunnerStopped):
+        run_suite(
+            suite,
+            tmp_path / "out",
+            launch=finish_then_stop,
+            printer=lambda line, **_: lines.append(line),
+            plots=False,
+            stop=stop,
+        )
+    record = json.loads((tmp_path / "out/runs/feast/seed0" / RUN_RECORD).read_text())
+    assert record["status"] == (COMPLETED if completed else RUNNING)
+    assert any("just before the stop" in line for line in lines) == completed
+    assert ("elapsed_seconds" in record) == completed and ("load_average_at_end" in record["machine"]) == completed
+
+    launcher = Launcher()
+    run_suite(suite, tmp_path / "out", launch=launcher, printer=lambda *a, **k: None, plots=False)
+    assert (("feast", 0) in [(label, seed) for label, seed, *_ in launcher.launched]) != completed

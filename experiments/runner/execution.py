@@ -24,6 +24,7 @@ from experiments.runner.records import (
     RUNNING,
     make_summary_portable,
     portable_run_config,
+    ran_to_the_end,
     read_record,
     recorded_git_state,
 )
@@ -128,7 +129,8 @@ def execute(
     a suite of several lanes as it stops one lane: ``stop`` is set, each lane stops its run in flight (the launchers
     were given the same event) and takes no other, and the interrupt is raised once every lane has ended, so the
     lanes' SuperLinks (closed by the caller afterwards) are not taken from under runs still training. The records of
-    the stopped runs stay as they were while they trained (``stop_left_running``, ``park`` read them). ``stop`` set by
+    the stopped runs stay as they were while they trained (``stop_left_running``, ``park`` read them), but for a run
+    whose app had written its completed summary before the stop came: it is recorded as finished. ``stop`` set by
     another thread (no interrupt) ends the suite the same way, with ``RunnerStopped`` raised once every lane has
     ended: returning would count the stopped runs as neither failed nor unfinished."""
     launchers = launch if isinstance(launch, list) else [launch]
@@ -208,20 +210,29 @@ def execute(
             mean = state["spent"] / max(state["trained"], 1)
             return max(left, 0) * (mean or run_seconds) / len(launchers)
 
+        def record_end(status: str) -> tuple[str, float]:
+            elapsed = time.time() - t0
+            if status == COMPLETED and not (run.folder / "summary.json").exists():
+                status = "error: completed without summary.json"
+            make_summary_portable(run.folder)
+            machine = {**record["machine"], "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
+            write_json(
+                run.folder / RUN_RECORD,
+                {**record, "machine": machine, "status": status, "elapsed_seconds": round(elapsed, 1)},
+            )
+            return status, elapsed
+
         try:
             with Progress(run, where, printer, later, progress_every):
                 status = launch(run, run_timeout)
         except Exception as error:  # a run that cannot start or times out must not stop the rest of the suite
             status = f"error: {type(error).__name__}: {str(error)[-500:]}"
-        elapsed = time.time() - t0
-        if status == COMPLETED and not (run.folder / "summary.json").exists():
-            status = "error: completed without summary.json"
-        make_summary_portable(run.folder)
-        machine = {**record["machine"], "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
-        write_json(
-            run.folder / RUN_RECORD,
-            {**record, "machine": machine, "status": status, "elapsed_seconds": round(elapsed, 1)},
-        )
+        except BaseException:  # the runner stopping: a run whose app had already ended is finished, not to retrain
+            if ran_to_the_end(run.folder):
+                _, elapsed = record_end(COMPLETED)
+                printer(f"{where}  done in {duration(elapsed)}, just before the stop", flush=True)
+            raise
+        status, elapsed = record_end(status)
         with turn:
             state["trained"], state["spent"] = state["trained"] + 1, state["spent"] + elapsed
             if status != COMPLETED:

@@ -98,6 +98,20 @@ def is_finished(folder: Path, record: dict | None) -> bool:
         return False
 
 
+def ran_to_the_end(folder: Path) -> bool:
+    """Whether the run's own summary.json, which the app writes last (after the weights and round files), says it
+    completed all its rounds: a runner stopped after that moment still records the run as finished."""
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(summary, dict)
+        and summary.get("completed") is True
+        and summary.get("rounds_done") == summary.get("rounds")
+    )
+
+
 def read_rows(path: Path) -> list[dict] | None:
     """A CSV's rows (None when it cannot be read)."""
     try:
