@@ -72,39 +72,37 @@ def make_summary_portable(folder: Path) -> None:
     """The app writes the absolute paths it was given into summary.json (its ServerApp needs them): keep the
     portable forms instead, once the run has ended. Nothing else in the file changes."""
     path = folder / "summary.json"
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return
+    summary = try_read_json(path)
     if isinstance(summary, dict) and isinstance(summary.get("run_config"), dict):
         portable = portable_record_config(summary["run_config"], folder)
         if portable != summary["run_config"]:
             write_json(path, {**summary, "run_config": portable}, replace=True)  # the run's own, written by the app
 
 
-def read_record(folder: Path) -> dict | None:
+def try_read_json(path: Path):
+    """A JSON file's content (None when it cannot be read or parsed)."""
     try:
-        return json.loads((folder / RUN_RECORD).read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def read_record(folder: Path) -> dict | None:
+    return try_read_json(folder / RUN_RECORD)
 
 
 def is_finished(folder: Path, record: dict | None) -> bool:
     if record is None or record.get("status") != COMPLETED:
         return False
-    try:  # a run that failed after some rounds may still write a summary, with completed: false
-        return json.loads((folder / "summary.json").read_text()).get("completed", True) is not False
-    except (OSError, ValueError):
-        return False
+    # a run that failed after some rounds may still write a summary, with completed: false
+    summary = try_read_json(folder / "summary.json")
+    return summary is not None and summary.get("completed", True) is not False
 
 
 def ran_to_the_end(folder: Path) -> bool:
     """Whether the run's own summary.json, which the app writes last (after the weights and round files), says it
     completed all its rounds: a runner stopped after that moment still records the run as finished."""
-    try:
-        summary = json.loads((folder / "summary.json").read_text())
-    except (OSError, ValueError):
-        return False
+    summary = try_read_json(folder / "summary.json")
     return (
         isinstance(summary, dict)
         and summary.get("completed") is True
