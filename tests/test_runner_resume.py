@@ -111,6 +111,52 @@ def test_an_interrupted_run_continues_from_its_latest_checkpoint_into_a_fresh_fo
     assert [r.action for r in plan(load_suite(write_suite(tmp_path, SUITE)), tmp_path / "out")] == ["reuse", "reuse"]
 
 
+def test_a_run_continued_twice_records_which_machine_trained_which_rounds(tmp_path):
+    """Stopped after round 2 on one machine and after round 3 on another, finished on a third: the finished record
+    lists both earlier segments (rounds kept, machine) oldest first, and verify's machine check names each."""
+    from experiments.runner.verification import segment_differences
+
+    def stopping_after(done):
+        def launch(run, timeout):
+            if run.label != "feast":
+                return finish(run)
+            write_round(run, done, 0.3)
+            save_verified(run.folder / "checkpoint.pt", {"round": done, "run_config": {}}, {"sha256": "model"})
+            raise KeyboardInterrupt
+
+        return launch
+
+    def as_other_machine(copy, model):  # the copy's record as that machine wrote it
+        record = json.loads((copy / RUN_RECORD).read_text())
+        record["machine"]["processor"]["model"] = model
+        (copy / RUN_RECORD).write_text(json.dumps(record))
+
+    home = tmp_path / "out/runs/feast/seed0"
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, stopping_after(2))
+    as_other_machine(home, "first machine")  # the next run moves it aside as seed0.interrupted-1
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, stopping_after(3))
+    as_other_machine(home, "second machine")
+    run(tmp_path, lambda run, timeout: finish(run))
+    first, second = home.with_name("seed0.interrupted-1"), home.with_name("seed0.interrupted-2")
+
+    record = json.loads((home / RUN_RECORD).read_text())
+    assert record["status"] == COMPLETED and record["resumed_from"] == second.name
+    segments = record["earlier_segments"]
+    assert [(s["folder"], s["rounds"]) for s in segments] == [(first.name, [1, 2]), (second.name, [3, 3])]
+    assert [s["machine"]["processor"]["model"] for s in segments] == ["first machine", "second machine"]
+    assert all(s["commit"] == record["commit"] and "load_average_at_end" not in s["machine"] for s in segments)
+    changed = segment_differences(record, record["machine"])
+    here = record["machine"]["processor"]["model"]
+    assert changed == [
+        f"rounds 1-2: processor model: 'first machine' -> {here!r}",
+        f"rounds 3-3: processor model: 'second machine' -> {here!r}",
+    ]
+    # a run trained in one piece is compared on its own machine, as before
+    assert segment_differences({"machine": record["machine"]}, record["machine"]) == []
+
+
 def test_a_parked_run_continues_from_its_committed_copy_on_another_machine(tmp_path, capsys):
     from experiments.runner import main
     from experiments.runner.execution import note_in_flight

@@ -54,7 +54,9 @@ kept) and continues in a fresh ``seed<N>/`` from the latest checkpoint (``checkp
 copies made with the same settings at the same commit (``resume-from``; the app checks the checkpoint again and
 refuses one of other settings); with none, it trains from round 1. The continued folder ends with the same
 metrics.csv, summary and weights as an uninterrupted run, so the tables and the reuse rule treat it as one; its
-run.json names the copy (``resumed_from``, ``resumed_after_round``). While a run trains its run.json names the
+run.json names the copy (``resumed_from``, ``resumed_after_round``) and, oldest first, the segments its kept
+rounds were trained in (``earlier_segments``: rounds, commit, machine), so a run continued on another machine says
+which processor trained which rounds. While a run trains its run.json names the
 runner (pid, start time) and its Flower run (run id, FLWR_HOME, ports, SuperLink pids): a runner killed hard
 (SIGKILL, out of memory) leaves a detached SuperLink still training, and the next invocation stops it before
 anything trains (or refuses while that runner is alive). The console shows each run's rounds as they end (the last

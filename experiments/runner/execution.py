@@ -29,6 +29,7 @@ from experiments.runner.records import (
     recorded_git_state,
 )
 from experiments.runner.resume import (
+    earlier_segments,
     move_aside,
     park_unfinished,
     refuse_links,
@@ -190,7 +191,11 @@ def execute(
             "machine": machine_record(len(launchers), ray_cpus, ray),
             **({"match_compute": run.match_compute} if run.match_compute else {}),
             **(
-                {"resumed_from": run.resume_from.name, "resumed_after_round": run.resumed_after_round}
+                {
+                    "resumed_from": run.resume_from.name,
+                    "resumed_after_round": run.resumed_after_round,
+                    "earlier_segments": earlier_segments(run.resume_from, run.resumed_after_round),
+                }
                 if run.resume_from
                 else {}
             ),

@@ -100,6 +100,26 @@ def resume_point(run: PlannedRun, commit: str) -> tuple[Path | None, int, list[s
     return best, best_round, skipped
 
 
+def earlier_segments(copy: Path, resumed_after_round: int) -> list[dict]:
+    """Where the rounds a run continued from ``copy`` (its checkpoint of round ``resumed_after_round``) takes over
+    were trained, oldest first: each segment's folder, first and last kept round, commit, start and machine (the
+    copies that ``copy`` itself continued come first). The continued run's record lists them beside its own machine,
+    so a run trained on two machines says which processor trained which rounds (the last bits of a result may differ
+    between processors: ``machine.differences``); the rounds a segment trained after its last checkpoint were
+    trained again and are not counted."""
+    record = read_record(copy) or {}
+    before = record.get("earlier_segments")
+    machine = {k: v for k, v in (record.get("machine") or {}).items() if k != "load_average_at_end"}
+    segment = {
+        "folder": copy.name,
+        "rounds": [int(record.get("resumed_after_round") or 0) + 1, resumed_after_round],
+        "commit": record.get("commit"),
+        "started_at": record.get("started_at"),
+        "machine": machine or None,
+    }
+    return [*(before if isinstance(before, list) else []), segment]
+
+
 def data_path_mismatch(saved: dict, run: PlannedRun) -> str:
     """Why the app would refuse the checkpoint ``saved`` (``read_checkpoint``) for ``run`` by its data-path, or '': a
     checkpoint written before checkpoints recorded their data by content continues only at the data-path it names."""

@@ -52,9 +52,7 @@ def verify(
         printer("some runs failed: nothing compared for them", flush=True)
     done = [(old, new) for old, new in zip(references, result["runs"]) if new not in result["failed"]]
     for old, new in done:
-        changed = machine_differences(
-            (read_record(old.folder) or {}).get("machine"), (read_record(new.folder) or {}).get("machine")
-        )
+        changed = segment_differences(read_record(old.folder) or {}, (read_record(new.folder) or {}).get("machine"))
         if changed:
             printer(
                 f"{run_key(new.label, new.cell, new.seed)}: made on another machine setup ("
@@ -68,3 +66,20 @@ def verify(
         [(run_key(new.label, new.cell, new.seed), old.folder, new.folder) for old, new in done], tolerance, printer
     )
     return equal and not result["failed"]
+
+
+def segment_differences(committed: dict, machine: dict | None) -> list[str]:
+    """``machine_differences`` between the committed run's machine and ``machine``; for a committed run continued
+    on other machines (its ``earlier_segments``), those of each segment's machine, named by its rounds."""
+    segments = committed.get("earlier_segments")
+    if not isinstance(segments, list) or not segments:
+        return machine_differences(committed.get("machine"), machine)
+    last = segments[-1].get("rounds", [0, 0])[-1] if isinstance(segments[-1], dict) else 0
+    parts = [*segments, {"rounds": [last + 1, "end"], "machine": committed.get("machine")}]
+    found = []
+    for part in parts:
+        if not isinstance(part, dict):
+            continue
+        first, end = (part.get("rounds") or ["?", "?"])[:2]
+        found += [f"rounds {first}-{end}: {d}" for d in machine_differences(part.get("machine"), machine)]
+    return found
