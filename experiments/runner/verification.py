@@ -71,15 +71,12 @@ def verify(
 def segment_differences(committed: dict, machine: dict | None) -> list[str]:
     """``machine_differences`` between the committed run's machine and ``machine``; for a committed run continued
     on other machines (its ``earlier_segments``), those of each segment's machine, named by its rounds."""
-    segments = committed.get("earlier_segments")
-    if not isinstance(segments, list) or not segments:
+    segments = [s for s in committed.get("earlier_segments") or [] if isinstance(s, dict)]
+    if not segments:
         return machine_differences(committed.get("machine"), machine)
-    last = segments[-1].get("rounds", [0, 0])[-1] if isinstance(segments[-1], dict) else 0
-    parts = [*segments, {"rounds": [last + 1, "end"], "machine": committed.get("machine")}]
+    own = {"rounds": [int(committed.get("resumed_after_round") or 0) + 1, "end"], "machine": committed.get("machine")}
     found = []
-    for part in parts:
-        if not isinstance(part, dict):
-            continue
+    for part in [*segments, own]:
         first, end = (part.get("rounds") or ["?", "?"])[:2]
         found += [f"rounds {first}-{end}: {d}" for d in machine_differences(part.get("machine"), machine)]
     return found
