@@ -60,15 +60,9 @@ def main(argv: list[str] | None = None) -> dict:
         env = harness.flower_env(tmp / "flwr_home")
         certs = deploy.make_certs(tmp / "certs")
         keys = deploy.make_node_keys(tmp / "keys", NUM_NODES)
-        # state in memory: on a loaded machine the file database of `deploy.superlink_command` was seen locked
+        # state in memory (harness.start_superlink's default): on a loaded machine the state file was seen locked
         # ("database is locked"), which fails the ServerApp's heartbeat and ends the run before any node dies
-        command = deploy.superlink_command(tmp / "superlink", tmp / "certs", superlink_port)
-        at = command.index("--database")
-        procs.append(
-            harness.start_process(
-                command[:at] + command[at + 2 :], tmp / "superlink" / "superlink.log", env=env, cwd=tmp
-            )
-        )
+        procs.append(harness.start_superlink(tmp / "superlink", tmp / "certs", superlink_port, env=env))
         harness.wait_for_port("127.0.0.1", superlink_port, timeout=90, proc=procs[0])
         deploy.write_connection(tmp / "flwr_home", CONNECTION, address, certs["ca"])
         for i, (_, public) in enumerate(keys):

@@ -158,6 +158,15 @@ def test_insecure_mode_stays_on_loopback_unless_told_loudly(tmp_path, capsys):
     assert "--ssl-certfile" in deploy.superlink_command(tmp_path, tmp_path, host="0.0.0.0")  # TLS: any address
 
 
+def test_the_superlink_keeps_its_state_in_the_state_folder_unless_told_to_keep_it_in_memory(tmp_path):
+    command = deploy.superlink_command(tmp_path / "state", tmp_path / "certs")
+    assert command[command.index("--database") + 1] == str((tmp_path / "state" / "state.db").resolve())
+    in_memory = deploy.superlink_command(tmp_path / "state", tmp_path / "certs", in_memory=True)
+    assert "--database" not in in_memory  # Flower's in-memory state
+    at = command.index("--database")
+    assert in_memory == command[:at] + command[at + 2 :]  # nothing else differs
+
+
 def test_recipe_quotes_every_path(tmp_path):
     folder = tmp_path / "my deploy; touch $(echo pwned) 'x'"
     lines = deploy.recipe(folder, 2, budgets=[5e6, 7e6]).splitlines()

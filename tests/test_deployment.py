@@ -87,8 +87,15 @@ def tls_deployment(tmp_path, request):
         procs.append(proc)
         return proc
 
+    def logs() -> str:
+        """The ends of the run's and the SuperLink's logs, for a failure message."""
+        paths = [tmp_path / "flwr_run.log", tmp_path / "superlink" / "superlink.log"]
+        tails = [p.read_text()[-3000:] if p.exists() else f"({p} not written)" for p in paths]
+        return "\n--- SuperLink log ---\n".join(tails)
+
     yield SimpleNamespace(
         tmp=tmp_path,
+        logs=logs,
         env=env,
         address=address,
         node_ids=node_ids,
@@ -133,8 +140,7 @@ def test_tls_deployment_runs_and_refuses_unregistered_supernode(tls_deployment):
         log_file=d.tmp / "flwr_run.log",
         superlink=CONNECTION,
     )
-    server_log = (d.tmp / "flwr_run.log").read_text()
-    assert status == "finished:completed", server_log[-3000:]
+    assert status == "finished:completed", d.logs()
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_clients"] == NUM_NODES
@@ -187,7 +193,7 @@ def test_a_supernode_declaring_a_budget_above_the_supernet_trains_and_is_scored_
     _, status = flwr_run(
         config, federation=None, env=d.env, timeout=900, log_file=d.tmp / "flwr_run.log", superlink=CONNECTION
     )
-    assert status == "finished:completed", (d.tmp / "flwr_run.log").read_text()[-3000:]
+    assert status == "finished:completed", d.logs()
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["budgets"][0] == above and summary["failed_replies"] == 0

@@ -39,25 +39,21 @@ def superlink_command(
     host: str = "127.0.0.1",
     insecure: bool = False,
     allow_remote_insecure: bool = False,
+    in_memory: bool = False,
 ) -> list[str]:
     """`flower-superlink` with TLS and SuperNode authentication (or, only for a local test, `--insecure` and no
     node authentication, bound to a loopback address unless `allow_remote_insecure`), its state in
-    `state_dir`/state.db and no runtime `uv sync` of app dependencies.
+    `state_dir`/state.db (or, with `in_memory`, in the SuperLink's memory: nothing survives a restart) and no
+    runtime `uv sync` of app dependencies.
     In Flower 1.42 one HTTP(S) port serves the Fleet, Control and Runtime APIs."""
     check_host(host)
     check_port(port)
     if insecure:
         check_insecure_address(host, "--host", allow_remote_insecure)
-    command = [
-        "flower-superlink",
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--database",
-        str(Path(state_dir).resolve() / "state.db"),
-        "--disable-runtime-dependency-installation",
-    ]
+    command = ["flower-superlink", "--host", host, "--port", str(port)]
+    if not in_memory:
+        command += ["--database", str(Path(state_dir).resolve() / "state.db")]
+    command.append("--disable-runtime-dependency-installation")
     if insecure:
         return command + ["--insecure"]
     certs = Path(certs_dir).resolve()

@@ -54,9 +54,14 @@ def start_superlink(
     env: dict | None = None,
     insecure: bool = False,
     allow_remote_insecure: bool = False,
+    in_memory: bool = True,
 ) -> subprocess.Popen:
-    """Start the SuperLink (log in `state_dir`/superlink.log) and return its Popen."""
-    command = superlink_command(state_dir, certs_dir, port, host, insecure, allow_remote_insecure)
+    """Start the SuperLink (log in `state_dir`/superlink.log) and return its Popen.
+
+    Its state is in memory unless told otherwise: with two test workers on two cores, a write to the state file was
+    seen waiting past Flower's 5 s SQLite busy timeout ("database is locked"), which the SuperLink answers with a
+    500 that ends the ServerApp; no test restarts a SuperLink, so none needs the file."""
+    command = superlink_command(state_dir, certs_dir, port, host, insecure, allow_remote_insecure, in_memory)
     state_dir = make_private_dir(state_dir)
     return start_process(command, state_dir / "superlink.log", env=env, cwd=state_dir)
 
