@@ -24,7 +24,7 @@ from fl_app.report import (
     write_tables,
 )
 from fl_app.report.tables import client_accuracies
-from fl_app.report.text import budget_groups_markdown
+from fl_app.report.text import budget_groups_markdown, machine_time_markdown
 from fl_app.run.outputs import write_csv, write_json
 from tests.harness.training import plain_settings
 
@@ -392,6 +392,52 @@ def test_passes_count_each_clients_answered_rounds_over_the_images_the_clients_h
     write_csv(garbled / "clients.csv", [{"partition_id": 0, "num_examples": 10, "rounds_answered": 1}])
     with pytest.raises(ValueError, match="run config 'batch-size' is '32'; allowed: a whole number >= 0"):
         report(find_runs([tmp_path]))
+
+
+def _machine(extensions: list[str]) -> dict:
+    return {"processor": {"model": "AMD EPYC", "cores": 2, "vector_extensions": extensions}, "lanes": 1}
+
+
+def test_machine_time_splits_each_runs_rounds_by_the_processor_that_trained_them(tmp_path):
+    """By hand: seed 0 trained rounds 1-2 on an AVX2-only processor (its parked copy, ``earlier_segments``) and was
+    continued after round 2 on one with AVX-512; seed 1 trained rounds 1-4 on the AVX2 one. AVX-512: rounds 3, 4 of
+    seed 0, (2 + 4) / 2 = 3 s a round, 4 rounds a seed x 3 s = 12 s = 0.00333 h; AVX2: seed 0's 6 + 10 and seed 1's
+    9 + 11 + 13 + 15 s over 6 rounds = 64 / 6 s a round. A third seed continued after round 2 with no segment record
+    leaves rounds 1-2 "not recorded"."""
+    avx2, avx512 = ["sse4_2", "avx", "avx2", "fma"], ["avx2", "avx512f"]
+    walls = {0: (6, 10, 2, 4), 1: (9, 11, 13, 15)}
+    for seed, wall in walls.items():
+        folder = make_run(tmp_path / f"r{seed}", seed=seed, commit="a" * 40)
+        record = json.loads((folder / "run.json").read_text())
+        if seed == 0:
+            segment = {"folder": "seed0.interrupted-1", "rounds": [1, 2], "machine": _machine(avx2)}
+            record.update(machine=_machine(avx512), resumed_after_round=2, earlier_segments=[segment])
+        else:
+            record.update(machine=_machine(avx2), resumed_after_round=0)
+        write_json(folder / "run.json", record)
+        write_csv(folder / "rounds.csv", [{"round": r, "seconds": w} for r, w in enumerate(wall, start=1)])
+    table = report(find_runs([tmp_path]))["machine_time"]
+    assert [(r["processor"], r["rounds_there"]) for r in table] == [
+        ("AMD EPYC (2 cores), AVX-512", 2),
+        ("AMD EPYC (2 cores), AVX2", 6),
+    ]
+    assert table[0]["seconds_a_round"] == pytest.approx(3.0) and table[0]["hours_a_seed"] == pytest.approx(12 / 3600)
+    assert table[1]["seconds_a_round"] == pytest.approx(64 / 6)
+    assert "| feast | 4 | 0,1 | AMD EPYC (2 cores), AVX2 | 6 | 10.7 | 0.0 |" in machine_time_markdown(table)
+    folder = make_run(tmp_path / "r2", seed=2, commit="a" * 40)
+    write_json(folder / "run.json", {**json.loads((folder / "run.json").read_text()), "resumed_after_round": 2})
+    write_csv(folder / "rounds.csv", [{"round": r, "seconds": 1.0} for r in range(1, 5)])
+    rows = {r["processor"]: r["rounds_there"] for r in report(find_runs([tmp_path]))["machine_time"]}
+    assert rows == {"AMD EPYC (2 cores), AVX-512": 2, "AMD EPYC (2 cores), AVX2": 6, "not recorded": 4}
+
+
+def test_a_run_without_round_times_gets_no_machine_time_and_bad_segments_are_refused(tmp_path, capsys):
+    folder = make_run(tmp_path / "runs/a", seed=0, commit="a" * 40)
+    write_csv(folder / "rounds.csv", [{"round": r, "client_seconds": 0.0} for r in range(1, 5)])
+    assert report(find_runs([tmp_path]))["machine_time"] == []
+    record = json.loads((folder / "run.json").read_text())
+    write_json(folder / "run.json", {**record, "earlier_segments": [{"rounds": [5, 2]}]})
+    _refused(tmp_path, capsys, f"{folder / 'run.json'}: 'earlier_segments' is ")
 
 
 def test_tier_gains_pair_each_tier_with_the_next_smaller_one_by_seed(tmp_path):

@@ -26,6 +26,10 @@ over seeds, the change between them paired by seed, and "flat" when each mean li
 How long a run trained (the README table ``passes``): its passes over the images its clients hold, from each client's
 answered rounds and partition size in clients.csv and the run's local-training keys.
 
+What a run costs on each machine (the README table ``machine-time``): per row and processor (model, cores, widest
+vector extension, from the machine records of run.json and of the parked copies a run continued, ``earlier_segments``),
+the rounds trained there, their mean wall seconds (rounds.csv ``seconds``) and the hours a seed takes at that rate.
+
 Every file read is checked: a malformed field (``completed`` not a boolean, a summary that is not an object, a
 metrics.csv without its columns, text where a number belongs) is an error that names the file, not a count. Files
 are written through ``fl_app.io.files.replace_file``: a symlink at an output name is refused, never written through.

@@ -38,6 +38,7 @@ MATCHED_COLUMN = "client_train_flops"  # the compute a match-compute run matches
 # the executed FLOPs where a run counts them apart (FIARSE's dense tensors; other runs execute what they count)
 DENSE_COLUMN = "client_train_flops_dense"
 COMPUTE_COLUMNS = (("client_train_flops", "client training FLOPs"), ("client_seconds", "client seconds"))
+SECONDS_COLUMN = "seconds"  # a round's wall time (training, aggregation, evaluation)
 
 
 def settings(run_config: dict) -> dict:
@@ -91,6 +92,22 @@ KINDS = {
         ),
         "a list of objects with 'macs' (a number > 0) and 'accuracy' (a number in [0, 1])",
     ),
+    "segments": (
+        lambda v: (
+            isinstance(v, list)
+            and all(
+                isinstance(s, dict)
+                and isinstance(s.get("rounds"), list)
+                and len(s["rounds"]) == 2
+                and all(_is_whole(r) and 1 <= r <= MAX_WHOLE for r in s["rounds"])
+                and s["rounds"][0] <= s["rounds"][1] + 1  # [n + 1, n]: a copy that kept no round of its own
+                and (s.get("machine") is None or isinstance(s["machine"], dict))
+                for s in v
+            )
+        ),
+        "a list of objects with 'rounds' ([first, last], whole numbers from 1, first <= last + 1) and an optional "
+        "'machine' object",
+    ),
 }
 # the fields the report reads, each checked where present (a hand-started run may lack run.json and some keys)
 SUMMARY_FIELDS = {
@@ -117,6 +134,9 @@ RECORD_FIELDS = {
     "federation": "object",
     "run_config": "object",
     "match_compute": "object",
+    "machine": "object",
+    "resumed_after_round": "count",
+    "earlier_segments": "segments",
 }
 
 
@@ -270,6 +290,16 @@ class Run:
         trained = sum(r * images_per_round(n, epochs, max_steps, batch) for n, r in self.client_rounds)
         return trained / self.images_held
 
+    def machine_of_round(self, server_round: int) -> dict | None:
+        """The machine record (run.json ``machine``) of the stretch that trained ``server_round``: a parked copy the
+        run continued (``earlier_segments``) or the run's own last stretch, after ``resumed_after_round``; None for a
+        round no record covers (a run continued before its segments were recorded)."""
+        for segment in self.record.get("earlier_segments", []):
+            first, last = segment["rounds"]
+            if first <= server_round <= last:
+                return segment.get("machine")
+        return self.record.get("machine") if server_round > self.record.get("resumed_after_round", 0) else None
+
     @property
     def matched_to(self) -> str | None:
         """The label whose compute a match-compute run matched (None for other runs)."""
@@ -333,7 +363,9 @@ def load_run(folder: Path) -> Run:
     curve = accuracy_curve(metrics, ACCURACY_KEYS)
     rounds = None
     if os.path.lexists(folder / "rounds.csv"):
-        rounds = read_table(folder / "rounds.csv", ("round",), (*(c for c, _ in COMPUTE_COLUMNS), DENSE_COLUMN))
+        rounds = read_table(
+            folder / "rounds.csv", ("round",), (*(c for c, _ in COMPUTE_COLUMNS), DENSE_COLUMN, SECONDS_COLUMN)
+        )
         repeated = rounds["round"].duplicated()
         if repeated.any():
             raise ReportError(

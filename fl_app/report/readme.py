@@ -14,6 +14,7 @@ from fl_app.report.text import (
     accuracy_markdown,
     budget_groups_markdown,
     convergence_markdown,
+    machine_time_markdown,
     matched_markdown,
     paired_markdown,
     passes_markdown,
@@ -35,6 +36,7 @@ README_TABLES = {
     "convergence": lambda t: convergence_markdown(t["convergence"]),
     "passes": lambda t: passes_markdown(t["passes"]),
     "budget-groups": lambda t: budget_groups_markdown(t["budget_groups"]),
+    "machine-time": lambda t: machine_time_markdown(t["machine_time"]),
 }
 
 

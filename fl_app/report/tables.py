@@ -1,5 +1,5 @@
 """The report's tables, one list of dicts each, built from rows of runs: accuracy, paired differences, tiers, rounds,
-convergence, equal compute, matched compute, passes; ``report`` makes all of them.
+convergence, equal compute, matched compute, passes, machine time; ``report`` makes all of them.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from fl_app.report.read import (
     DENSE_COLUMN,
     MATCHED_COLUMN,
     NOT_GROUPED,
+    SECONDS_COLUMN,
     Run,
     prefer_client_subnet_accuracy,
 )
@@ -478,9 +479,55 @@ def passes_rows(rows: list[Row]) -> list[dict]:
     return table
 
 
+# the widest vector extension a machine record lists, widest first: what sets a CPU round's speed most (the same
+# clients train about 3x slower on a processor without AVX-512, reference-regime README)
+VECTOR_CLASSES = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sse4_2", "SSE4.2"))
+
+
+def processor_class(machine: dict | None) -> str:
+    """A machine record's processor as the machine-time table names it: model, cores and widest vector extension."""
+    if not machine:
+        return "not recorded"
+    processor = machine.get("processor") if isinstance(machine.get("processor"), dict) else {}
+    extensions = processor.get("vector_extensions") or []
+    widest = next((name for flag, name in VECTOR_CLASSES if flag in extensions), "no vector extension recorded")
+    cores = f" ({processor['cores']} cores)" if isinstance(processor.get("cores"), int) else ""
+    return f"{processor.get('model', 'unknown processor')}{cores}, {widest}"
+
+
+def machine_time_rows(rows: list[Row]) -> list[dict]:
+    """Per row whose every run recorded its rounds' wall time, and per processor that trained some of its rounds
+    (``Run.machine_of_round``): the rounds trained there over the row's seeds, their mean seconds a round (training,
+    aggregation and evaluation; start-up and checkpoints between rounds not counted) and the hours one seed of the
+    row's mean length takes at that rate: what a run costs on each kind of machine, to plan the next one."""
+    table = []
+    for row in rows:
+        if not all(run.records(SECONDS_COLUMN) for run in row.runs):
+            continue
+        seconds: dict[str, list[float]] = {}
+        for run in row.runs:
+            for server_round, wall in zip(run.rounds["round"], run.rounds[SECONDS_COLUMN]):
+                seconds.setdefault(processor_class(run.machine_of_round(int(server_round))), []).append(float(wall))
+        rounds_a_seed = sum(len(run.rounds) for run in row.runs) / len(row.runs)
+        for processor, walls in sorted(seconds.items()):
+            a_round = sum(walls) / len(walls)
+            table.append(
+                {
+                    "method": row.name,
+                    "rounds": rounds_text(row),
+                    "seeds": seeds_text(row),
+                    "processor": processor,
+                    "rounds_there": len(walls),
+                    "seconds_a_round": a_round,
+                    "hours_a_seed": rounds_a_seed * a_round / 3600,
+                }
+            )
+    return table
+
+
 def report(runs: list[Run], reference: str | None = None, allow_mixed_commits: bool = False) -> dict:
     """Every table of a set of runs: {'accuracy', 'paired', 'tiers', 'tier_gains', 'rounds', 'tier_rounds',
-    'convergence', 'compute', 'compute_text', 'matched', 'passes', 'budget_groups'}
+    'convergence', 'compute', 'compute_text', 'matched', 'passes', 'budget_groups', 'machine_time'}
     (and the rows and reference they were made of)."""
     if not runs:
         raise ValueError("no finished runs found (a run folder holds summary.json)")
@@ -500,6 +547,7 @@ def report(runs: list[Run], reference: str | None = None, allow_mixed_commits: b
         "matched": matched_rows(rows),
         "passes": passes_rows(rows),
         "budget_groups": budget_group_rows(rows, reference) if reference else [],
+        "machine_time": machine_time_rows(rows),
         "rows": rows,
         "reference": reference,
     }

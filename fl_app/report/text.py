@@ -217,6 +217,24 @@ def passes_markdown(table: list[dict]) -> str:
     )
 
 
+def machine_time_markdown(table: list[dict]) -> str:
+    return markdown(
+        ["method", "rounds", "seeds", "processor", "rounds trained there", "seconds a round", "hours a seed"],
+        [
+            [
+                r["method"],
+                r["rounds"],
+                r["seeds"],
+                r["processor"],
+                f"{r['rounds_there']:,}",
+                f"{r['seconds_a_round']:.1f}",
+                f"{r['hours_a_seed']:.1f}",
+            ]
+            for r in table
+        ],
+    )
+
+
 def tier_gains_markdown(table: list[dict]) -> str:
     return markdown(
         ["method", "tier (MMACs)", "vs tier (MMACs)", "difference (points)", "seeds won", "verdict"],
