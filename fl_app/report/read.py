@@ -38,7 +38,7 @@ MATCHED_COLUMN = "client_train_flops"  # the compute a match-compute run matches
 # the executed FLOPs where a run counts them apart (FIARSE's dense tensors; other runs execute what they count)
 DENSE_COLUMN = "client_train_flops_dense"
 COMPUTE_COLUMNS = (("client_train_flops", "client training FLOPs"), ("client_seconds", "client seconds"))
-SECONDS_COLUMN = "seconds"  # a round's wall time (training, aggregation, evaluation)
+SECONDS_COLUMN = "seconds"  # a round's wall time, from the end of the round before (fl_app.run.lifecycle)
 
 
 def settings(run_config: dict) -> dict:

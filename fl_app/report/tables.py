@@ -497,9 +497,9 @@ def processor_class(machine: dict | None) -> str:
 
 def machine_time_rows(rows: list[Row]) -> list[dict]:
     """Per row whose every run recorded its rounds' wall time, and per processor that trained some of its rounds
-    (``Run.machine_of_round``): the rounds trained there over the row's seeds, their mean seconds a round (training,
-    aggregation and evaluation; start-up and checkpoints between rounds not counted) and the hours one seed of the
-    row's mean length takes at that rate: what a run costs on each kind of machine, to plan the next one."""
+    (``Run.machine_of_round``): the rounds trained there over the row's seeds, their mean seconds a round (each from
+    the end of the round before: training, aggregation, evaluation, the round files and any checkpoint) and the hours
+    one seed of the row's mean length takes at that rate: what a run costs on each kind of machine, to plan the next."""
     table = []
     for row in rows:
         if not all(run.records(SECONDS_COLUMN) for run in row.runs):
